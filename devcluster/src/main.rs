@@ -1,0 +1,101 @@
+//! `devcluster`: the command-line face of the local cluster tooling, used by `./dev`.
+//!
+//! ```text
+//! devcluster up|down|status|env|wait
+//! devcluster pause|resume|stop|start|freeze|thaw N
+//! devcluster delay N MS
+//! ```
+//! The directory and base port come from `STOCKGATE_DEV_DIR` (default /tmp/stockgate-dev)
+//! and `STOCKGATE_DEV_PORT` (default 15432: primary; replicas take the next ports); the
+//! Redis is the one on 6379 if it answers, else our own on `STOCKGATE_DEV_REDIS_PORT` (16379).
+
+use anyhow::{Context, Result, bail};
+use devcluster::{Cluster, Redis};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage: devcluster up|down|status|env|wait | pause|resume|stop|start|freeze|thaw N | delay N MS";
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("devcluster: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = PathBuf::from(
+        std::env::var("STOCKGATE_DEV_DIR").unwrap_or_else(|_| "/tmp/stockgate-dev".into()),
+    );
+    let port: u16 = std::env::var("STOCKGATE_DEV_PORT")
+        .unwrap_or_else(|_| "15432".into())
+        .parse()
+        .context("STOCKGATE_DEV_PORT must be a port number")?;
+    let redis_port: u16 = std::env::var("STOCKGATE_DEV_REDIS_PORT")
+        .unwrap_or_else(|_| "16379".into())
+        .parse()
+        .context("STOCKGATE_DEV_REDIS_PORT must be a port number")?;
+    let replica = |i: usize| -> Result<usize> {
+        let n: usize = args
+            .get(i)
+            .context(USAGE)?
+            .parse()
+            .context("replica number must be 1 or 2")?;
+        if !(1..=2).contains(&n) {
+            bail!("replica number must be 1 or 2");
+        }
+        Ok(n)
+    };
+    let cmd = args.first().map(String::as_str).unwrap_or("");
+    if cmd == "up" {
+        let t = Instant::now();
+        let cluster = Cluster::up(&dir, port, 2)?;
+        let redis = Redis::ensure(redis_port)?;
+        for line in cluster.status() {
+            println!("{line}");
+        }
+        println!("redis      127.0.0.1:{:<5} running", redis.port);
+        println!(
+            "cluster ready in {:.1}s (data in {})",
+            t.elapsed().as_secs_f64(),
+            dir.display()
+        );
+        return Ok(());
+    }
+    // Every other command works on an existing cluster without creating one.
+    if !dir.join("primary/PG_VERSION").exists() {
+        bail!("no cluster in {}; run `devcluster up` first", dir.display());
+    }
+    let cluster = Cluster::up_existing(&dir, port, 2);
+    match cmd {
+        "down" => cluster.down()?,
+        "status" => cluster.status().iter().for_each(|l| println!("{l}")),
+        "env" => {
+            let redis = Redis::ensure(redis_port)?;
+            println!("DATABASE_URL={}", cluster.primary_url("stockgate"));
+            println!(
+                "STOCKGATE_REPLICA_URLS={}",
+                cluster.replica_urls("stockgate")
+            );
+            println!("STOCKGATE_REDIS_URL={}", redis.url());
+        }
+        "wait" => cluster.wait_caught_up(Duration::from_secs(30))?,
+        "pause" => cluster.pause_replay(replica(1)?)?,
+        "resume" => cluster.resume_replay(replica(1)?)?,
+        "stop" => cluster.stop_replica(replica(1)?)?,
+        "start" => cluster.start_replica(replica(1)?)?,
+        "freeze" => cluster.freeze(replica(1)?)?,
+        "thaw" => cluster.thaw(replica(1)?)?,
+        "delay" => {
+            let ms: u64 = args
+                .get(2)
+                .context(USAGE)?
+                .parse()
+                .context("delay is in milliseconds")?;
+            cluster.set_apply_delay(replica(1)?, ms)?
+        }
+        _ => bail!("{USAGE}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! The `stockgate` command line (the contract's subcommands).
+
+use crate::auth::{Caller, Tokens};
+use crate::clock::SystemClock;
+use crate::config::{Config, ConfigError};
+use crate::domain::UserId;
+use crate::routing::freshness::ReplicaState;
+use crate::startup::{self, Application};
+use clap::{Args, Parser, Subcommand};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "stockgate",
+    version,
+    about = "Inventory and checkout that never oversells and never lets a lagging replica decide"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the HTTP service until SIGINT/SIGTERM, then drain in-flight requests and exit 0.
+    Serve,
+    /// Apply the migrations in migrations/ to the primary (safe to run twice).
+    Migrate,
+    /// Print one line per replica: name, state, staleness, lag in bytes.
+    Replicas,
+    /// Print a bearer token for a user or an admin, signed with STOCKGATE_TOKEN_SECRET.
+    Token(TokenArgs),
+    /// Bulk-load products and stock from CSV, throttled against a live replication-lag budget.
+    Import(crate::import::ImportArgs),
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub struct TokenArgs {
+    /// The user the token acts for.
+    #[arg(long, group = "who")]
+    user: Option<String>,
+    /// An admin token.
+    #[arg(long, group = "who")]
+    admin: bool,
+    /// How long the token is valid, e.g. 24h, 30m, 90s.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    ttl: Duration,
+}
+
+/// Parses `5s`, `500ms`, `30m`, `24h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 5s or 500ms"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unit must be ms, s, m or h")),
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 10.0 * 365.0 * 86400.0 {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// How a subcommand failed: configuration (exit 2) or at run time (exit 1).
+pub enum Failure {
+    Config(String),
+    Runtime(anyhow::Error),
+}
+
+impl From<ConfigError> for Failure {
+    fn from(e: ConfigError) -> Self {
+        Failure::Config(e.0)
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        match e.downcast::<ConfigError>() {
+            Ok(c) => Failure::Config(c.0),
+            Err(e) => Failure::Runtime(e),
+        }
+    }
+}
+
+pub async fn run(cli: Cli) -> Result<(), Failure> {
+    let config = Config::from_env()?;
+    match cli.command {
+        Command::Serve => {
+            config.require_database_url()?;
+            let app = Application::build(&config).await?;
+            tracing::info!(listen = %config.listen, replicas = config.replica_urls.len(), "stockgate serving");
+            app.run_until(startup::shutdown_signal())
+                .await
+                .map_err(|e| Failure::Runtime(e.into()))?;
+            tracing::info!("stopped");
+            Ok(())
+        }
+        Command::Migrate => {
+            startup::migrate(config.require_database_url()?).await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Replicas => {
+            config.require_database_url()?;
+            let (state, _monitor) = startup::build_state(&config, Arc::new(SystemClock))?;
+            // Give the monitor a few samples to measure with.
+            tokio::time::sleep(config.monitor_interval * 6 + Duration::from_millis(200)).await;
+            let status = state.db.replica_status();
+            if status.is_empty() {
+                println!(
+                    "no replicas configured (STOCKGATE_REPLICA_URLS is empty): every read goes to the primary"
+                );
+            }
+            for r in status {
+                let staleness = match (r.state, r.staleness) {
+                    (ReplicaState::Down, _) | (_, None) => "-".to_string(),
+                    (_, Some(d)) => format!("{} ms", d.as_millis()),
+                };
+                let lag = r
+                    .lag_bytes
+                    .map(|b| format!("{b} B"))
+                    .unwrap_or_else(|| "-".into());
+                let why = r.last_error.map(|e| format!("  ({e})")).unwrap_or_default();
+                println!(
+                    "{:<10}  {:<8}  {:>10}  {:>12}{why}",
+                    r.name,
+                    r.state.as_str(),
+                    staleness,
+                    lag
+                );
+            }
+            Ok(())
+        }
+        Command::Token(args) => {
+            let tokens = Tokens::new(config.require_token_secret()?);
+            let caller = match (args.user, args.admin) {
+                (Some(u), _) => Caller::User(
+                    UserId::parse(&u)
+                        .map_err(|e| Failure::Config(format!("--user: {}", e.message)))?,
+                ),
+                (None, _) => Caller::Admin,
+            };
+            println!("{}", tokens.issue(&caller, args.ttl)?);
+            Ok(())
+        }
+        Command::Import(args) => crate::import::run(&config, args)
+            .await
+            .map_err(Failure::from),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_like_the_contract() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        for bad in ["", "s", "5x", "-1s", "0s", "1e400s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+}

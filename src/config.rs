@@ -1,0 +1,232 @@
+//! Configuration, read once from the environment (and `.env` if present).
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `DATABASE_URL` | the primary | required for every subcommand but `token` |
+//! | `STOCKGATE_REPLICA_URLS` | comma-separated replica URLs, named `replica-1`, `replica-2`, … | empty: every read goes to the primary |
+//! | `STOCKGATE_REDIS_URL` | shared read-your-writes store | empty: in-process store (one instance) |
+//! | `STOCKGATE_LISTEN` | listen address | `127.0.0.1:8080` |
+//! | `STOCKGATE_TOKEN_SECRET` | signs bearer tokens (at least 16 bytes) | required for `serve` and `token` |
+//! | `STOCKGATE_MONITOR_INTERVAL_MS` | freshness sample period | `50` |
+//! | `STOCKGATE_EVICT_AFTER_MS` | staleness at which a replica becomes `lagging` | `5000` |
+//! | `STOCKGATE_REPLICA_TIMEOUT_MS` | client-side timeout for a replica query or connect | `500` |
+//! | `STOCKGATE_PRIMARY_POOL_SIZE` | connections to the primary | `16` |
+//! | `STOCKGATE_REPLICA_POOL_SIZE` | connections to each replica | `16` |
+//! | `STOCKGATE_RYW_TTL_MS` | how long a user's write pins their reads (must exceed every read-your-writes budget) | `60000` |
+//! | `STOCKGATE_MAX_IN_FLIGHT` | concurrent requests before shedding load with 503 | `1024` |
+//! | `STOCKGATE_REQUEST_TIMEOUT_MS` | per-request timeout | `10000` |
+//! | `STOCKGATE_DRAIN_TIMEOUT_MS` | how long shutdown waits for in-flight requests | `10000` |
+//! | `RUST_LOG` | log filter | `info` |
+
+use std::net::SocketAddr;
+use std::time::Duration;
+use url::Url;
+
+/// A configuration problem, reported as one line on stderr with exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub database_url: Option<String>,
+    pub replica_urls: Vec<String>,
+    pub redis_url: Option<String>,
+    pub listen: SocketAddr,
+    pub token_secret: Option<String>,
+    pub monitor_interval: Duration,
+    pub evict_after: Duration,
+    pub replica_timeout: Duration,
+    pub primary_pool_size: u32,
+    pub replica_pool_size: u32,
+    pub ryw_ttl: Duration,
+    pub max_in_flight: usize,
+    pub request_timeout: Duration,
+    pub drain_timeout: Duration,
+}
+
+impl Config {
+    /// Reads `.env` (if present, without overriding the real environment) and then the
+    /// environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let _ = dotenvy::dotenv();
+        Self::from_lookup(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
+    }
+
+    /// Builds a configuration from any key lookup (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let database_url = get("DATABASE_URL")
+            .map(|u| postgres_url("DATABASE_URL", &u))
+            .transpose()?;
+        let replica_urls = get("STOCKGATE_REPLICA_URLS")
+            .map(|list| {
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|u| postgres_url("STOCKGATE_REPLICA_URLS", u))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?
+            .unwrap_or_default();
+        let redis_url = get("STOCKGATE_REDIS_URL")
+            .map(|u| {
+                let parsed =
+                    Url::parse(&u).map_err(|e| bad("STOCKGATE_REDIS_URL", &u, &e.to_string()))?;
+                if !matches!(parsed.scheme(), "redis" | "rediss") {
+                    return Err(bad(
+                        "STOCKGATE_REDIS_URL",
+                        &u,
+                        "the scheme must be redis://",
+                    ));
+                }
+                Ok(u)
+            })
+            .transpose()?;
+        let listen = match get("STOCKGATE_LISTEN") {
+            Some(v) => v.parse().map_err(|_| {
+                bad(
+                    "STOCKGATE_LISTEN",
+                    &v,
+                    "expected host:port such as 127.0.0.1:8080",
+                )
+            })?,
+            None => SocketAddr::from(([127, 0, 0, 1], 8080)),
+        };
+        let token_secret = get("STOCKGATE_TOKEN_SECRET");
+        if let Some(s) = &token_secret
+            && s.len() < 16
+        {
+            return Err(ConfigError(
+                "STOCKGATE_TOKEN_SECRET must be at least 16 bytes long".into(),
+            ));
+        }
+        let ms = |key: &str, default: u64, min: u64| -> Result<Duration, ConfigError> {
+            Ok(Duration::from_millis(number(
+                &get, key, default, min, 86_400_000,
+            )?))
+        };
+        let config = Config {
+            database_url,
+            replica_urls,
+            redis_url,
+            listen,
+            token_secret,
+            monitor_interval: ms("STOCKGATE_MONITOR_INTERVAL_MS", 50, 5)?,
+            evict_after: ms("STOCKGATE_EVICT_AFTER_MS", 5_000, 100)?,
+            replica_timeout: ms("STOCKGATE_REPLICA_TIMEOUT_MS", 500, 10)?,
+            primary_pool_size: number(&get, "STOCKGATE_PRIMARY_POOL_SIZE", 16, 1, 1000)? as u32,
+            replica_pool_size: number(&get, "STOCKGATE_REPLICA_POOL_SIZE", 16, 1, 1000)? as u32,
+            ryw_ttl: ms("STOCKGATE_RYW_TTL_MS", 60_000, 1)?,
+            max_in_flight: number(&get, "STOCKGATE_MAX_IN_FLIGHT", 1024, 1, 1_000_000)? as usize,
+            request_timeout: ms("STOCKGATE_REQUEST_TIMEOUT_MS", 10_000, 100)?,
+            drain_timeout: ms("STOCKGATE_DRAIN_TIMEOUT_MS", 10_000, 0)?,
+        };
+        Ok(config)
+    }
+
+    pub fn require_database_url(&self) -> Result<&str, ConfigError> {
+        self.database_url.as_deref().ok_or_else(|| {
+            ConfigError(
+                "DATABASE_URL is required (the primary, e.g. postgres://user@host:5432/stockgate)"
+                    .into(),
+            )
+        })
+    }
+
+    pub fn require_token_secret(&self) -> Result<&str, ConfigError> {
+        self.token_secret.as_deref().ok_or_else(|| {
+            ConfigError("STOCKGATE_TOKEN_SECRET is required (at least 16 random bytes)".into())
+        })
+    }
+}
+
+fn bad(key: &str, value: &str, why: &str) -> ConfigError {
+    ConfigError(format!("{key} is invalid ({why}): {}", redact(value)))
+}
+
+/// Hides a password in a URL before it is printed.
+fn redact(value: &str) -> String {
+    match Url::parse(value) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => value.to_string(),
+    }
+}
+
+fn postgres_url(key: &str, value: &str) -> Result<String, ConfigError> {
+    let parsed = Url::parse(value).map_err(|e| bad(key, value, &e.to_string()))?;
+    if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+        return Err(bad(key, value, "the scheme must be postgres://"));
+    }
+    if parsed.host_str().unwrap_or("").is_empty() {
+        return Err(bad(key, value, "no host"));
+    }
+    Ok(value.to_string())
+}
+
+fn number(
+    get: &impl Fn(&str) -> Option<String>,
+    key: &str,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, ConfigError> {
+    match get(key) {
+        None => Ok(default),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(ConfigError(format!(
+                "{key} must be a whole number from {min} to {max}, got {v:?}"
+            ))),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_set() {
+        let c = config(&[]).expect("empty config is valid until a subcommand needs more");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert!(c.replica_urls.is_empty());
+        assert!(c.require_database_url().is_err());
+    }
+
+    #[test]
+    fn replica_urls_are_split_and_trimmed() {
+        let c = config(&[(
+            "STOCKGATE_REPLICA_URLS",
+            "postgres://a:1/x, postgres://b:2/x,",
+        )])
+        .expect("valid");
+        assert_eq!(c.replica_urls, vec!["postgres://a:1/x", "postgres://b:2/x"]);
+    }
+
+    #[test]
+    fn a_bad_url_is_one_clear_line_and_hides_the_password() {
+        let e = config(&[("DATABASE_URL", "mysql://u:secret@h/db")]).expect_err("wrong scheme");
+        assert!(e.0.contains("DATABASE_URL"), "{e}");
+        assert!(!e.0.contains("secret"), "{e}");
+        assert!(!e.0.contains('\n'));
+    }
+
+    #[test]
+    fn short_secrets_and_bad_numbers_are_refused() {
+        assert!(config(&[("STOCKGATE_TOKEN_SECRET", "short")]).is_err());
+        assert!(config(&[("STOCKGATE_MONITOR_INTERVAL_MS", "fast")]).is_err());
+        assert!(config(&[("STOCKGATE_LISTEN", "nowhere")]).is_err());
+    }
+}

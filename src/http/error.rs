@@ -1,0 +1,217 @@
+//! The one error type of the HTTP layer, mapped once to the contract's JSON error:
+//! `{"error": {"code": "SCREAMING_SNAKE_CASE", "message": "human sentence"}}`.
+//! 4xx carry a helpful message; 5xx carry none of the internals (those go to the log).
+
+use crate::domain::Invalid;
+use crate::routing::DbError;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: malformed JSON, wrong types, unknown query values, a missing header.
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+    /// 401: missing or invalid token.
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// 403: a user acting for another user, or a user on an admin route.
+    #[error("{0}")]
+    Forbidden(&'static str),
+    /// 404: unknown product, order or route.
+    #[error("{message}")]
+    NotFound { code: &'static str, message: String },
+    /// 405: a known route with the wrong method.
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+    /// 409: `OUT_OF_STOCK` (nothing written), `ALREADY_EXISTS`.
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
+    /// 413: body over the limit.
+    #[error("request body is larger than 64 KiB")]
+    PayloadTooLarge,
+    /// 422: valid JSON that breaks a rule.
+    #[error("{}", .0.message)]
+    Invalid(Invalid),
+    /// 503 with `Retry-After`: no safe place to answer from, or shedding load.
+    #[error("{message}")]
+    Unavailable { code: &'static str, message: String },
+    /// 500: a bug. The cause is logged, never sent.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::NotFound {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::Conflict {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::Unavailable {
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::Invalid(Invalid {
+            code,
+            message: message.into(),
+        })
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { code, .. }
+            | ApiError::NotFound { code, .. }
+            | ApiError::Conflict { code, .. }
+            | ApiError::Unavailable { code, .. } => code,
+            ApiError::Invalid(i) => i.code,
+            ApiError::Unauthorized => "UNAUTHORIZED",
+            ApiError::Forbidden(_) => "FORBIDDEN",
+            ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            ApiError::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            ApiError::Internal(_) => "INTERNAL",
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if let ApiError::Internal(e) = &self {
+            tracing::error!(error = ?e, "internal error");
+        }
+        let body = json!({ "error": { "code": self.code(), "message": self.to_string() } });
+        let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<Invalid> for ApiError {
+    fn from(i: Invalid) -> Self {
+        ApiError::Invalid(i)
+    }
+}
+
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Unavailable(why) => {
+                tracing::warn!(%why, "database unavailable");
+                ApiError::unavailable(
+                    "DATABASE_UNAVAILABLE",
+                    "the database is not answering; retry shortly",
+                )
+            }
+            DbError::NoFreshReplica(class) => ApiError::unavailable(
+                "NO_FRESH_REPLICA",
+                format!("no replica is fresh enough for {class}; retry shortly"),
+            ),
+            DbError::Query(e) => ApiError::from(e),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        if crate::routing::is_connection_error(&e) {
+            return ApiError::from(DbError::Unavailable(e.to_string()));
+        }
+        if let sqlx::Error::Database(db) = &e {
+            match db.code().as_deref() {
+                // numeric_value_out_of_range: a sum that would pass 2^31.
+                Some("22003") => {
+                    return ApiError::invalid(
+                        "VALUE_OUT_OF_RANGE",
+                        "the resulting value would be out of range",
+                    );
+                }
+                // lock_not_available / query_canceled (our lock and statement timeouts).
+                Some("55P03") | Some("57014") => {
+                    return ApiError::unavailable("BUSY", "the database is busy; retry shortly");
+                }
+                // serialization_failure / deadlock_detected: safe to retry.
+                Some("40001") | Some("40P01") => {
+                    return ApiError::unavailable(
+                        "CONFLICT_RETRY",
+                        "a concurrent change won; retry",
+                    );
+                }
+                _ => {}
+            }
+        }
+        ApiError::Internal(e.into())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::PayloadTooLarge;
+        }
+        match r {
+            JsonRejection::JsonDataError(e) => ApiError::bad_request("INVALID_BODY", e.body_text()),
+            JsonRejection::JsonSyntaxError(e) => {
+                ApiError::bad_request("MALFORMED_JSON", e.body_text())
+            }
+            JsonRejection::MissingJsonContentType(_) => ApiError::bad_request(
+                "UNSUPPORTED_CONTENT_TYPE",
+                "the body must be JSON with Content-Type: application/json",
+            ),
+            other => ApiError::bad_request("INVALID_BODY", other.body_text()),
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        ApiError::bad_request("INVALID_QUERY", r.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(r: PathRejection) -> Self {
+        ApiError::bad_request("INVALID_PATH", r.body_text())
+    }
+}

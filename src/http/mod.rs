@@ -1,0 +1,217 @@
+//! The HTTP API: the shared state, the extractors that parse at the boundary, the
+//! middleware stack, and the root router that merges each route module's `router()`.
+
+mod admin;
+pub mod error;
+mod health;
+mod orders;
+mod products;
+mod reports;
+mod users;
+
+use crate::auth::{Caller, Tokens};
+use crate::checkout::Checkout;
+use crate::metrics::Metrics;
+use crate::routing::{Db, Route};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::{BoxError, Router};
+pub use error::ApiError;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+use tower::ServiceBuilder;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+/// Everything a handler may use.
+#[derive(Clone)]
+pub struct AppState {
+    pub db: Db,
+    pub tokens: Tokens,
+    pub metrics: Metrics,
+    pub checkout: Checkout,
+}
+
+/// JSON bodies whose rejections become the contract's errors (400/413).
+#[derive(FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct Json<T>(pub T);
+
+/// Query strings whose rejections become 400 `INVALID_QUERY`.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct Query<T>(pub T);
+
+/// Path parameters whose rejections become 400.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct Path<T>(pub T);
+
+impl<T: Serialize> IntoResponse for Json<T> {
+    fn into_response(self) -> Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let value = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .ok_or(ApiError::Unauthorized)?;
+        let text = value.to_str().map_err(|_| ApiError::Unauthorized)?;
+        let token = text
+            .strip_prefix("Bearer ")
+            .or_else(|| text.strip_prefix("bearer "))
+            .ok_or(ApiError::Unauthorized)?;
+        state
+            .tokens
+            .verify(token.trim())
+            .map_err(|_| ApiError::Unauthorized)
+    }
+}
+
+/// An admin caller; a user token gets 403.
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        match Caller::from_request_parts(parts, state).await? {
+            Caller::Admin => Ok(Admin),
+            Caller::User(_) => Err(ApiError::Forbidden("this route needs an admin token")),
+        }
+    }
+}
+
+/// A body plus the moment it describes: `as_of`, `stale_by_ms` and `served_by` in the JSON,
+/// `X-Served-By` and `X-Stale-By-Ms` in the headers.
+#[derive(Serialize)]
+pub struct Stated<T> {
+    #[serde(flatten)]
+    pub body: T,
+    pub as_of: String,
+    pub stale_by_ms: u64,
+    pub served_by: String,
+}
+
+pub fn stated<T: Serialize>(status: StatusCode, body: T, route: &Route) -> Response {
+    let mut response = (
+        status,
+        axum::Json(Stated {
+            body,
+            as_of: route.as_of_rfc3339(),
+            stale_by_ms: route.stale_by_ms(),
+            served_by: route.served_by.clone(),
+        }),
+    )
+        .into_response();
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&route.served_by) {
+        h.insert(HeaderName::from_static("x-served-by"), v);
+    }
+    h.insert(
+        HeaderName::from_static("x-stale-by-ms"),
+        HeaderValue::from(route.stale_by_ms()),
+    );
+    h.insert(
+        HeaderName::from_static("x-route-reason"),
+        HeaderValue::from_static(route.reason.as_str()),
+    );
+    response
+}
+
+/// Largest request body accepted (the contract's 413).
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) -> Router {
+    let api = Router::new()
+        .merge(products::router())
+        .merge(orders::router())
+        .merge(users::router())
+        .merge(reports::router())
+        .merge(admin::router())
+        .merge(health::router())
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed);
+    let metrics = state.metrics.clone();
+    api.layer(
+        ServiceBuilder::new()
+            .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+            .layer(PropagateRequestIdLayer::x_request_id())
+            .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
+                let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+                tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+            }))
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| ApiError::Internal(anyhow::anyhow!("handler panicked")).into_response()))
+            .layer(middleware::from_fn_with_state(metrics.clone(), record_metrics))
+            .layer(axum::error_handling::HandleErrorLayer::new(move |e: BoxError| {
+                let metrics = metrics.clone();
+                async move { overload_error(&metrics, e) }
+            }))
+            .layer(tower::load_shed::LoadShedLayer::new())
+            .layer(tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
+            .layer(tower::timeout::TimeoutLayer::new(request_timeout))
+            .layer(DefaultBodyLimit::max(BODY_LIMIT)),
+    )
+    .with_state(state)
+}
+
+fn overload_error(metrics: &Metrics, e: BoxError) -> Response {
+    if e.is::<tower::load_shed::error::Overloaded>() {
+        metrics.load_shed.inc();
+        ApiError::unavailable("OVERLOADED", "the service is at capacity; retry shortly")
+            .into_response()
+    } else if e.is::<tower::timeout::error::Elapsed>() {
+        ApiError::unavailable(
+            "TIMEOUT",
+            "the request took too long; retry shortly (orders are idempotent by key)",
+        )
+        .into_response()
+    } else {
+        ApiError::Internal(anyhow::anyhow!("middleware error: {e}")).into_response()
+    }
+}
+
+async fn record_metrics(
+    axum::extract::State(metrics): axum::extract::State<Metrics>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let start = Instant::now();
+    let response = next.run(req).await;
+    metrics
+        .http_duration
+        .with_label_values(&[&route])
+        .observe(start.elapsed().as_secs_f64());
+    metrics
+        .http_requests
+        .with_label_values(&[&route, response.status().as_str()])
+        .inc();
+    response
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("NOT_FOUND", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}

@@ -1,0 +1,210 @@
+//! A user's own settings and profile: writes on the primary, reads with read-your-writes.
+//!
+//! After a write commits, the primary's WAL position is recorded for the user (in the
+//! shared store and in an `X-Consistency-Token` response header). Later reads, from any
+//! device and any instance, use a replica only if it has replayed that far.
+
+use super::{ApiError, AppState, Json, Path, stated};
+use crate::auth::Caller;
+use crate::domain::{DisplayName, Email, Settings, UserId};
+use crate::routing::policy::QueryClass;
+use crate::routing::{ReadCtx, Reason, Route, format_lsn, parse_lsn};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/v1/users/{user_id}/settings",
+            get(get_settings).put(put_settings),
+        )
+        .route(
+            "/v1/users/{user_id}/profile",
+            get(get_profile).put(put_profile),
+        )
+}
+
+const CONSISTENCY_TOKEN: &str = "x-consistency-token";
+
+/// The user in the path, if the caller may act for them.
+fn authorize(caller: &Caller, raw: &str) -> Result<UserId, ApiError> {
+    let user = UserId::parse(raw)?;
+    if !caller.may_act_for(&user) {
+        return Err(ApiError::Forbidden(
+            "a user may read and write only their own data",
+        ));
+    }
+    Ok(user)
+}
+
+/// The position a client carries from an earlier write (ignored if unreadable).
+fn carried_lsn(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONSISTENCY_TOKEN)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_lsn)
+}
+
+fn with_token(mut response: Response, lsn: u64) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&format_lsn(lsn)) {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static(CONSISTENCY_TOKEN), v);
+    }
+    response
+}
+
+#[derive(Serialize)]
+struct SettingsBody {
+    user_id: String,
+    settings: Value,
+}
+
+async fn get_settings(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(user): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let user = authorize(&caller, &user)?;
+    let ctx = ReadCtx::user(user.clone(), carried_lsn(&headers));
+    let read = state
+        .db
+        .read(QueryClass::OwnData, &ctx, |pool| {
+            let user = user.clone();
+            async move {
+                sqlx::query_scalar::<_, Value>(
+                    "SELECT settings FROM user_settings WHERE user_id = $1",
+                )
+                .bind(user.as_str())
+                .fetch_optional(pool.exec())
+                .await
+            }
+        })
+        .await?;
+    // A user who never saved settings has the empty object.
+    let settings = read
+        .value
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    Ok(stated(
+        StatusCode::OK,
+        SettingsBody {
+            user_id: user.to_string(),
+            settings,
+        },
+        &read.route,
+    ))
+}
+
+#[derive(Deserialize)]
+struct PutSettings {
+    settings: Value,
+}
+
+async fn put_settings(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(user): Path<String>,
+    Json(body): Json<PutSettings>,
+) -> Result<Response, ApiError> {
+    let user = authorize(&caller, &user)?;
+    let settings = Settings::parse(body.settings)?.into_value();
+    let mut tx = state.db.primary().begin().await?;
+    sqlx::query(
+        "INSERT INTO user_settings (user_id, settings) VALUES ($1, $2) \
+         ON CONFLICT (user_id) DO UPDATE SET settings = EXCLUDED.settings, updated_at = clock_timestamp()",
+    )
+    .bind(user.as_str())
+    .bind(&settings)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let lsn = state.db.note_write(&user).await?;
+    let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
+    Ok(with_token(
+        stated(
+            StatusCode::OK,
+            SettingsBody {
+                user_id: user.to_string(),
+                settings,
+            },
+            &route,
+        ),
+        lsn,
+    ))
+}
+
+#[derive(Serialize, sqlx::FromRow)]
+struct Profile {
+    user_id: String,
+    display_name: String,
+    email: String,
+}
+
+async fn get_profile(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(user): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let user = authorize(&caller, &user)?;
+    let ctx = ReadCtx::user(user.clone(), carried_lsn(&headers));
+    let read = state
+        .db
+        .read(QueryClass::OwnData, &ctx, |pool| {
+            let user = user.clone();
+            async move {
+                sqlx::query_as::<_, Profile>(
+                    "SELECT user_id, display_name, email FROM user_profiles WHERE user_id = $1",
+                )
+                .bind(user.as_str())
+                .fetch_optional(pool.exec())
+                .await
+            }
+        })
+        .await?;
+    let profile = read.value.ok_or_else(|| {
+        ApiError::not_found(
+            "PROFILE_NOT_FOUND",
+            format!("user {user} has no profile yet"),
+        )
+    })?;
+    Ok(stated(StatusCode::OK, profile, &read.route))
+}
+
+#[derive(Deserialize)]
+struct PutProfile {
+    display_name: String,
+    email: String,
+}
+
+async fn put_profile(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(user): Path<String>,
+    Json(body): Json<PutProfile>,
+) -> Result<Response, ApiError> {
+    let user = authorize(&caller, &user)?;
+    let name = DisplayName::parse(&body.display_name)?;
+    let email = Email::parse(&body.email)?;
+    let mut tx = state.db.primary().begin().await?;
+    let profile: Profile = sqlx::query_as(
+        "INSERT INTO user_profiles (user_id, display_name, email) VALUES ($1, $2, $3) \
+         ON CONFLICT (user_id) DO UPDATE SET display_name = EXCLUDED.display_name, email = EXCLUDED.email, updated_at = clock_timestamp() \
+         RETURNING user_id, display_name, email",
+    )
+    .bind(user.as_str())
+    .bind(name.as_str())
+    .bind(email.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let lsn = state.db.note_write(&user).await?;
+    let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
+    Ok(with_token(stated(StatusCode::OK, profile, &route), lsn))
+}

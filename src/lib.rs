@@ -1,0 +1,29 @@
+//! stockgate: inventory and checkout that never sells what it does not have and never lets
+//! a lagging read replica decide anything that matters.
+//!
+//! # Layout
+//! - [`routing`]: the one place that decides where a read goes — pools, the freshness
+//!   monitor (WAL positions on one clock), the policy table, and the `Route` every answer
+//!   carries.
+//! - [`checkout`]: order placement and cancellation; the guarded UPDATE on the primary is
+//!   the only thing that confirms an order.
+//! - [`ryw`]: the read-your-writes store (in-process or Redis), failing closed.
+//! - [`http`]: the REST API, its extractors, errors and middleware.
+//! - [`domain`]: input types parsed at the boundary.
+//! - [`auth`]: bearer tokens and who may act for whom.
+//! - [`import`]: bulk import throttled against live replica staleness.
+//! - [`config`], [`cli`], [`startup`], [`telemetry`], [`metrics`], [`clock`].
+
+pub mod auth;
+pub mod checkout;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod domain;
+pub mod http;
+pub mod import;
+pub mod metrics;
+pub mod routing;
+pub mod ryw;
+pub mod startup;
+pub mod telemetry;

@@ -1,0 +1,22 @@
+//! `stockgate`: thin entry point. Telemetry, then the command line; configuration errors
+//! are one line on stderr and exit 2, run-time failures one line and exit 1.
+
+use clap::Parser;
+use stockgate::cli::{self, Cli, Failure};
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    stockgate::telemetry::init(matches!(cli.command, cli::Command::Serve));
+    match cli::run(cli).await {
+        Ok(()) => {}
+        Err(Failure::Config(msg)) => {
+            eprintln!("stockgate: configuration error: {msg}");
+            std::process::exit(2);
+        }
+        Err(Failure::Runtime(e)) => {
+            eprintln!("stockgate: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,588 @@
+//! The one place that decides where a read goes. It owns the pools, the freshness monitor
+//! and the policy table; a handler names a [`QueryClass`] and gets back its answer plus a
+//! [`Route`] saying where it went, why, and as of when. Nothing else knows how many
+//! replicas exist.
+//!
+//! Write transactions can only be opened through [`Primary::begin`]; a replica-routed read
+//! receives a [`ReadPool`], which exposes an executor and nothing that can begin a
+//! transaction. A routing decision reads the monitor's state from memory: no extra round
+//! trip on the request path.
+
+pub mod freshness;
+pub mod monitor;
+pub mod policy;
+pub mod route;
+
+use crate::clock::TimeBase;
+use crate::domain::UserId;
+use crate::metrics::Metrics;
+use crate::ryw::RywStore;
+use freshness::{Freshness, Lsn, ReplicaState, ReplicaView};
+use policy::{QueryClass, Target, WhenNoFreshReplica};
+pub use route::{Reason, Route};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// A database failure as the router sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The primary (or every place that could answer) is unreachable or saturated.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// The class refuses to read the primary and no replica is fresh enough.
+    #[error("no replica is fresh enough for {0}")]
+    NoFreshReplica(QueryClass),
+    #[error(transparent)]
+    Query(sqlx::Error),
+}
+
+impl From<sqlx::Error> for DbError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_connection_error(&e) {
+            DbError::Unavailable(e.to_string())
+        } else {
+            DbError::Query(e)
+        }
+    }
+}
+
+/// Errors that say "this server is not answering", as opposed to "this query is wrong".
+pub fn is_connection_error(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => {
+            // 57P01 admin shutdown, 57P03 cannot connect now, 53300 too many connections,
+            // 08xxx connection exceptions.
+            db.code().is_some_and(|c| {
+                c.starts_with("08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "53300"
+            })
+        }
+        _ => false,
+    }
+}
+
+/// The primary: the only place a transaction can be opened.
+#[derive(Clone, Debug)]
+pub struct Primary(PgPool);
+
+impl Primary {
+    /// Opens a write transaction on the primary.
+    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
+        Ok(self.0.begin().await?)
+    }
+
+    /// The primary pool, for single statements outside a transaction (also primary-only).
+    pub fn pool(&self) -> &PgPool {
+        &self.0
+    }
+
+    /// The primary's WAL position now (after a commit: a position that includes it).
+    pub async fn current_lsn(&self) -> Result<Lsn, DbError> {
+        let lsn: i64 = sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8")
+            .fetch_one(&self.0)
+            .await?;
+        Ok(lsn as Lsn)
+    }
+}
+
+/// What a routed read may use: an executor, and no way to begin a transaction.
+#[derive(Clone, Debug)]
+pub struct ReadPool(PgPool);
+
+impl ReadPool {
+    pub fn exec(&self) -> impl sqlx::PgExecutor<'_> + '_ {
+        &self.0
+    }
+}
+
+#[derive(Debug)]
+struct Replica {
+    name: String,
+    pool: PgPool,
+    in_flight: AtomicUsize,
+}
+
+/// Per-request context a routing decision may need.
+#[derive(Debug, Clone, Default)]
+pub struct ReadCtx {
+    /// The user whose own data is read (read-your-writes classes).
+    pub user: Option<UserId>,
+    /// A position the client carries (`X-Consistency-Token`), honoured like the store's.
+    pub min_lsn: Option<Lsn>,
+}
+
+impl ReadCtx {
+    pub fn none() -> Self {
+        ReadCtx::default()
+    }
+    pub fn user(user: UserId, min_lsn: Option<Lsn>) -> Self {
+        ReadCtx {
+            user: Some(user),
+            min_lsn,
+        }
+    }
+}
+
+/// A read's answer and where it came from.
+#[derive(Debug)]
+pub struct Routed<T> {
+    pub value: T,
+    pub route: Route,
+}
+
+pub struct Settings {
+    pub primary_url: String,
+    pub replica_urls: Vec<String>,
+    pub primary_pool_size: u32,
+    pub replica_pool_size: u32,
+    pub replica_timeout: Duration,
+    pub thresholds: freshness::Thresholds,
+}
+
+/// The router: pools, freshness and policy.
+#[derive(Clone)]
+pub struct Db {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    primary: Primary,
+    /// Connect options for the monitor's own connections: primary first, then replicas.
+    monitor_targets: Vec<(String, PgConnectOptions)>,
+    replicas: Vec<Replica>,
+    freshness: Arc<RwLock<Freshness>>,
+    time: TimeBase,
+    metrics: Metrics,
+    ryw: RywStore,
+    replica_timeout: Duration,
+    round_robin: AtomicUsize,
+}
+
+/// The primary's connect options for this service.
+pub fn primary_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    Ok(PgConnectOptions::from_str(url)?
+        .application_name("stockgate")
+        .options([("statement_timeout", "30s"), ("lock_timeout", "10s")]))
+}
+
+/// Replica connect options: every session read-only, so even a bug cannot write there.
+pub fn replica_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    Ok(PgConnectOptions::from_str(url)?
+        .application_name("stockgate")
+        .options([
+            ("default_transaction_read_only", "on"),
+            ("statement_timeout", "30s"),
+        ]))
+}
+
+impl Db {
+    /// Builds the pools (lazily: a database that is down at start is reported, not fatal).
+    pub fn new(s: Settings, metrics: Metrics, ryw: RywStore) -> Result<Db, sqlx::Error> {
+        let primary = PgPoolOptions::new()
+            .max_connections(s.primary_pool_size)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with(primary_options(&s.primary_url)?);
+        let replicas = s
+            .replica_urls
+            .iter()
+            .enumerate()
+            .map(|(i, url)| {
+                Ok(Replica {
+                    name: format!("replica-{}", i + 1),
+                    pool: PgPoolOptions::new()
+                        .max_connections(s.replica_pool_size)
+                        .min_connections(0)
+                        .acquire_timeout(s.replica_timeout)
+                        .connect_lazy_with(replica_options(url)?),
+                    in_flight: AtomicUsize::new(0),
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let mut monitor_targets = vec![("primary".to_string(), primary_options(&s.primary_url)?)];
+        for (r, url) in replicas.iter().zip(&s.replica_urls) {
+            monitor_targets.push((r.name.clone(), replica_options(url)?));
+        }
+        let freshness = Arc::new(RwLock::new(Freshness::new(replicas.len(), s.thresholds)));
+        Ok(Db {
+            inner: Arc::new(Inner {
+                primary: Primary(primary),
+                monitor_targets,
+                replicas,
+                freshness,
+                time: TimeBase::now(),
+                metrics,
+                ryw,
+                replica_timeout: s.replica_timeout,
+                round_robin: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    pub fn primary(&self) -> &Primary {
+        &self.inner.primary
+    }
+
+    pub fn ryw(&self) -> &RywStore {
+        &self.inner.ryw
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub fn replica_names(&self) -> Vec<String> {
+        self.inner.replicas.iter().map(|r| r.name.clone()).collect()
+    }
+
+    pub fn now_utc(&self) -> chrono::DateTime<chrono::Utc> {
+        self.inner.time.wall(Instant::now())
+    }
+
+    /// Starts the background freshness monitor; it stops when the returned guard drops.
+    pub fn start_monitor(&self, interval: Duration) -> monitor::MonitorGuard {
+        monitor::start(self.clone(), interval)
+    }
+
+    fn freshness_read(&self) -> std::sync::RwLockReadGuard<'_, Freshness> {
+        self.inner
+            .freshness
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn freshness_write(&self) -> std::sync::RwLockWriteGuard<'_, Freshness> {
+        self.inner
+            .freshness
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every replica's current state, for operators.
+    pub fn replica_status(&self) -> Vec<ReplicaStatus> {
+        let now = Instant::now();
+        let f = self.freshness_read();
+        let primary_lsn = f.primary_lsn();
+        self.inner
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let v: ReplicaView = f.view(i, now);
+                ReplicaStatus {
+                    name: r.name.clone(),
+                    state: v.state,
+                    staleness: v.staleness,
+                    lag_bytes: match (primary_lsn, v.replay_lsn) {
+                        (Some(p), Some(r)) => Some(p.saturating_sub(r)),
+                        _ => None,
+                    },
+                    replay_lsn: v.replay_lsn,
+                    as_of: v.as_of.map(|t| self.inner.time.wall(t)),
+                    last_error: v.last_error,
+                    in_flight: r.in_flight.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    pub fn primary_lsn(&self) -> Option<Lsn> {
+        self.freshness_read().primary_lsn()
+    }
+
+    /// The worst staleness among replicas that are not `down`, and the down ones' names.
+    pub fn worst_serving_staleness(&self) -> (Option<(String, Duration)>, Vec<String>) {
+        let mut worst: Option<(String, Duration)> = None;
+        let mut down = Vec::new();
+        for s in self.replica_status() {
+            if s.state == ReplicaState::Down {
+                down.push(s.name);
+                continue;
+            }
+            let st = s.staleness.unwrap_or(Duration::MAX);
+            if worst.as_ref().is_none_or(|(_, w)| st > *w) {
+                worst = Some((s.name, st));
+            }
+        }
+        (worst, down)
+    }
+
+    /// Decides where a read of `class` goes, without running it.
+    pub async fn route(
+        &self,
+        class: QueryClass,
+        ctx: &ReadCtx,
+    ) -> Result<(Option<usize>, Route), DbError> {
+        let policy = class.policy();
+        let now = Instant::now();
+        let now_utc = self.inner.time.wall(now);
+        if policy.target == Target::Primary {
+            return Ok((
+                None,
+                self.decided(Route::primary(class, Reason::PrimaryOnly, now_utc)),
+            ));
+        }
+        if self.inner.replicas.is_empty() {
+            return Ok((
+                None,
+                self.decided(Route::primary(class, Reason::NoReplicas, now_utc)),
+            ));
+        }
+        let mut min_lsn = ctx.min_lsn;
+        if policy.read_your_writes
+            && let Some(user) = &ctx.user
+        {
+            match self.inner.ryw.get(user).await {
+                Ok(lsn) => min_lsn = min_lsn.max(lsn),
+                Err(e) => {
+                    self.inner
+                        .metrics
+                        .ryw_store_failures
+                        .with_label_values(&["get"])
+                        .inc();
+                    tracing::warn!(error = %e, user = %user, "read-your-writes store unavailable; reading the primary");
+                    return Ok((
+                        None,
+                        self.decided(Route::primary(class, Reason::RywStoreUnavailable, now_utc)),
+                    ));
+                }
+            }
+        }
+        let (choice, fresh_but_behind_user) = {
+            let f = self.freshness_read();
+            let mut best: Option<(usize, usize)> = None;
+            let mut behind_user = false;
+            let start = self.inner.round_robin.fetch_add(1, Ordering::Relaxed);
+            let n = self.inner.replicas.len();
+            for k in 0..n {
+                let i = (start + k) % n;
+                if !f.eligible(i, now, policy.budget) {
+                    continue;
+                }
+                if let Some(min) = min_lsn
+                    && f.view(i, now).replay_lsn.is_none_or(|r| r < min)
+                {
+                    behind_user = true;
+                    continue;
+                }
+                let load = self.inner.replicas[i].in_flight.load(Ordering::Relaxed);
+                if best.is_none_or(|(_, l)| load < l) {
+                    best = Some((i, load));
+                }
+            }
+            (best.map(|(i, _)| (i, f.view(i, now).as_of)), behind_user)
+        };
+        match choice {
+            Some((i, Some(as_of))) => {
+                let route = Route {
+                    class,
+                    served_by: self.inner.replicas[i].name.clone(),
+                    reason: Reason::FreshReplica,
+                    as_of: self.inner.time.wall(as_of),
+                    stale_by: now.saturating_duration_since(as_of),
+                };
+                Ok((Some(i), self.decided(route)))
+            }
+            _ => {
+                let reason = if fresh_but_behind_user {
+                    Reason::ReadYourWrites
+                } else {
+                    Reason::NoFreshReplica
+                };
+                if policy.when_no_fresh_replica == WhenNoFreshReplica::Refuse
+                    && reason == Reason::NoFreshReplica
+                {
+                    self.inner
+                        .metrics
+                        .routing_decisions
+                        .with_label_values(&[class.name(), "refused", reason.as_str()])
+                        .inc();
+                    return Err(DbError::NoFreshReplica(class));
+                }
+                Ok((None, self.decided(Route::primary(class, reason, now_utc))))
+            }
+        }
+    }
+
+    fn decided(&self, route: Route) -> Route {
+        let target = if route.is_primary() {
+            "primary"
+        } else {
+            "replica"
+        };
+        let m = &self.inner.metrics;
+        m.routing_decisions
+            .with_label_values(&[route.class.name(), target, route.reason.as_str()])
+            .inc();
+        if route.is_primary() && route.class.policy().target == Target::Replica {
+            m.routing_fallbacks
+                .with_label_values(&[route.class.name(), route.reason.as_str()])
+                .inc();
+        }
+        tracing::debug!(route = %route, "routed");
+        route
+    }
+
+    /// A route for reads that run inside a primary transaction the caller already holds.
+    pub fn in_transaction(&self, class: QueryClass) -> Route {
+        self.decided(Route::primary(class, Reason::InTransaction, self.now_utc()))
+    }
+
+    /// Runs a read of `class` where the policy sends it. A replica that fails or is slower
+    /// than its timeout is marked `down` at once and the read is retried once on the
+    /// primary.
+    pub async fn read<T, F, Fut>(
+        &self,
+        class: QueryClass,
+        ctx: &ReadCtx,
+        f: F,
+    ) -> Result<Routed<T>, DbError>
+    where
+        F: Fn(ReadPool) -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        let (replica, route) = self.route(class, ctx).await?;
+        let Some(i) = replica else {
+            let value = f(ReadPool(self.inner.primary.0.clone())).await?;
+            return Ok(Routed { value, route });
+        };
+        let r = &self.inner.replicas[i];
+        r.in_flight.fetch_add(1, Ordering::Relaxed);
+        let outcome =
+            tokio::time::timeout(self.inner.replica_timeout, f(ReadPool(r.pool.clone()))).await;
+        r.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let error = match outcome {
+            Ok(Ok(value)) => return Ok(Routed { value, route }),
+            Ok(Err(e)) if is_connection_error(&e) => {
+                self.mark_down(i, e.to_string());
+                e.to_string()
+            }
+            // Any other error on a replica (e.g. a query cancelled by a recovery conflict)
+            // is retried on the primary without judging the replica.
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => {
+                self.mark_down(
+                    i,
+                    format!("no answer within {:?}", self.inner.replica_timeout),
+                );
+                "timed out".into()
+            }
+        };
+        tracing::warn!(replica = %r.name, class = %class, %error, "replica read failed; retrying on the primary");
+        let route = self.decided(Route::primary(class, Reason::ReplicaFailed, self.now_utc()));
+        let value = f(ReadPool(self.inner.primary.0.clone())).await?;
+        Ok(Routed { value, route })
+    }
+
+    /// The pool a route chose, for reads that stream (exports) and cannot be retried.
+    pub fn pool_for(&self, replica: Option<usize>) -> ReadPool {
+        match replica {
+            Some(i) => ReadPool(self.inner.replicas[i].pool.clone()),
+            None => ReadPool(self.inner.primary.0.clone()),
+        }
+    }
+
+    fn publish_replica_metrics(&self, i: usize) {
+        let now = Instant::now();
+        let (view, primary_lsn) = {
+            let f = self.freshness_read();
+            (f.view(i, now), f.primary_lsn())
+        };
+        let m = &self.inner.metrics;
+        let name = self.inner.replicas[i].name.as_str();
+        m.replica_staleness.with_label_values(&[name]).set(
+            view.staleness
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(f64::INFINITY),
+        );
+        if let (Some(p), Some(r)) = (primary_lsn, view.replay_lsn) {
+            m.replica_lag_bytes
+                .with_label_values(&[name])
+                .set(p.saturating_sub(r) as i64);
+        }
+        for state in [
+            ReplicaState::Healthy,
+            ReplicaState::Lagging,
+            ReplicaState::Down,
+        ] {
+            m.replica_state
+                .with_label_values(&[name, state.as_str()])
+                .set(i64::from(view.state == state));
+        }
+    }
+
+    fn mark_down(&self, i: usize, error: String) {
+        self.freshness_write().record_replica_error(i, error);
+        self.inner
+            .metrics
+            .monitor_errors
+            .with_label_values(&[&self.inner.replicas[i].name])
+            .inc();
+    }
+
+    /// Records a user's write for read-your-writes: the primary's position after the
+    /// commit. Returns the position (for `X-Consistency-Token`); a store failure is counted
+    /// and logged, never fails the write.
+    pub async fn note_write(&self, user: &UserId) -> Result<Lsn, DbError> {
+        let lsn = self.inner.primary.current_lsn().await?;
+        if let Err(e) = self.inner.ryw.advance(user, lsn).await {
+            self.inner
+                .metrics
+                .ryw_store_failures
+                .with_label_values(&["advance"])
+                .inc();
+            tracing::warn!(error = %e, user = %user, "could not record a write for read-your-writes");
+        }
+        Ok(lsn)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ReplicaStatus {
+    pub name: String,
+    pub state: ReplicaState,
+    pub staleness: Option<Duration>,
+    pub lag_bytes: Option<u64>,
+    pub replay_lsn: Option<Lsn>,
+    pub as_of: Option<chrono::DateTime<chrono::Utc>>,
+    pub last_error: Option<String>,
+    pub in_flight: usize,
+}
+
+/// Formats a byte offset as PostgreSQL prints an LSN (`16/B374D848`).
+pub fn format_lsn(lsn: Lsn) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+/// Parses `16/B374D848` back into a byte offset.
+pub fn parse_lsn(s: &str) -> Option<Lsn> {
+    let (hi, lo) = s.split_once('/')?;
+    if hi.is_empty() || lo.is_empty() || hi.len() > 8 || lo.len() > 8 {
+        return None;
+    }
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsns_round_trip_in_postgres_notation() {
+        assert_eq!(format_lsn(0x16_B374_D848), "16/B374D848");
+        assert_eq!(parse_lsn("16/B374D848"), Some(0x16_B374_D848));
+        assert_eq!(parse_lsn("0/0"), Some(0));
+        for bad in ["", "/", "1/", "x/1", "123456789/0", "1/2/3"] {
+            assert_eq!(parse_lsn(bad), None, "{bad:?}");
+        }
+    }
+}

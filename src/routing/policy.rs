@@ -1,0 +1,183 @@
+//! The routing policy: every query class the service runs, where it may go and how stale
+//! it may be. This table is the one place to review; `GET /v1/admin/routing` serves it and
+//! the README's table is checked against it by a test.
+
+use serde::Serialize;
+use std::fmt;
+use std::time::Duration;
+
+/// Every kind of query the service runs. A handler names one; nothing else decides where a
+/// query goes. Adding a variant without a row in [`POLICY`] fails to compile (`policy()` is
+/// an exhaustive match), and the routing audit test fails until the class is covered there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueryClass {
+    /// Availability and the pre-check of an order.
+    StockGate,
+    /// The product page.
+    ProductPage,
+    /// A user's own settings and profile: read-your-writes.
+    OwnData,
+    /// An order by id (its owner just placed it).
+    OrderLookup,
+    /// The live revenue dashboard.
+    Dashboard,
+    /// The emailed revenue report.
+    RevenueReport,
+    /// Bulk export of orders: any replica that is answering.
+    Export,
+    /// Anything that must be current: writes and the reads inside write transactions.
+    Primary,
+}
+
+/// Where a class's reads may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    Primary,
+    Replica,
+}
+
+/// What to do when no replica is fresh enough for a replica-targeted class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenNoFreshReplica {
+    /// Read from the primary (the default).
+    UsePrimary,
+    /// Refuse with 503 rather than load the primary.
+    Refuse,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Policy {
+    pub class: QueryClass,
+    pub target: Target,
+    /// The most staleness a replica answer may carry; `None` means any replica that is not
+    /// `down` will do.
+    #[serde(rename = "staleness_budget_ms", serialize_with = "ser_budget")]
+    pub budget: Option<Duration>,
+    /// A replica is also required to have replayed the user's last write.
+    pub read_your_writes: bool,
+    pub when_no_fresh_replica: WhenNoFreshReplica,
+}
+
+fn ser_budget<S: serde::Serializer>(b: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match b {
+        Some(d) => s.serialize_u64(d.as_millis() as u64),
+        None => s.serialize_none(),
+    }
+}
+
+const fn replica(class: QueryClass, budget_ms: u64) -> Policy {
+    Policy {
+        class,
+        target: Target::Replica,
+        budget: Some(Duration::from_millis(budget_ms)),
+        read_your_writes: false,
+        when_no_fresh_replica: WhenNoFreshReplica::UsePrimary,
+    }
+}
+
+const fn primary(class: QueryClass) -> Policy {
+    Policy {
+        class,
+        target: Target::Primary,
+        budget: Some(Duration::ZERO),
+        read_your_writes: false,
+        when_no_fresh_replica: WhenNoFreshReplica::UsePrimary,
+    }
+}
+
+/// The policy table, one row per class.
+pub const POLICY: &[Policy] = &[
+    replica(QueryClass::StockGate, 250),
+    replica(QueryClass::ProductPage, 5_000),
+    Policy {
+        read_your_writes: true,
+        ..replica(QueryClass::OwnData, 5_000)
+    },
+    primary(QueryClass::OrderLookup),
+    replica(QueryClass::Dashboard, 30_000),
+    replica(QueryClass::RevenueReport, 300_000),
+    Policy {
+        budget: None,
+        ..replica(QueryClass::Export, 0)
+    },
+    primary(QueryClass::Primary),
+];
+
+impl QueryClass {
+    pub const ALL: &'static [QueryClass] = &[
+        QueryClass::StockGate,
+        QueryClass::ProductPage,
+        QueryClass::OwnData,
+        QueryClass::OrderLookup,
+        QueryClass::Dashboard,
+        QueryClass::RevenueReport,
+        QueryClass::Export,
+        QueryClass::Primary,
+    ];
+
+    /// This class's row of [`POLICY`].
+    pub fn policy(self) -> &'static Policy {
+        // Exhaustive on purpose: a new class must be placed in the table.
+        let index = match self {
+            QueryClass::StockGate => 0,
+            QueryClass::ProductPage => 1,
+            QueryClass::OwnData => 2,
+            QueryClass::OrderLookup => 3,
+            QueryClass::Dashboard => 4,
+            QueryClass::RevenueReport => 5,
+            QueryClass::Export => 6,
+            QueryClass::Primary => 7,
+        };
+        &POLICY[index]
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            QueryClass::StockGate => "stock_gate",
+            QueryClass::ProductPage => "product_page",
+            QueryClass::OwnData => "own_data",
+            QueryClass::OrderLookup => "order_lookup",
+            QueryClass::Dashboard => "dashboard",
+            QueryClass::RevenueReport => "revenue_report",
+            QueryClass::Export => "export",
+            QueryClass::Primary => "primary",
+        }
+    }
+}
+
+impl fmt::Display for QueryClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_class_has_exactly_its_own_row() {
+        assert_eq!(QueryClass::ALL.len(), POLICY.len());
+        for class in QueryClass::ALL {
+            assert_eq!(
+                class.policy().class,
+                *class,
+                "row for {class} is out of place"
+            );
+        }
+    }
+
+    #[test]
+    fn budgets_are_the_contracts() {
+        let ms = |c: QueryClass| c.policy().budget.map(|d| d.as_millis());
+        assert_eq!(ms(QueryClass::StockGate), Some(250));
+        assert_eq!(ms(QueryClass::ProductPage), Some(5_000));
+        assert_eq!(ms(QueryClass::Dashboard), Some(30_000));
+        assert_eq!(ms(QueryClass::RevenueReport), Some(300_000));
+        assert_eq!(QueryClass::Primary.policy().target, Target::Primary);
+        assert!(QueryClass::OwnData.policy().read_your_writes);
+    }
+}

@@ -1,0 +1,121 @@
+//! A routing decision as a value: where a read went, why, and as of when.
+
+use super::policy::QueryClass;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use std::fmt;
+use std::time::Duration;
+
+/// Why a read went where it went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// A replica within the class's budget (and past the user's last write, if asked).
+    FreshReplica,
+    /// The class always reads the primary.
+    PrimaryOnly,
+    /// The read runs inside a transaction, which only the primary can open.
+    InTransaction,
+    /// No replica is configured.
+    NoReplicas,
+    /// Replicas exist but none is within the class's budget.
+    NoFreshReplica,
+    /// A replica is fresh enough, but none has replayed the user's last write yet.
+    ReadYourWrites,
+    /// The read-your-writes store could not be read: fail closed to the primary.
+    RywStoreUnavailable,
+    /// The chosen replica failed mid-read; retried once on the primary.
+    ReplicaFailed,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::FreshReplica => "fresh_replica",
+            Reason::PrimaryOnly => "primary_only",
+            Reason::InTransaction => "in_transaction",
+            Reason::NoReplicas => "no_replicas",
+            Reason::NoFreshReplica => "no_fresh_replica",
+            Reason::ReadYourWrites => "read_your_writes",
+            Reason::RywStoreUnavailable => "ryw_store_unavailable",
+            Reason::ReplicaFailed => "replica_failed",
+        }
+    }
+}
+
+/// Where a read was served and what moment it describes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Route {
+    pub class: QueryClass,
+    /// `"primary"` or the replica's name.
+    pub served_by: String,
+    pub reason: Reason,
+    /// Every commit acknowledged before this moment is included in the answer.
+    pub as_of: DateTime<Utc>,
+    /// `now − as_of` when the route was taken.
+    #[serde(serialize_with = "ser_ms")]
+    pub stale_by: Duration,
+}
+
+fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_millis() as u64)
+}
+
+impl Route {
+    pub fn primary(class: QueryClass, reason: Reason, now: DateTime<Utc>) -> Route {
+        Route {
+            class,
+            served_by: "primary".into(),
+            reason,
+            as_of: now,
+            stale_by: Duration::ZERO,
+        }
+    }
+
+    pub fn is_primary(&self) -> bool {
+        self.served_by == "primary"
+    }
+
+    pub fn stale_by_ms(&self) -> u64 {
+        self.stale_by.as_millis() as u64
+    }
+
+    pub fn as_of_rfc3339(&self) -> String {
+        self.as_of.to_rfc3339_opts(SecondsFormat::Millis, true)
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} -> {} ({}, {} ms stale)",
+            self.class,
+            self.served_by,
+            self.reason.as_str(),
+            self.stale_by_ms()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_route_reads_as_a_sentence() {
+        let mut r = Route::primary(QueryClass::StockGate, Reason::NoFreshReplica, Utc::now());
+        assert_eq!(
+            r.to_string(),
+            "stock_gate -> primary (no_fresh_replica, 0 ms stale)"
+        );
+        r.served_by = "replica-2".into();
+        r.reason = Reason::FreshReplica;
+        r.stale_by = Duration::from_millis(12);
+        assert_eq!(
+            r.to_string(),
+            "stock_gate -> replica-2 (fresh_replica, 12 ms stale)"
+        );
+        assert!(!r.is_primary());
+    }
+}

@@ -1,0 +1,230 @@
+//! The read-your-writes store: for each user, the primary's WAL position right after their
+//! last write, kept for a TTL. A read for that user may use a replica only if the replica
+//! has replayed that far. In-process for one instance; Redis when several share users.
+//!
+//! Positions only move forward (two devices writing at once cannot lower it), and every
+//! failure is reported to the caller, which then reads from the primary: fail closed.
+
+use crate::clock::Clock;
+use crate::domain::UserId;
+use crate::routing::freshness::Lsn;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+#[error("read-your-writes store unavailable: {0}")]
+pub struct StoreUnavailable(String);
+
+#[derive(Clone)]
+pub enum RywStore {
+    Local(Arc<Local>),
+    Redis(Arc<RedisStore>),
+}
+
+/// A position and when it was written (clock ms).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    lsn: Lsn,
+    written_ms: i64,
+}
+
+pub struct Local {
+    clock: Arc<dyn Clock>,
+    ttl: Duration,
+    // A std Mutex: held for a map operation only, never across an await.
+    map: Mutex<HashMap<UserId, Entry>>,
+}
+
+pub struct RedisStore {
+    clock: Arc<dyn Clock>,
+    ttl: Duration,
+    conn: ConnectionManager,
+    timeout: Duration,
+    script: redis::Script,
+}
+
+/// Sets `lsn:written_ms` only if it moves the position forward; refreshes the expiry
+/// either way. Atomic in Redis, so concurrent writers cannot lower the position.
+const ADVANCE: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local c = tonumber(string.match(cur, '^(%d+):'))
+  if c and c > tonumber(ARGV[1]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'PX', ARGV[3])
+return 1
+"#;
+
+impl RywStore {
+    pub fn local(clock: Arc<dyn Clock>, ttl: Duration) -> Self {
+        RywStore::Local(Arc::new(Local {
+            clock,
+            ttl,
+            map: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Connects lazily: a Redis that is down at start only means reads go to the primary.
+    pub fn redis(url: &str, clock: Arc<dyn Clock>, ttl: Duration) -> anyhow::Result<Self> {
+        let client = redis::Client::open(url)?;
+        let timeout = Duration::from_millis(100);
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(RywStore::Redis(Arc::new(RedisStore {
+            clock,
+            ttl,
+            conn,
+            timeout,
+            script: redis::Script::new(ADVANCE),
+        })))
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RywStore::Local(_) => "in_process",
+            RywStore::Redis(_) => "redis",
+        }
+    }
+
+    pub fn ttl(&self) -> Duration {
+        match self {
+            RywStore::Local(s) => s.ttl,
+            RywStore::Redis(s) => s.ttl,
+        }
+    }
+
+    /// Records that `user` wrote, and the primary was at `lsn` after the commit.
+    pub async fn advance(&self, user: &UserId, lsn: Lsn) -> Result<(), StoreUnavailable> {
+        match self {
+            RywStore::Local(s) => {
+                let now = s.clock.now_ms();
+                let mut map = s.map.lock().unwrap_or_else(|p| p.into_inner());
+                let e = map.entry(user.clone()).or_insert(Entry {
+                    lsn,
+                    written_ms: now,
+                });
+                e.lsn = e.lsn.max(lsn);
+                e.written_ms = now;
+                // Keep the map bounded: drop expired entries now and then.
+                if map.len() > 100_000 {
+                    let ttl = s.ttl.as_millis() as i64;
+                    map.retain(|_, e| now - e.written_ms <= ttl);
+                }
+                Ok(())
+            }
+            RywStore::Redis(s) => {
+                let mut conn = s.conn.clone();
+                let now = s.clock.now_ms();
+                // Redis keeps the key a little longer than the TTL; expiry is decided by
+                // our clock on read, so tests can move time.
+                let px = s.ttl.as_millis() as u64 + 5_000;
+                let mut invocation = s.script.key(key(user));
+                invocation.arg(lsn).arg(now).arg(px);
+                let call = invocation.invoke_async::<i64>(&mut conn);
+                match tokio::time::timeout(s.timeout, call).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(StoreUnavailable(e.to_string())),
+                    Err(_) => Err(StoreUnavailable("timed out".into())),
+                }
+            }
+        }
+    }
+
+    /// The position `user` must be read at, if they wrote within the TTL.
+    pub async fn get(&self, user: &UserId) -> Result<Option<Lsn>, StoreUnavailable> {
+        let (entry, clock, ttl) = match self {
+            RywStore::Local(s) => {
+                let map = s.map.lock().unwrap_or_else(|p| p.into_inner());
+                (map.get(user).copied(), &s.clock, s.ttl)
+            }
+            RywStore::Redis(s) => {
+                let mut conn = s.conn.clone();
+                let mut cmd = redis::cmd("GET");
+                cmd.arg(key(user));
+                let call = cmd.query_async::<Option<String>>(&mut conn);
+                let raw = match tokio::time::timeout(s.timeout, call).await {
+                    Ok(Ok(v)) => v,
+                    Ok(Err(e)) => return Err(StoreUnavailable(e.to_string())),
+                    Err(_) => return Err(StoreUnavailable("timed out".into())),
+                };
+                let entry = match raw {
+                    None => None,
+                    Some(v) => Some(
+                        parse_entry(&v)
+                            .ok_or_else(|| StoreUnavailable(format!("unreadable entry {v:?}")))?,
+                    ),
+                };
+                (entry, &s.clock, s.ttl)
+            }
+        };
+        let now = clock.now_ms();
+        Ok(entry
+            .filter(|e| now - e.written_ms <= ttl.as_millis() as i64)
+            .map(|e| e.lsn))
+    }
+
+    /// Whether the store answers right now (for `/ops` and metrics).
+    pub async fn healthy(&self) -> bool {
+        match self {
+            RywStore::Local(_) => true,
+            RywStore::Redis(s) => {
+                let mut conn = s.conn.clone();
+                let cmd = redis::cmd("PING");
+                let ping = cmd.query_async::<String>(&mut conn);
+                matches!(tokio::time::timeout(s.timeout, ping).await, Ok(Ok(_)))
+            }
+        }
+    }
+}
+
+fn key(user: &UserId) -> String {
+    format!("stockgate:ryw:{user}")
+}
+
+fn parse_entry(v: &str) -> Option<Entry> {
+    let (lsn, ms) = v.split_once(':')?;
+    Some(Entry {
+        lsn: lsn.parse().ok()?,
+        written_ms: ms.parse().ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn user(s: &str) -> UserId {
+        UserId::parse(s).expect("valid id")
+    }
+
+    #[tokio::test]
+    async fn positions_only_move_forward_and_expire_after_the_ttl() {
+        let clock = ManualClock::new();
+        let store = RywStore::local(clock.clone(), Duration::from_secs(60));
+        let ada = user("ada");
+        assert_eq!(store.get(&ada).await.ok().flatten(), None);
+        store
+            .advance(&ada, 500)
+            .await
+            .expect("local store never fails");
+        store
+            .advance(&ada, 300)
+            .await
+            .expect("local store never fails");
+        assert_eq!(store.get(&ada).await.ok().flatten(), Some(500));
+        clock.advance(Duration::from_secs(59));
+        assert_eq!(store.get(&ada).await.ok().flatten(), Some(500));
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(store.get(&ada).await.ok().flatten(), None);
+    }
+}

@@ -1,0 +1,175 @@
+//! Building and running the application: pools, monitor, store, router, listener.
+//! The application binds its own listener, so tests start it on port 0.
+
+use crate::auth::Tokens;
+use crate::checkout::Checkout;
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::http::{self, AppState};
+use crate::metrics::Metrics;
+use crate::routing::freshness::Thresholds;
+use crate::routing::monitor::MonitorGuard;
+use crate::routing::{self, Db};
+use crate::ryw::RywStore;
+use anyhow::Context;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+pub struct Application {
+    listener: TcpListener,
+    router: axum::Router,
+    state: AppState,
+    drain_timeout: Duration,
+    _monitor: MonitorGuard,
+}
+
+/// Builds the router (pools, store, monitor) without an HTTP listener: for `stockgate
+/// replicas` and `import`, which need the same freshness signal as the service.
+pub fn build_state(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+) -> anyhow::Result<(AppState, MonitorGuard)> {
+    let metrics = Metrics::new();
+    let ryw = match &config.redis_url {
+        Some(url) => RywStore::redis(url, clock, config.ryw_ttl).context("STOCKGATE_REDIS_URL")?,
+        None => RywStore::local(clock, config.ryw_ttl),
+    };
+    let own_data_budget = routing::policy::QueryClass::OwnData
+        .policy()
+        .budget
+        .unwrap_or_default();
+    if config.ryw_ttl <= own_data_budget {
+        anyhow::bail!(
+            "STOCKGATE_RYW_TTL_MS ({} ms) must exceed the read-your-writes budget ({} ms), or a replica could serve a read that misses the write",
+            config.ryw_ttl.as_millis(),
+            own_data_budget.as_millis()
+        );
+    }
+    let db = Db::new(
+        routing::Settings {
+            primary_url: config.require_database_url()?.to_string(),
+            replica_urls: config.replica_urls.clone(),
+            primary_pool_size: config.primary_pool_size,
+            replica_pool_size: config.replica_pool_size,
+            replica_timeout: config.replica_timeout,
+            thresholds: Thresholds {
+                evict_after: config.evict_after,
+                ..Thresholds::default()
+            },
+        },
+        metrics.clone(),
+        ryw,
+    )?;
+    let monitor = db.start_monitor(config.monitor_interval);
+    let tokens = Tokens::new(
+        config
+            .require_token_secret()
+            .unwrap_or("token-secret-not-configured!"),
+    );
+    let checkout = Checkout::new(db.clone(), metrics.clone());
+    Ok((
+        AppState {
+            db,
+            tokens,
+            metrics,
+            checkout,
+        },
+        monitor,
+    ))
+}
+
+impl Application {
+    pub async fn build(config: &Config) -> anyhow::Result<Application> {
+        Self::build_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    pub async fn build_with_clock(
+        config: &Config,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Application> {
+        config.require_token_secret()?;
+        let (state, monitor) = build_state(config, clock)?;
+        let router = http::router(state.clone(), config.max_in_flight, config.request_timeout);
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        Ok(Application {
+            listener,
+            router,
+            state,
+            drain_timeout: config.drain_timeout,
+            _monitor: monitor,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, lets in-flight requests
+    /// finish for at most the drain timeout, and returns.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let (tx, mut rx) = tokio::sync::watch::channel(false);
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutting down: draining in-flight requests");
+            let _ = tx.send(true);
+        };
+        let serve = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
+        let drain = self.drain_timeout;
+        tokio::select! {
+            r = serve => r,
+            _ = async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+                tokio::time::sleep(drain).await;
+            } => {
+                tracing::warn!(?drain, "drain timeout reached; exiting with requests still in flight");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Applies the migrations in `migrations/` to the primary; safe to run twice.
+pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(routing::primary_options(database_url)?)
+        .await
+        .context("connecting to the primary")?;
+    sqlx::migrate!("./migrations")
+        .run(&pool)
+        .await
+        .context("applying migrations")?;
+    pool.close().await;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}

@@ -1,0 +1,17 @@
+//! Logging: `tracing` with fields, filtered by `RUST_LOG`.
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs the subscriber once. The service logs at `info`; one-shot commands only warn.
+pub fn init(service: bool) {
+    let default = if service {
+        "info,sqlx=warn,tower_http=info"
+    } else {
+        "warn"
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
