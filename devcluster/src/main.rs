@@ -1,7 +1,7 @@
 //! `devcluster`: the command-line face of the local cluster tooling, used by `./dev`.
 //!
 //! ```text
-//! devcluster up|down|status|env|wait
+//! devcluster up|down|status|env|wait|reap
 //! devcluster pause|resume|stop|start|freeze|thaw N
 //! devcluster delay N MS
 //! ```
@@ -14,7 +14,7 @@ use devcluster::{Cluster, Redis};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: devcluster up|down|status|env|wait | pause|resume|stop|start|freeze|thaw N | delay N MS";
+const USAGE: &str = "usage: devcluster up|down|status|env|wait|reap | pause|resume|stop|start|freeze|thaw N | delay N MS";
 
 fn main() {
     if let Err(e) = run() {
@@ -48,6 +48,10 @@ fn run() -> Result<()> {
         Ok(n)
     };
     let cmd = args.first().map(String::as_str).unwrap_or("");
+    if cmd == "reap" {
+        println!("reaped {} leftover test cluster(s)", devcluster::reap_orphans());
+        return Ok(());
+    }
     if cmd == "up" {
         let t = Instant::now();
         let cluster = Cluster::up(&dir, port, 2)?;

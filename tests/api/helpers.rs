@@ -1,0 +1,280 @@
+//! The test harness: real PostgreSQL clusters (primary + 2 streaming replicas) started by
+//! the project's own tooling, a real Redis, and the service on port 0.
+//!
+//! Tests that need replicas fresh share one cluster per test binary (each test gets its own
+//! database); tests that inject lag get a private cluster, so a paused replica never leaks
+//! into another test. Set `TEST_LOG=1` to see the service's logs.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use devcluster::{Cluster, Redis};
+use reqwest::{Client, Response, StatusCode};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use stockgate::auth::{Caller, Tokens};
+use stockgate::clock::{Clock, SystemClock};
+use stockgate::config::Config;
+use stockgate::domain::UserId;
+use stockgate::startup::{self, Application};
+use tokio::sync::oneshot;
+
+pub const SECRET: &str = "test-secret-0123456789";
+
+/// The cluster shared by tests that never inject lag.
+pub fn shared_cluster() -> &'static Cluster {
+    static SHARED: OnceLock<Cluster> = OnceLock::new();
+    SHARED.get_or_init(|| Cluster::temporary(2).expect("start the shared test cluster"))
+}
+
+/// A private cluster for a test that pauses, delays, stops or freezes replicas.
+pub fn private_cluster() -> Cluster {
+    Cluster::temporary(2).expect("start a private test cluster")
+}
+
+/// The Redis on 6379 (or our own).
+pub fn shared_redis() -> &'static Redis {
+    static REDIS: OnceLock<Redis> = OnceLock::new();
+    REDIS.get_or_init(|| Redis::ensure(16399).expect("a Redis for tests"))
+}
+
+fn init_logs() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        if std::env::var("TEST_LOG").is_ok() {
+            let _ = tracing_subscriber::fmt().with_env_filter("info,sqlx=warn").with_test_writer().try_init();
+        }
+    });
+}
+
+/// How to start an app.
+pub struct AppOptions<'a> {
+    pub cluster: &'a Cluster,
+    /// An existing database (a second instance of the same deployment); else a new one.
+    pub database: Option<String>,
+    pub replicas: bool,
+    pub redis_url: Option<String>,
+    pub clock: Arc<dyn Clock>,
+    pub env: Vec<(&'static str, String)>,
+}
+
+impl<'a> AppOptions<'a> {
+    pub fn new(cluster: &'a Cluster) -> Self {
+        AppOptions { cluster, database: None, replicas: true, redis_url: None, clock: Arc::new(SystemClock), env: vec![] }
+    }
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub database: String,
+    pub client: Client,
+    pub tokens: Tokens,
+    pub admin: String,
+    pub primary: sqlx::PgPool,
+    pub state: stockgate::http::AppState,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+pub async fn spawn_app(cluster: &Cluster) -> TestApp {
+    spawn_app_with(AppOptions::new(cluster)).await
+}
+
+pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
+    init_logs();
+    let cluster = opts.cluster;
+    let database = match opts.database {
+        Some(db) => db,
+        None => {
+            let db = format!("t_{}", uuid::Uuid::new_v4().simple());
+            cluster.create_database(&db).expect("create test database");
+            startup::migrate(&cluster.primary_url(&db)).await.expect("migrate");
+            let c = cluster;
+            tokio::task::block_in_place(|| c.wait_caught_up(Duration::from_secs(30))).expect("replicas caught up");
+            db
+        }
+    };
+    let mut env: HashMap<&str, String> = HashMap::new();
+    env.insert("DATABASE_URL", cluster.primary_url(&database));
+    if opts.replicas {
+        env.insert("STOCKGATE_REPLICA_URLS", cluster.replica_urls(&database));
+    }
+    if let Some(r) = opts.redis_url {
+        env.insert("STOCKGATE_REDIS_URL", r);
+    }
+    env.insert("STOCKGATE_TOKEN_SECRET", SECRET.into());
+    env.insert("STOCKGATE_LISTEN", "127.0.0.1:0".into());
+    env.insert("STOCKGATE_PRIMARY_POOL_SIZE", "20".into());
+    for (k, v) in opts.env {
+        env.insert(k, v);
+    }
+    let config = Config::from_lookup(|k| env.get(k).cloned()).expect("test config");
+    let app = Application::build_with_clock(&config, opts.clock).await.expect("build app");
+    let port = app.port();
+    let state = app.state().clone();
+    let (tx, rx) = oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async move {
+        let _ = rx.await;
+    }));
+    let primary = sqlx::postgres::PgPoolOptions::new().max_connections(4).connect(&cluster.primary_url(&database)).await.expect("test pool");
+    let tokens = Tokens::new(SECRET);
+    let admin = tokens.issue(&Caller::Admin, Duration::from_secs(3600)).expect("token");
+    let client = Client::builder().pool_max_idle_per_host(256).timeout(Duration::from_secs(30)).build().expect("client");
+    let app = TestApp { address: format!("http://127.0.0.1:{port}"), database, client, tokens, admin, primary, state, shutdown: Some(tx), server: Some(server) };
+    // Wait until the monitor has seen every replica answer, so tests start from a known state.
+    if opts.replicas {
+        app.wait_for("replicas healthy", Duration::from_secs(20), || async { app.replica_states().await.iter().all(|(_, s, _)| s == "healthy") }).await;
+    }
+    app
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    pub fn user_token(&self, user: &str) -> String {
+        self.tokens.issue(&Caller::User(UserId::parse(user).unwrap()), Duration::from_secs(3600)).unwrap()
+    }
+
+    /// Stops the server gracefully and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.server.take() {
+            let _ = h.await;
+        }
+    }
+
+    pub async fn create_product(&self, id: &str, stock: i64, price: i64) -> Response {
+        self.client
+            .post(self.url("/v1/products"))
+            .bearer_auth(&self.admin)
+            .json(&json!({"product_id": id, "name": format!("Product {id}"), "price_cents": price, "available_quantity": stock}))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn restock(&self, id: &str, quantity: i64) -> Response {
+        self.client.post(self.url(&format!("/v1/products/{id}/restock"))).bearer_auth(&self.admin).json(&json!({"quantity": quantity})).send().await.unwrap()
+    }
+
+    pub async fn availability(&self, id: &str, qty: i64) -> Response {
+        self.client.get(self.url(&format!("/v1/products/{id}/availability?qty={qty}"))).send().await.unwrap()
+    }
+
+    pub async fn order(&self, user: &str, key: &str, product: &str, quantity: i64) -> Response {
+        self.client
+            .post(self.url("/v1/orders"))
+            .bearer_auth(self.user_token(user))
+            .header("Idempotency-Key", key)
+            .json(&json!({"product_id": product, "quantity": quantity}))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn get_json(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
+        let mut req = self.client.get(self.url(path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// (name, state, staleness_ms) per replica, from the admin endpoint.
+    pub async fn replica_states(&self) -> Vec<(String, String, Option<u64>)> {
+        let (_, body) = self.get_json("/v1/admin/replicas", Some(&self.admin)).await;
+        body["replicas"]
+            .as_array()
+            .map(|rs| rs.iter().map(|r| (r["name"].as_str().unwrap_or("").to_string(), r["state"].as_str().unwrap_or("").to_string(), r["staleness_ms"].as_u64())).collect())
+            .unwrap_or_default()
+    }
+
+    pub async fn replica_state(&self, name: &str) -> String {
+        self.replica_states().await.into_iter().find(|(n, _, _)| n == name).map(|(_, s, _)| s).unwrap_or_default()
+    }
+
+    /// Polls `cond` every 10 ms until it holds; panics with `what` after `timeout`.
+    pub async fn wait_for<F, Fut>(&self, what: &str, timeout: Duration, cond: F)
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        wait_for(what, timeout, cond).await
+    }
+
+    pub async fn stock_on_primary(&self, product: &str) -> i64 {
+        sqlx::query_scalar::<_, i32>("SELECT available_quantity FROM products WHERE product_id = $1").bind(product).fetch_one(&self.primary).await.unwrap() as i64
+    }
+
+    pub async fn confirmed_orders(&self, product: &str) -> (i64, i64) {
+        sqlx::query_as::<_, (i64, i64)>("SELECT COUNT(*), COALESCE(SUM(quantity), 0)::int8 FROM orders WHERE product_id = $1 AND status = 'confirmed'")
+            .bind(product)
+            .fetch_one(&self.primary)
+            .await
+            .unwrap()
+    }
+
+    /// Writes something on the primary so WAL keeps moving (a paused replica then falls
+    /// behind measurably).
+    pub async fn bump_wal(&self) {
+        sqlx::query("SELECT txid_current()").execute(&self.primary).await.unwrap();
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds; panics with `what` after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, cond: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Keeps WAL moving on the primary until dropped (so lag is measurable while a replica is
+/// paused).
+pub struct WalTicker(tokio::task::JoinHandle<()>);
+
+impl WalTicker {
+    pub fn start(pool: sqlx::PgPool) -> Self {
+        WalTicker(tokio::spawn(async move {
+            loop {
+                let _ = sqlx::query("SELECT txid_current()").execute(&pool).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }))
+    }
+}
+
+impl Drop for WalTicker {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs a blocking cluster operation from async code.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}

@@ -1,0 +1,9 @@
+//! Black-box tests of stockgate against real PostgreSQL clusters (primary + 2 streaming
+//! replicas) and a real Redis, all started by the project's own tooling.
+
+mod foundation;
+mod freshness;
+mod helpers;
+mod oversell;
+mod read_your_writes;
+mod reports;
