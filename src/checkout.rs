@@ -12,10 +12,14 @@
 
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::metrics::Metrics;
+use crate::routing::freshness::Lsn;
 use crate::routing::policy::QueryClass;
 use crate::routing::{Db, DbError, ReadCtx, Route};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq)]
@@ -77,11 +81,41 @@ impl From<sqlx::Error> for CheckoutError {
 pub struct Checkout {
     db: Db,
     metrics: Metrics,
+    /// Products whose stock went up (restock, cancel) in this instance, with the primary's
+    /// position after the commit: the gate reads them only from a replica that has
+    /// replayed that far, so a stale "sold out" never outlives a restock here. Entries
+    /// are dropped once older than the gate's budget, after which any replica the gate may
+    /// use holds the change anyway.
+    reopened: Arc<Mutex<HashMap<ProductId, (Lsn, Instant)>>>,
 }
 
 impl Checkout {
     pub fn new(db: Db, metrics: Metrics) -> Self {
-        Checkout { db, metrics }
+        Checkout {
+            db,
+            metrics,
+            reopened: Arc::default(),
+        }
+    }
+
+    /// Records that `product`'s stock went up just now (after the commit).
+    pub async fn reopened(&self, product: &ProductId) -> Result<(), DbError> {
+        let lsn = self.db.primary().current_lsn().await?;
+        let now = Instant::now();
+        let keep = QueryClass::StockGate.policy().budget.unwrap_or_default() * 4;
+        let mut map = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, (_, at)| now.duration_since(*at) <= keep);
+        let entry = map.entry(product.clone()).or_insert((lsn, now));
+        *entry = (entry.0.max(lsn), now);
+        Ok(())
+    }
+
+    fn reopened_at(&self, product: &ProductId) -> Option<Lsn> {
+        self.reopened
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(product)
+            .map(|(lsn, _)| *lsn)
     }
 
     /// Places an order. Runs to completion in its own task, so a client that disconnects
@@ -170,9 +204,13 @@ impl Checkout {
     /// A product's stock through the stock gate (a replica within 250 ms, or the primary),
     /// with the route that says as of when. `None`: no such product there.
     pub async fn available(&self, product: &ProductId) -> Result<(Option<i32>, Route), DbError> {
+        let ctx = ReadCtx {
+            user: None,
+            min_lsn: self.reopened_at(product),
+        };
         let read = self
             .db
-            .read(QueryClass::StockGate, &ReadCtx::none(), |pool| {
+            .read_existing(QueryClass::StockGate, &ctx, |pool| {
                 let product = product.clone();
                 async move {
                     sqlx::query_scalar::<_, i32>(
@@ -239,6 +277,8 @@ impl Checkout {
     pub async fn cancel(&self, order: &Order) -> Result<Order, CheckoutError> {
         let this = self.clone();
         let (order_id, product_id) = (order.order_id, order.product_id.clone());
+        let product =
+            ProductId::parse(&order.product_id).map_err(|_| CheckoutError::OrderNotFound)?;
         tokio::spawn(async move {
             let mut tx = this.db.primary().begin().await?;
             let returned: Option<i32> = sqlx::query_scalar(
@@ -265,6 +305,9 @@ impl Checkout {
             .fetch_one(&mut *tx)
             .await?;
             tx.commit().await?;
+            if returned.is_some() {
+                this.reopened(&product).await?;
+            }
             Ok(order)
         })
         .await

@@ -36,17 +36,23 @@ pub enum Command {
 }
 
 #[derive(Args)]
-#[group(required = true, multiple = false)]
 pub struct TokenArgs {
-    /// The user the token acts for.
-    #[arg(long, group = "who")]
-    user: Option<String>,
-    /// An admin token.
-    #[arg(long, group = "who")]
-    admin: bool,
+    #[command(flatten)]
+    who: Who,
     /// How long the token is valid, e.g. 24h, 30m, 90s.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     ttl: Duration,
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct Who {
+    /// The user the token acts for.
+    #[arg(long)]
+    user: Option<String>,
+    /// An admin token.
+    #[arg(long)]
+    admin: bool,
 }
 
 /// Parses `5s`, `500ms`, `30m`, `24h`.
@@ -144,7 +150,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Token(args) => {
             let tokens = Tokens::new(config.require_token_secret()?);
-            let caller = match (args.user, args.admin) {
+            let caller = match (args.who.user, args.who.admin) {
                 (Some(u), _) => Caller::User(
                     UserId::parse(&u)
                         .map_err(|e| Failure::Config(format!("--user: {}", e.message)))?,

@@ -439,19 +439,29 @@ impl Drop for Cluster {
 /// Stops and deletes temporary clusters (`/tmp/sgc-<pid>-<port>`) whose process has exited,
 /// e.g. a test binary's shared cluster, which no destructor stops. Returns how many.
 pub fn reap_orphans() -> usize {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return 0 };
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return 0;
+    };
     let mut reaped = 0;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
-        let Some(rest) = name.strip_prefix("sgc-") else { continue };
-        let Some((pid, _)) = rest.split_once('-') else { continue };
+        let Some(rest) = name.strip_prefix("sgc-") else {
+            continue;
+        };
+        let Some((pid, _)) = rest.split_once('-') else {
+            continue;
+        };
         if Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
         for node in ["replica-3", "replica-2", "replica-1", "primary"] {
             let dir = entry.path().join(node);
             if dir.join("postmaster.pid").exists() {
-                let _ = as_postgres(Command::new(format!("{PG_BIN}/pg_ctl")).args(["stop", "-w", "-t", "30", "-m", "immediate", "-D"]).arg(&dir));
+                let _ = as_postgres(
+                    Command::new(format!("{PG_BIN}/pg_ctl"))
+                        .args(["stop", "-w", "-t", "30", "-m", "immediate", "-D"])
+                        .arg(&dir),
+                );
             }
         }
         let _ = std::fs::remove_dir_all(entry.path());

@@ -49,7 +49,10 @@ fn run() -> Result<()> {
     };
     let cmd = args.first().map(String::as_str).unwrap_or("");
     if cmd == "reap" {
-        println!("reaped {} leftover test cluster(s)", devcluster::reap_orphans());
+        println!(
+            "reaped {} leftover test cluster(s)",
+            devcluster::reap_orphans()
+        );
         return Ok(());
     }
     if cmd == "up" {

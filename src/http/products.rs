@@ -72,7 +72,7 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<R
     let id = ProductId::parse(&id)?;
     let read = state
         .db
-        .read(QueryClass::ProductPage, &ReadCtx::none(), |pool| {
+        .read_existing(QueryClass::ProductPage, &ReadCtx::none(), |pool| {
             let id = id.clone();
             async move {
                 sqlx::query_as::<_, Product>("SELECT product_id, name, price_cents, available_quantity FROM products WHERE product_id = $1")
@@ -125,6 +125,7 @@ async fn restock(
     let product = product
         .ok_or_else(|| ApiError::not_found("PRODUCT_NOT_FOUND", format!("no product {id}")))?;
     tx.commit().await?;
+    state.checkout.reopened(&id).await?;
     let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
     Ok(stated(StatusCode::OK, product, &route))
 }

@@ -483,6 +483,28 @@ impl Db {
         Ok(Routed { value, route })
     }
 
+    /// Like [`Db::read`], for a lookup that may find nothing: "not found" on a replica is
+    /// not authoritative (the row may be newer than the replica), so it is asked again on
+    /// the primary.
+    pub async fn read_existing<T, F, Fut>(
+        &self,
+        class: QueryClass,
+        ctx: &ReadCtx,
+        f: F,
+    ) -> Result<Routed<Option<T>>, DbError>
+    where
+        F: Fn(ReadPool) -> Fut,
+        Fut: Future<Output = Result<Option<T>, sqlx::Error>>,
+    {
+        let read = self.read(class, ctx, &f).await?;
+        if read.value.is_some() || read.route.is_primary() {
+            return Ok(read);
+        }
+        let route = self.decided(Route::primary(class, Reason::NotOnReplica, self.now_utc()));
+        let value = f(ReadPool(self.inner.primary.0.clone())).await?;
+        Ok(Routed { value, route })
+    }
+
     /// The pool a route chose, for reads that stream (exports) and cannot be retried.
     pub fn pool_for(&self, replica: Option<usize>) -> ReadPool {
         match replica {

@@ -26,6 +26,8 @@ pub enum Reason {
     RywStoreUnavailable,
     /// The chosen replica failed mid-read; retried once on the primary.
     ReplicaFailed,
+    /// The replica had no such row (it may be newer than the replica): asked the primary.
+    NotOnReplica,
 }
 
 impl Reason {
@@ -39,6 +41,7 @@ impl Reason {
             Reason::ReadYourWrites => "read_your_writes",
             Reason::RywStoreUnavailable => "ryw_store_unavailable",
             Reason::ReplicaFailed => "replica_failed",
+            Reason::NotOnReplica => "not_on_replica",
         }
     }
 }

@@ -12,10 +12,24 @@ async fn migrate_twice_is_harmless() {
     let app = spawn_app(shared_cluster()).await;
     let url = shared_cluster().primary_url(&app.database);
     stockgate::startup::migrate(&url).await.expect("second run");
-    let out = Command::new(env!("CARGO_BIN_EXE_stockgate")).arg("migrate").env("DATABASE_URL", &url).output().expect("run binary");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let versions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations").fetch_one(&app.primary).await.unwrap();
-    assert_eq!(versions as usize, std::fs::read_dir("migrations").unwrap().count());
+    let out = Command::new(env!("CARGO_BIN_EXE_stockgate"))
+        .arg("migrate")
+        .env("DATABASE_URL", &url)
+        .output()
+        .expect("run binary");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let versions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
+        .fetch_one(&app.primary)
+        .await
+        .unwrap();
+    assert_eq!(
+        versions as usize,
+        std::fs::read_dir("migrations").unwrap().count()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,17 +44,24 @@ async fn a_product_is_created_read_and_restocked() {
 
     let again = app.create_product("mug-1", 5, 100).await;
     assert_eq!(again.status(), StatusCode::CONFLICT);
-    assert_eq!(again.json::<Value>().await.unwrap()["error"]["code"], "ALREADY_EXISTS");
+    assert_eq!(
+        again.json::<Value>().await.unwrap()["error"]["code"],
+        "ALREADY_EXISTS"
+    );
 
     let restocked: Value = app.restock("mug-1", 40).await.json().await.unwrap();
     assert_eq!(restocked["available_quantity"], 50);
 
     // The product page may come from a replica within 5 s; it must say so, and be right
     // once the replica has the restock.
-    app.wait_for("product page shows the restock", Duration::from_secs(10), || async {
-        let (s, b) = app.get_json("/v1/products/mug-1", None).await;
-        s == StatusCode::OK && b["available_quantity"] == 50
-    })
+    app.wait_for(
+        "product page shows the restock",
+        Duration::from_secs(10),
+        || async {
+            let (s, b) = app.get_json("/v1/products/mug-1", None).await;
+            s == StatusCode::OK && b["available_quantity"] == 50
+        },
+    )
     .await;
     let (_, page) = app.get_json("/v1/products/mug-1", None).await;
     for field in ["as_of", "stale_by_ms", "served_by", "name", "price_cents"] {
@@ -51,8 +72,16 @@ async fn a_product_is_created_read_and_restocked() {
 async fn error_of(resp: reqwest::Response) -> (StatusCode, String) {
     let status = resp.status();
     let body: Value = resp.json().await.expect("every error is JSON");
-    let code = body["error"]["code"].as_str().expect("error.code").to_string();
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "error.message: {body}");
+    let code = body["error"]["code"]
+        .as_str()
+        .expect("error.code")
+        .to_string();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "error.message: {body}"
+    );
     (status, code)
 }
 
@@ -100,24 +129,50 @@ async fn every_error_status_comes_with_the_contracts_json_shape() {
         assert_eq!(error_of(resp).await, (status, code.to_string()));
     }
     // The same key with a different body: 422.
-    assert_eq!(app.order("ada", "k-reuse", "p-err", 1).await.status(), StatusCode::CREATED);
+    assert_eq!(
+        app.order("ada", "k-reuse", "p-err", 1).await.status(),
+        StatusCode::CREATED
+    );
     let reused = app.order("ada", "k-reuse", "p-err", 2).await;
-    assert_eq!(error_of(reused).await, (StatusCode::UNPROCESSABLE_ENTITY, "IDEMPOTENCY_KEY_REUSED".into()));
+    assert_eq!(
+        error_of(reused).await,
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "IDEMPOTENCY_KEY_REUSED".into()
+        )
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_tampered_and_expired_tokens_get_401() {
     let app = spawn_app(shared_cluster()).await;
-    let foreign = Tokens::new("some-other-secret-entirely").issue(&Caller::Admin, Duration::from_secs(600)).unwrap();
-    let expired = app.tokens.issue_expired(&Caller::Admin, Duration::from_secs(120)).unwrap();
+    let foreign = Tokens::new("some-other-secret-entirely")
+        .issue(&Caller::Admin, Duration::from_secs(600))
+        .unwrap();
+    let expired = app
+        .tokens
+        .issue_expired(&Caller::Admin, Duration::from_secs(120))
+        .unwrap();
     let mut tampered = app.admin.clone();
     tampered.pop();
     tampered.push(if app.admin.ends_with('A') { 'B' } else { 'A' });
     for token in [foreign, expired, tampered] {
-        let resp = app.client.get(app.url("/v1/admin/routing")).bearer_auth(&token).send().await.unwrap();
+        let resp = app
+            .client
+            .get(app.url("/v1/admin/routing"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     }
-    let ok = app.client.get(app.url("/v1/admin/routing")).bearer_auth(&app.admin).send().await.unwrap();
+    let ok = app
+        .client
+        .get(app.url("/v1/admin/routing"))
+        .bearer_auth(&app.admin)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
 }
 
@@ -126,14 +181,30 @@ fn a_configuration_error_is_one_line_and_exit_2() {
     let bin = env!("CARGO_BIN_EXE_stockgate");
     let cases: &[(&[&str], &[(&str, &str)])] = &[
         (&["serve"], &[("DATABASE_URL", "postgres://h/db")]),
-        (&["serve"], &[("DATABASE_URL", "not a url"), ("STOCKGATE_TOKEN_SECRET", "0123456789abcdef")]),
+        (
+            &["serve"],
+            &[
+                ("DATABASE_URL", "not a url"),
+                ("STOCKGATE_TOKEN_SECRET", "0123456789abcdef"),
+            ],
+        ),
         (&["migrate"], &[]),
         (&["token", "--admin"], &[]),
-        (&["serve"], &[("DATABASE_URL", "postgres://h/db"), ("STOCKGATE_TOKEN_SECRET", "0123456789abcdef"), ("STOCKGATE_LISTEN", "nope")]),
+        (
+            &["serve"],
+            &[
+                ("DATABASE_URL", "postgres://h/db"),
+                ("STOCKGATE_TOKEN_SECRET", "0123456789abcdef"),
+                ("STOCKGATE_LISTEN", "nope"),
+            ],
+        ),
     ];
     for (args, env) in cases {
         let mut cmd = Command::new(bin);
-        cmd.args(*args).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default()).current_dir(std::env::temp_dir());
+        cmd.args(*args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .current_dir(std::env::temp_dir());
         for (k, v) in *env {
             cmd.env(k, v);
         }
@@ -155,8 +226,13 @@ fn tokens_from_the_command_line_are_accepted_by_the_service_rules() {
         .unwrap();
     assert!(out.status.success());
     let token = String::from_utf8(out.stdout).unwrap();
-    let caller = Tokens::new(SECRET).verify(token.trim()).expect("valid token");
-    assert_eq!(caller, Caller::User(stockgate::domain::UserId::parse("ada").unwrap()));
+    let caller = Tokens::new(SECRET)
+        .verify(token.trim())
+        .expect("valid token");
+    assert_eq!(
+        caller,
+        Caller::User(stockgate::domain::UserId::parse("ada").unwrap())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,10 +240,27 @@ async fn health_readiness_metrics_and_routing_are_served() {
     let app = spawn_app(shared_cluster()).await;
     assert_eq!(app.get_json("/healthz", None).await.0, StatusCode::OK);
     assert_eq!(app.get_json("/readyz", None).await.0, StatusCode::OK);
-    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("stockgate_replica_staleness_seconds"), "{metrics}");
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("stockgate_replica_staleness_seconds"),
+        "{metrics}"
+    );
     let (_, routing) = app.get_json("/v1/admin/routing", Some(&app.admin)).await;
-    let gate = routing["classes"].as_array().unwrap().iter().find(|c| c["name"] == "stock_gate").unwrap().clone();
+    let gate = routing["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "stock_gate")
+        .unwrap()
+        .clone();
     assert_eq!(gate["target"], "replica");
     assert_eq!(gate["staleness_budget_ms"], 250);
 }

@@ -44,7 +44,10 @@ fn init_logs() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
         if std::env::var("TEST_LOG").is_ok() {
-            let _ = tracing_subscriber::fmt().with_env_filter("info,sqlx=warn").with_test_writer().try_init();
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter("info,sqlx=warn")
+                .with_test_writer()
+                .try_init();
         }
     });
 }
@@ -62,7 +65,14 @@ pub struct AppOptions<'a> {
 
 impl<'a> AppOptions<'a> {
     pub fn new(cluster: &'a Cluster) -> Self {
-        AppOptions { cluster, database: None, replicas: true, redis_url: None, clock: Arc::new(SystemClock), env: vec![] }
+        AppOptions {
+            cluster,
+            database: None,
+            replicas: true,
+            redis_url: None,
+            clock: Arc::new(SystemClock),
+            env: vec![],
+        }
     }
 }
 
@@ -90,9 +100,12 @@ pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
         None => {
             let db = format!("t_{}", uuid::Uuid::new_v4().simple());
             cluster.create_database(&db).expect("create test database");
-            startup::migrate(&cluster.primary_url(&db)).await.expect("migrate");
+            startup::migrate(&cluster.primary_url(&db))
+                .await
+                .expect("migrate");
             let c = cluster;
-            tokio::task::block_in_place(|| c.wait_caught_up(Duration::from_secs(30))).expect("replicas caught up");
+            tokio::task::block_in_place(|| c.wait_caught_up(Duration::from_secs(30)))
+                .expect("replicas caught up");
             db
         }
     };
@@ -111,21 +124,49 @@ pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
         env.insert(k, v);
     }
     let config = Config::from_lookup(|k| env.get(k).cloned()).expect("test config");
-    let app = Application::build_with_clock(&config, opts.clock).await.expect("build app");
+    let app = Application::build_with_clock(&config, opts.clock)
+        .await
+        .expect("build app");
     let port = app.port();
     let state = app.state().clone();
     let (tx, rx) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
         let _ = rx.await;
     }));
-    let primary = sqlx::postgres::PgPoolOptions::new().max_connections(4).connect(&cluster.primary_url(&database)).await.expect("test pool");
+    let primary = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&cluster.primary_url(&database))
+        .await
+        .expect("test pool");
     let tokens = Tokens::new(SECRET);
-    let admin = tokens.issue(&Caller::Admin, Duration::from_secs(3600)).expect("token");
-    let client = Client::builder().pool_max_idle_per_host(256).timeout(Duration::from_secs(30)).build().expect("client");
-    let app = TestApp { address: format!("http://127.0.0.1:{port}"), database, client, tokens, admin, primary, state, shutdown: Some(tx), server: Some(server) };
+    let admin = tokens
+        .issue(&Caller::Admin, Duration::from_secs(3600))
+        .expect("token");
+    let client = Client::builder()
+        .pool_max_idle_per_host(256)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client");
+    let app = TestApp {
+        address: format!("http://127.0.0.1:{port}"),
+        database,
+        client,
+        tokens,
+        admin,
+        primary,
+        state,
+        shutdown: Some(tx),
+        server: Some(server),
+    };
     // Wait until the monitor has seen every replica answer, so tests start from a known state.
     if opts.replicas {
-        app.wait_for("replicas healthy", Duration::from_secs(20), || async { app.replica_states().await.iter().all(|(_, s, _)| s == "healthy") }).await;
+        app.wait_for("replicas healthy", Duration::from_secs(20), || async {
+            app.replica_states()
+                .await
+                .iter()
+                .all(|(_, s, _)| s == "healthy")
+        })
+        .await;
     }
     app
 }
@@ -136,7 +177,12 @@ impl TestApp {
     }
 
     pub fn user_token(&self, user: &str) -> String {
-        self.tokens.issue(&Caller::User(UserId::parse(user).unwrap()), Duration::from_secs(3600)).unwrap()
+        self.tokens
+            .issue(
+                &Caller::User(UserId::parse(user).unwrap()),
+                Duration::from_secs(3600),
+            )
+            .unwrap()
     }
 
     /// Stops the server gracefully and waits for it.
@@ -160,11 +206,21 @@ impl TestApp {
     }
 
     pub async fn restock(&self, id: &str, quantity: i64) -> Response {
-        self.client.post(self.url(&format!("/v1/products/{id}/restock"))).bearer_auth(&self.admin).json(&json!({"quantity": quantity})).send().await.unwrap()
+        self.client
+            .post(self.url(&format!("/v1/products/{id}/restock")))
+            .bearer_auth(&self.admin)
+            .json(&json!({"quantity": quantity}))
+            .send()
+            .await
+            .unwrap()
     }
 
     pub async fn availability(&self, id: &str, qty: i64) -> Response {
-        self.client.get(self.url(&format!("/v1/products/{id}/availability?qty={qty}"))).send().await.unwrap()
+        self.client
+            .get(self.url(&format!("/v1/products/{id}/availability?qty={qty}")))
+            .send()
+            .await
+            .unwrap()
     }
 
     pub async fn order(&self, user: &str, key: &str, product: &str, quantity: i64) -> Response {
@@ -193,12 +249,27 @@ impl TestApp {
         let (_, body) = self.get_json("/v1/admin/replicas", Some(&self.admin)).await;
         body["replicas"]
             .as_array()
-            .map(|rs| rs.iter().map(|r| (r["name"].as_str().unwrap_or("").to_string(), r["state"].as_str().unwrap_or("").to_string(), r["staleness_ms"].as_u64())).collect())
+            .map(|rs| {
+                rs.iter()
+                    .map(|r| {
+                        (
+                            r["name"].as_str().unwrap_or("").to_string(),
+                            r["state"].as_str().unwrap_or("").to_string(),
+                            r["staleness_ms"].as_u64(),
+                        )
+                    })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
     pub async fn replica_state(&self, name: &str) -> String {
-        self.replica_states().await.into_iter().find(|(n, _, _)| n == name).map(|(_, s, _)| s).unwrap_or_default()
+        self.replica_states()
+            .await
+            .into_iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, s, _)| s)
+            .unwrap_or_default()
     }
 
     /// Polls `cond` every 10 ms until it holds; panics with `what` after `timeout`.
@@ -211,7 +282,13 @@ impl TestApp {
     }
 
     pub async fn stock_on_primary(&self, product: &str) -> i64 {
-        sqlx::query_scalar::<_, i32>("SELECT available_quantity FROM products WHERE product_id = $1").bind(product).fetch_one(&self.primary).await.unwrap() as i64
+        sqlx::query_scalar::<_, i32>(
+            "SELECT available_quantity FROM products WHERE product_id = $1",
+        )
+        .bind(product)
+        .fetch_one(&self.primary)
+        .await
+        .unwrap() as i64
     }
 
     pub async fn confirmed_orders(&self, product: &str) -> (i64, i64) {
@@ -225,7 +302,10 @@ impl TestApp {
     /// Writes something on the primary so WAL keeps moving (a paused replica then falls
     /// behind measurably).
     pub async fn bump_wal(&self) {
-        sqlx::query("SELECT txid_current()").execute(&self.primary).await.unwrap();
+        sqlx::query("SELECT txid_current()")
+            .execute(&self.primary)
+            .await
+            .unwrap();
     }
 }
 
@@ -248,7 +328,10 @@ where
         if cond().await {
             return;
         }
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for: {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -1,0 +1,187 @@
+//! Command line: the options every mode shares and one subcommand per load mode.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Flash-sale load tool and benchmark driver for stockgate. Talks HTTP only, to one
+/// base URL; every run is bounded in request count and in time.
+#[derive(Debug, Parser)]
+#[command(name = "loadtest", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub mode: Mode,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// Options accepted by every mode (before or after the mode name).
+#[derive(Debug, Clone, Args)]
+pub struct Common {
+    /// The deployment to load; nothing else is ever contacted.
+    #[arg(
+        long,
+        global = true,
+        env = "STOCKGATE_BASE_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub base_url: String,
+    /// Admin bearer token (creates products and orders on behalf of distinct buyers).
+    #[arg(long, global = true, env = "STOCKGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Safety stop: no request is started after this many seconds, and none outlives it.
+    #[arg(long, global = true, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub max_seconds: u64,
+    /// Per-request timeout in seconds (a timed-out request counts as an error).
+    #[arg(long, global = true, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub request_timeout: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Do not open the connection pool before the clock starts.
+    #[arg(long, global = true)]
+    pub no_warmup: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Mode {
+    /// A fresh product with little stock, many distinct buyers at once, availability
+    /// pollers alongside; checks nothing is oversold and no answer lies after sell-out.
+    FlashSale(FlashSaleArgs),
+    /// One product with huge stock, workers ordering back-to-back: confirmed orders/s.
+    HotSku(HotSkuArgs),
+    /// Like flash-sale, focused on how fast everyone after the sell-out is turned away.
+    SellOut(SellOutArgs),
+    /// GET availability back-to-back on one product: req/s, latency, who answered, staleness.
+    Availability(AvailabilityArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FlashSaleArgs {
+    /// Units of stock the fresh product starts with.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=2_000_000_000))]
+    pub stock: u32,
+    /// Distinct buyers; each places exactly one order with its own Idempotency-Key.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub buyers: u64,
+    /// Orders in flight at most.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+    /// Units per order.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub qty: u32,
+    /// Tasks polling availability continuously while the buyers run.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=1_000))]
+    pub pollers: u32,
+    /// Id of the product to create (must not exist yet); default flash-<timestamp>-<random>.
+    #[arg(long, value_parser = parse_product_id)]
+    pub product_id: Option<String>,
+    /// Also write a self-contained HTML report with charts to this file.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SellOutArgs {
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=2_000_000_000))]
+    pub stock: u32,
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub buyers: u64,
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub qty: u32,
+    /// Availability pollers alongside the buyers (none by default: this mode measures orders).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000))]
+    pub pollers: u32,
+    #[arg(long, value_parser = parse_product_id)]
+    pub product_id: Option<String>,
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HotSkuArgs {
+    /// How long the workers order.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub seconds: u64,
+    /// Workers, each with one order in flight.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub qty: u32,
+    /// Stock of the fresh product.
+    #[arg(long, default_value_t = 2_000_000_000, value_parser = clap::value_parser!(u32).range(1..=2_147_483_647))]
+    pub stock: u32,
+    /// Id of the product to create (must not exist yet); default hot-<timestamp>-<random>.
+    #[arg(long, value_parser = parse_product_id)]
+    pub product_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AvailabilityArgs {
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub seconds: u64,
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+    /// The `qty` asked about.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub qty: u32,
+    /// An existing product to ask about; default: create a fresh one.
+    #[arg(long, value_parser = parse_product_id)]
+    pub product_id: Option<String>,
+    /// Replica answers staler than this count as too stale.
+    #[arg(long, default_value_t = 250)]
+    pub stale_limit_ms: u64,
+}
+
+/// The service's product id rule: 1–64 characters of `[A-Za-z0-9_.-]`.
+pub fn parse_product_id(s: &str) -> Result<String, String> {
+    let ok = (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("a product id is 1-64 characters of A-Z a-z 0-9 _ . -".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_options_go_after_the_mode() {
+        let cli = Cli::try_parse_from([
+            "loadtest",
+            "flash-sale",
+            "--base-url",
+            "http://127.0.0.1:1",
+            "--admin-token",
+            "t",
+            "--stock",
+            "5",
+        ])
+        .expect("valid command line");
+        assert_eq!(cli.common.base_url, "http://127.0.0.1:1");
+        assert_eq!(cli.common.max_seconds, 300);
+        let Mode::FlashSale(a) = cli.mode else {
+            panic!("expected flash-sale")
+        };
+        assert_eq!((a.stock, a.buyers, a.concurrency, a.qty, a.pollers), (5, 2000, 200, 1, 4));
+    }
+
+    #[test]
+    fn product_ids_follow_the_service_rule() {
+        assert!(parse_product_id("flash-60_v1.2").is_ok());
+        assert!(parse_product_id("").is_err());
+        assert!(parse_product_id("has space").is_err());
+        assert!(parse_product_id(&"x".repeat(65)).is_err());
+    }
+}
