@@ -40,6 +40,9 @@ pub struct Local {
 pub struct RedisStore {
     clock: Arc<dyn Clock>,
     ttl: Duration,
+    /// Every write is also remembered here, so a write recorded while Redis was down
+    /// still pins this instance's reads after Redis comes back without it.
+    local: Local,
     conn: ConnectionManager,
     timeout: Duration,
     script: redis::Script,
@@ -79,9 +82,15 @@ impl RywStore {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        let local = Local {
+            clock: clock.clone(),
+            ttl,
+            map: Mutex::new(HashMap::new()),
+        };
         Ok(RywStore::Redis(Arc::new(RedisStore {
             clock,
             ttl,
+            local,
             conn,
             timeout,
             script: redis::Script::new(ADVANCE),
@@ -106,22 +115,11 @@ impl RywStore {
     pub async fn advance(&self, user: &UserId, lsn: Lsn) -> Result<(), StoreUnavailable> {
         match self {
             RywStore::Local(s) => {
-                let now = s.clock.now_ms();
-                let mut map = s.map.lock().unwrap_or_else(|p| p.into_inner());
-                let e = map.entry(user.clone()).or_insert(Entry {
-                    lsn,
-                    written_ms: now,
-                });
-                e.lsn = e.lsn.max(lsn);
-                e.written_ms = now;
-                // Keep the map bounded: drop expired entries now and then.
-                if map.len() > 100_000 {
-                    let ttl = s.ttl.as_millis() as i64;
-                    map.retain(|_, e| now - e.written_ms <= ttl);
-                }
+                s.advance(user, lsn);
                 Ok(())
             }
             RywStore::Redis(s) => {
+                s.local.advance(user, lsn);
                 let mut conn = s.conn.clone();
                 let now = s.clock.now_ms();
                 // Redis keeps the key a little longer than the TTL; expiry is decided by
@@ -141,11 +139,8 @@ impl RywStore {
 
     /// The position `user` must be read at, if they wrote within the TTL.
     pub async fn get(&self, user: &UserId) -> Result<Option<Lsn>, StoreUnavailable> {
-        let (entry, clock, ttl) = match self {
-            RywStore::Local(s) => {
-                let map = s.map.lock().unwrap_or_else(|p| p.into_inner());
-                (map.get(user).copied(), &s.clock, s.ttl)
-            }
+        match self {
+            RywStore::Local(s) => Ok(s.get(user)),
             RywStore::Redis(s) => {
                 let mut conn = s.conn.clone();
                 let mut cmd = redis::cmd("GET");
@@ -156,20 +151,19 @@ impl RywStore {
                     Ok(Err(e)) => return Err(StoreUnavailable(e.to_string())),
                     Err(_) => return Err(StoreUnavailable("timed out".into())),
                 };
-                let entry = match raw {
+                let shared = match raw {
                     None => None,
                     Some(v) => Some(
                         parse_entry(&v)
                             .ok_or_else(|| StoreUnavailable(format!("unreadable entry {v:?}")))?,
                     ),
                 };
-                (entry, &s.clock, s.ttl)
+                let shared = shared
+                    .filter(|e| live(e, s.clock.now_ms(), s.ttl))
+                    .map(|e| e.lsn);
+                Ok(shared.max(s.local.get(user)))
             }
-        };
-        let now = clock.now_ms();
-        Ok(entry
-            .filter(|e| now - e.written_ms <= ttl.as_millis() as i64)
-            .map(|e| e.lsn))
+        }
     }
 
     /// Whether the store answers right now (for `/ops` and metrics).
@@ -184,6 +178,34 @@ impl RywStore {
             }
         }
     }
+}
+
+impl Local {
+    fn advance(&self, user: &UserId, lsn: Lsn) {
+        let now = self.clock.now_ms();
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let e = map.entry(user.clone()).or_insert(Entry {
+            lsn,
+            written_ms: now,
+        });
+        e.lsn = e.lsn.max(lsn);
+        e.written_ms = now;
+        // Keep the map bounded: drop expired entries now and then.
+        if map.len() > 100_000 {
+            map.retain(|_, e| live(e, now, self.ttl));
+        }
+    }
+
+    fn get(&self, user: &UserId) -> Option<Lsn> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(user)
+            .filter(|e| live(e, self.clock.now_ms(), self.ttl))
+            .map(|e| e.lsn)
+    }
+}
+
+fn live(e: &Entry, now_ms: i64, ttl: Duration) -> bool {
+    now_ms - e.written_ms <= ttl.as_millis() as i64
 }
 
 fn key(user: &UserId) -> String {

@@ -26,7 +26,12 @@ pub struct Common {
     )]
     pub base_url: String,
     /// Admin bearer token (creates products and orders on behalf of distinct buyers).
-    #[arg(long, global = true, env = "STOCKGATE_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "STOCKGATE_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
     pub admin_token: Option<String>,
     /// Safety stop: no request is started after this many seconds, and none outlives it.
     #[arg(long, global = true, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -174,7 +179,10 @@ mod tests {
         let Mode::FlashSale(a) = cli.mode else {
             panic!("expected flash-sale")
         };
-        assert_eq!((a.stock, a.buyers, a.concurrency, a.qty, a.pollers), (5, 2000, 200, 1, 4));
+        assert_eq!(
+            (a.stock, a.buyers, a.concurrency, a.qty, a.pollers),
+            (5, 2000, 200, 1, 4)
+        );
     }
 
     #[test]

@@ -1,1 +1,99 @@
-fn main() {}
+//! loadtest: the flash-sale load tool and benchmark driver for stockgate. Talks HTTP only
+//! to one base URL; never links the service.
+
+mod cli;
+mod client;
+mod html;
+mod modes;
+mod report;
+mod samples;
+mod stats;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use cli::{Cli, Mode};
+use client::Api;
+use modes::Ctx;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("loadtest: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs the chosen mode, prints its report and writes the requested files; `Ok(false)`
+/// when the run found a problem (oversold, failed requests, stock mismatch, ...).
+async fn run(cli: Cli) -> Result<bool> {
+    let common = cli.common;
+    let connections = match &cli.mode {
+        Mode::FlashSale(a) => a.concurrency + a.pollers,
+        Mode::SellOut(a) => a.concurrency + a.pollers,
+        Mode::HotSku(a) => a.concurrency,
+        Mode::Availability(a) => a.concurrency,
+    } as usize
+        + 4;
+    let api = Api::new(
+        &common.base_url,
+        common.admin_token.clone(),
+        connections,
+        Duration::from_secs(common.request_timeout),
+    )?;
+    if !matches!(cli.mode, Mode::Availability(ref a) if a.product_id.is_some()) {
+        api.require_token()?;
+    }
+    let ctx = Ctx {
+        api: Arc::new(api),
+        deadline: Instant::now() + Duration::from_secs(common.max_seconds),
+        warmup: !common.no_warmup,
+    };
+
+    let (text, json, ok) = match cli.mode {
+        Mode::FlashSale(a) => {
+            let html = a.html.clone();
+            let (r, run) = modes::flash_sale::run(&ctx, a).await?;
+            write_html(html.as_deref(), &r, &run)?;
+            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+        }
+        Mode::SellOut(a) => {
+            let html = a.html.clone();
+            let (r, run) = modes::sell_out::run(&ctx, a).await?;
+            write_html(html.as_deref(), &r, &run)?;
+            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+        }
+        Mode::HotSku(a) => {
+            let r = modes::hot_sku::run(&ctx, a).await?;
+            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+        }
+        Mode::Availability(a) => {
+            let r = modes::availability::run(&ctx, a).await?;
+            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+        }
+    };
+    print!("{text}");
+    if let Some(path) = &common.json {
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ok)
+}
+
+fn write_html(
+    path: Option<&std::path::Path>,
+    r: &report::SaleReport,
+    run: &samples::SaleRun,
+) -> Result<()> {
+    if let Some(path) = path {
+        std::fs::write(path, html::render(r, run))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

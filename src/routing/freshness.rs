@@ -198,6 +198,14 @@ impl Freshness {
         }
     }
 
+    pub fn replay_lsn(&self, i: usize) -> Option<Lsn> {
+        self.replicas[i].replay_lsn
+    }
+
+    pub fn as_of(&self, i: usize) -> Option<Instant> {
+        self.replicas[i].as_of
+    }
+
     /// Whether replica `i` may serve a read whose staleness budget is `budget` (`None`: any
     /// replica that is not down). Lagging replicas serve only budgets beyond the eviction
     /// threshold, which is what gives readmission its hysteresis.

@@ -179,7 +179,8 @@ async fn foreign_tampered_and_expired_tokens_get_401() {
 #[test]
 fn a_configuration_error_is_one_line_and_exit_2() {
     let bin = env!("CARGO_BIN_EXE_stockgate");
-    let cases: &[(&[&str], &[(&str, &str)])] = &[
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)]);
+    let cases: &[Case] = &[
         (&["serve"], &[("DATABASE_URL", "postgres://h/db")]),
         (
             &["serve"],

@@ -1,6 +1,8 @@
 //! Black-box tests of stockgate against real PostgreSQL clusters (primary + 2 streaming
 //! replicas) and a real Redis, all started by the project's own tooling.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod foundation;
 mod freshness;
 mod helpers;

@@ -1,1 +1,361 @@
-//! (pending)
+//! The second incident: a replica fell 9 minutes behind and users who saved a setting and
+//! reloaded — often on another device — saw the old value. After a write, every later read
+//! of that user's data, from any client and any instance, sees it.
+
+use crate::helpers::*;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+use stockgate::clock::ManualClock;
+use stockgate::domain::UserId;
+use stockgate::ryw::RywStore;
+
+async fn put_settings(app: &TestApp, user: &str, settings: Value) -> reqwest::Response {
+    app.client
+        .put(app.url(&format!("/v1/users/{user}/settings")))
+        .bearer_auth(app.user_token(user))
+        .json(&json!({ "settings": settings }))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// (status, body, route reason) of a settings read by `user` with a brand-new client (a
+/// second device: no cookies, no consistency token).
+async fn get_settings(app: &TestApp, user: &str) -> (StatusCode, Value, String) {
+    let device = reqwest::Client::new();
+    let resp = device
+        .get(app.url(&format!("/v1/users/{user}/settings")))
+        .bearer_auth(app.user_token(user))
+        .send()
+        .await
+        .unwrap();
+    let reason = resp
+        .headers()
+        .get("x-route-reason")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let status = resp.status();
+    (status, resp.json().await.unwrap(), reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn settings_saved_on_one_device_are_seen_on_another_and_on_another_instance() {
+    let cluster = private_cluster();
+    let redis = shared_redis();
+    let a = spawn_app_with(AppOptions {
+        redis_url: Some(redis.url()),
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    let b = spawn_app_with(AppOptions {
+        redis_url: Some(redis.url()),
+        database: Some(a.database.clone()),
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    let user = format!("u{}", uuid::Uuid::new_v4().simple());
+    assert_eq!(
+        put_settings(&a, &user, json!({"theme": "light"}))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        put_settings(&a, "bystander", json!({"theme": "light"}))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    // Both replicas stop replaying, well within the 5 s budget of this read class.
+    blocking(|| {
+        cluster.pause_replay(1).unwrap();
+        cluster.pause_replay(2).unwrap();
+    });
+    assert_eq!(
+        put_settings(&a, &user, json!({"theme": "dark"}))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    for app in [&a, &b] {
+        let (status, body, reason) = get_settings(app, &user).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["settings"]["theme"], "dark", "{body}");
+        assert_eq!(body["served_by"], "primary");
+        assert_eq!(reason, "read_your_writes");
+    }
+    // The replicas were fresh enough for everyone else: only the writer is pinned.
+    let (_, other, _) = get_settings(&b, "bystander").await;
+    assert_ne!(
+        other["served_by"], "primary",
+        "a user with no recent write reads a replica: {other}"
+    );
+    // Once the replicas have replayed the write, the user is back on them.
+    blocking(|| {
+        cluster.resume_replay(1).unwrap();
+        cluster.resume_replay(2).unwrap();
+        cluster.wait_caught_up(Duration::from_secs(10)).unwrap();
+    });
+    b.wait_for(
+        "reads back on a replica",
+        Duration::from_secs(5),
+        || async {
+            let (_, body, _) = get_settings(&b, &user).await;
+            body["served_by"] != "primary" && body["settings"]["theme"] == "dark"
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sticky_window_ends_after_the_ttl_on_the_injected_clock() {
+    let cluster = private_cluster();
+    let clock = ManualClock::new();
+    let app = spawn_app_with(AppOptions {
+        clock: clock.clone(),
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    blocking(|| {
+        cluster.pause_replay(1).unwrap();
+        cluster.pause_replay(2).unwrap();
+    });
+    assert_eq!(
+        put_settings(&app, "ada", json!({"lang": "en"}))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    // Just after the write, replicas behind it: the primary.
+    let (_, body, reason) = get_settings(&app, "ada").await;
+    assert_eq!(
+        (body["served_by"].as_str(), reason.as_str()),
+        (Some("primary"), "read_your_writes")
+    );
+    // Move the clock past the 60 s TTL (real time barely moves, so the replicas are still
+    // within the 5 s budget): the window is over and a replica may serve again.
+    clock.advance(Duration::from_secs(61));
+    let (_, body, reason) = get_settings(&app, "ada").await;
+    assert_ne!(
+        body["served_by"], "primary",
+        "after the TTL: {body} ({reason})"
+    );
+    blocking(|| {
+        cluster.resume_replay(1).unwrap();
+        cluster.resume_replay(2).unwrap();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_redis_down_saves_succeed_and_reads_fail_closed_to_the_primary() {
+    let cluster = private_cluster();
+    let redis = devcluster::Redis::temporary().unwrap();
+    let app = spawn_app_with(AppOptions {
+        redis_url: Some(redis.url()),
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    assert_eq!(
+        put_settings(&app, "ada", json!({"v": 1})).await.status(),
+        StatusCode::OK
+    );
+    blocking(|| redis.stop()).unwrap();
+    let saved = put_settings(&app, "ada", json!({"v": 2})).await;
+    assert_eq!(saved.status(), StatusCode::OK);
+    for _ in 0..10 {
+        let (status, body, reason) = get_settings(&app, "ada").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["settings"]["v"], 2);
+        assert_eq!(
+            (body["served_by"].as_str(), reason.as_str()),
+            (Some("primary"), "ryw_store_unavailable")
+        );
+    }
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("stockgate_ryw_store_failures_total{op=\"get\"}")),
+        "{metrics}"
+    );
+    // Redis returns: no restart, replicas are used again once they hold the write.
+    blocking(|| redis.start()).unwrap();
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    app.wait_for(
+        "replica reads after Redis returns",
+        Duration::from_secs(10),
+        || async {
+            let (_, body, _) = get_settings(&app, "ada").await;
+            body["served_by"] != "primary" && body["settings"]["v"] == 2
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_devices_writing_at_once_never_move_the_position_backwards() {
+    let redis = shared_redis();
+    let store = RywStore::redis(
+        &redis.url(),
+        Arc::new(stockgate::clock::SystemClock),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let user = UserId::parse(&format!("dev-{}", uuid::Uuid::new_v4().simple())).unwrap();
+    // Positions arrive out of order from many writers; a reader must never see one drop.
+    let writers: Vec<_> = (0..8u64)
+        .map(|w| {
+            let (store, user) = (store.clone(), user.clone());
+            tokio::spawn(async move {
+                for k in 0..100u64 {
+                    let lsn = 1_000 + ((k * 8 + w) * 7919) % 800;
+                    store.advance(&user, lsn).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let (store, user) = (store.clone(), user.clone());
+        tokio::spawn(async move {
+            let mut last = 0;
+            for _ in 0..300 {
+                let now = store.get(&user).await.unwrap().unwrap_or(0);
+                assert!(now >= last, "position went back from {last} to {now}");
+                last = now;
+            }
+        })
+    };
+    for w in writers {
+        w.await.unwrap();
+    }
+    reader.await.unwrap();
+    let max = (0..8u64)
+        .flat_map(|w| (0..100u64).map(move |k| 1_000 + ((k * 8 + w) * 7919) % 800))
+        .max();
+    assert_eq!(store.get(&user).await.unwrap(), max);
+    // A second instance (its own process memory) sees the same position through Redis.
+    let other = RywStore::redis(
+        &redis.url(),
+        Arc::new(stockgate::clock::SystemClock),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(other.get(&user).await.unwrap(), max);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_cannot_touch_each_others_settings_or_profile_but_admins_can() {
+    let app = spawn_app(shared_cluster()).await;
+    let ada = app.user_token("ada");
+    for (method, path) in [
+        ("GET", "/v1/users/bob/settings"),
+        ("PUT", "/v1/users/bob/settings"),
+        ("GET", "/v1/users/bob/profile"),
+        ("PUT", "/v1/users/bob/profile"),
+    ] {
+        let req = app
+            .client
+            .request(method.parse().unwrap(), app.url(path))
+            .bearer_auth(&ada);
+        let req = if method == "PUT" {
+            req.json(&json!({"settings": {}, "display_name": "x", "email": "x@example.com"}))
+        } else {
+            req
+        };
+        assert_eq!(
+            req.send().await.unwrap().status(),
+            StatusCode::FORBIDDEN,
+            "{method} {path}"
+        );
+    }
+    let put = app
+        .client
+        .put(app.url("/v1/users/bob/profile"))
+        .bearer_auth(&app.admin)
+        .json(&json!({"display_name": "Bob", "email": "bob@example.com"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::OK);
+    assert!(put.headers().contains_key("x-consistency-token"));
+    let (status, profile) = app
+        .get_json("/v1/users/bob/profile", Some(&app.user_token("bob")))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (profile["display_name"].as_str(), profile["email"].as_str()),
+        (Some("Bob"), Some("bob@example.com"))
+    );
+    for field in ["as_of", "stale_by_ms", "served_by"] {
+        assert!(profile.get(field).is_some(), "{field} missing: {profile}");
+    }
+    let bad = app
+        .client
+        .put(app.url("/v1/users/bob/profile"))
+        .bearer_auth(&app.admin)
+        .json(&json!({"display_name": "Bob", "email": "not-an-email"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let not_object = put_settings(&app, "ada", json!([1, 2, 3])).await;
+    assert_eq!(not_object.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_carrying_its_consistency_token_is_served_only_by_replicas_that_hold_its_write() {
+    let cluster = private_cluster();
+    // No shared store in common: two instances, each with its own in-process store.
+    let a = spawn_app(&cluster).await;
+    let b = spawn_app_with(AppOptions {
+        database: Some(a.database.clone()),
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    blocking(|| {
+        cluster.pause_replay(1).unwrap();
+        cluster.pause_replay(2).unwrap();
+    });
+    let saved = put_settings(&a, "eve", json!({"n": 7})).await;
+    // Without the token, instance B (no shared store) would read a replica that lacks it…
+    let (_, blind, _) = get_settings(&b, "eve").await;
+    assert_ne!(blind["served_by"], "primary", "{blind}");
+    assert_ne!(blind["settings"]["n"], 7, "{blind}");
+    // …with it, B reads only where the write is.
+    let token = saved
+        .headers()
+        .get("x-consistency-token")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let resp = b
+        .client
+        .get(b.url("/v1/users/eve/settings"))
+        .bearer_auth(b.user_token("eve"))
+        .header("X-Consistency-Token", &token)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (body["served_by"].as_str(), body["settings"]["n"].as_i64()),
+        (Some("primary"), Some(7))
+    );
+    blocking(|| {
+        cluster.resume_replay(1).unwrap();
+        cluster.resume_replay(2).unwrap();
+    });
+}

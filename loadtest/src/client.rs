@@ -1,0 +1,353 @@
+//! HTTP client for the stockgate JSON API: one pooled connection set to one base URL,
+//! typed calls, and how every answer is classified (confirmed / out of stock / error).
+
+use crate::samples::{AvailAnswer, Clock, FinalRead, OrderOutcome};
+use anyhow::{Context, Result, bail};
+use chrono::{DateTime, SecondsFormat, Utc};
+use reqwest::{Client, RequestBuilder, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// The API of one deployment. Cheap to share behind an `Arc`.
+pub struct Api {
+    http: Client,
+    base: String,
+    token: Option<String>,
+    timeout: Duration,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    code: String,
+}
+
+#[derive(Deserialize)]
+struct OrderBody {
+    quantity: u32,
+    status: String,
+}
+
+#[derive(Deserialize)]
+struct AvailabilityBody {
+    available: bool,
+    available_quantity: i64,
+    as_of: DateTime<Utc>,
+    stale_by_ms: u64,
+    served_by: String,
+}
+
+#[derive(Deserialize)]
+struct ProductBody {
+    available_quantity: i64,
+    as_of: DateTime<Utc>,
+    served_by: String,
+}
+
+impl Api {
+    /// A client for `base_url` keeping up to `connections` idle connections (so a run at
+    /// that concurrency reuses them instead of reconnecting).
+    pub fn new(
+        base_url: &str,
+        token: Option<String>,
+        connections: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let base = base_url.trim_end_matches('/').to_string();
+        let url = reqwest::Url::parse(&base)
+            .with_context(|| format!("--base-url {base_url:?} is not a URL"))?;
+        if url.scheme() != "http" {
+            bail!("--base-url must be http:// (this tool speaks plain HTTP only)");
+        }
+        if url.host_str().is_none() {
+            bail!("--base-url {base_url:?} has no host");
+        }
+        let http = Client::builder()
+            .pool_max_idle_per_host(connections.max(1))
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(timeout)
+            // Only ever the given base URL: no proxies from the environment, no redirects.
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Self {
+            http,
+            base,
+            token,
+            timeout,
+        })
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    fn token(&self) -> Result<&str> {
+        self.token
+            .as_deref()
+            .context("an admin token is required: pass --admin-token or set STOCKGATE_ADMIN_TOKEN")
+    }
+
+    /// Fails early (before any load) when the token is missing.
+    pub fn require_token(&self) -> Result<()> {
+        self.token().map(|_| ())
+    }
+
+    /// The timeout for a request started now that must not outlive `deadline`.
+    fn bounded(&self, rb: RequestBuilder, deadline: Instant) -> RequestBuilder {
+        let left = deadline.saturating_duration_since(Instant::now());
+        rb.timeout(self.timeout.min(left).max(Duration::from_millis(1)))
+    }
+
+    /// GET /healthz, only to open a pooled connection; the answer is ignored.
+    pub async fn touch(&self) {
+        if let Ok(r) = self.http.get(format!("{}/healthz", self.base)).send().await {
+            let _ = r.bytes().await;
+        }
+    }
+
+    /// POST /v1/products (admin). An existing id is an error: runs need a fresh product.
+    pub async fn create_product(&self, id: &str, stock: u32, price_cents: u32) -> Result<()> {
+        let body = json!({
+            "product_id": id,
+            "name": format!("loadtest {id}"),
+            "price_cents": price_cents,
+            "available_quantity": stock,
+        });
+        let r = self
+            .http
+            .post(format!("{}/v1/products", self.base))
+            .bearer_auth(self.token()?)
+            .json(&body)
+            .send()
+            .await
+            .with_context(|| format!("creating product {id} at {}", self.base))?;
+        let status = r.status();
+        if status == StatusCode::CREATED {
+            return Ok(());
+        }
+        let text = r.text().await.unwrap_or_default();
+        if status == StatusCode::CONFLICT {
+            bail!(
+                "product {id} already exists; pick another --product-id (runs need a fresh product)"
+            );
+        }
+        bail!("creating product {id}: HTTP {status}: {text}")
+    }
+
+    /// GET /v1/products/{id}: its stock, who answered, and as of when.
+    pub async fn product(&self, id: &str) -> Result<(i64, DateTime<Utc>, String)> {
+        let r = self
+            .http
+            .get(format!("{}/v1/products/{id}", self.base))
+            .send()
+            .await
+            .with_context(|| format!("reading product {id}"))?;
+        let status = r.status();
+        if status != StatusCode::OK {
+            let text = r.text().await.unwrap_or_default();
+            bail!("reading product {id}: HTTP {status}: {text}");
+        }
+        let p: ProductBody = r
+            .json()
+            .await
+            .with_context(|| format!("reading product {id}: unexpected body"))?;
+        Ok((p.available_quantity, p.as_of, p.served_by))
+    }
+
+    /// Reads the product back after a run, retrying (up to ~3 s) until the answer's
+    /// `as_of` covers `covers` (the wall time of the last order answer), so a lagging
+    /// replica is not mistaken for lost or extra stock.
+    pub async fn final_read(&self, id: &str, covers: DateTime<Utc>) -> Result<FinalRead> {
+        let mut last = None;
+        for _ in 0..30 {
+            let (qty, as_of, served_by) = self.product(id).await?;
+            let read = FinalRead {
+                available_quantity: qty,
+                served_by,
+                as_of: as_of.to_rfc3339_opts(SecondsFormat::Millis, true),
+                covers_all_orders: as_of >= covers,
+            };
+            if read.covers_all_orders {
+                return Ok(read);
+            }
+            last = Some(read);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        last.context("no answer")
+    }
+
+    /// GET /v1/admin/replicas (admin), as raw JSON.
+    pub async fn replicas(&self) -> Result<Value> {
+        let r = self
+            .http
+            .get(format!("{}/v1/admin/replicas", self.base))
+            .bearer_auth(self.token()?)
+            .send()
+            .await?;
+        let status = r.status();
+        if status != StatusCode::OK {
+            bail!("GET /v1/admin/replicas: HTTP {status}");
+        }
+        Ok(r.json().await?)
+    }
+
+    /// POST /v1/orders as admin on behalf of `user_id`.
+    pub async fn place_order(
+        &self,
+        product_id: &str,
+        user_id: &str,
+        qty: u32,
+        idempotency_key: &str,
+        deadline: Instant,
+    ) -> OrderOutcome {
+        let token = match self.token() {
+            Ok(t) => t,
+            Err(_) => return OrderOutcome::Failed("no admin token".into()),
+        };
+        let rb = self
+            .http
+            .post(format!("{}/v1/orders", self.base))
+            .bearer_auth(token)
+            .header("Idempotency-Key", idempotency_key)
+            .json(&json!({ "product_id": product_id, "quantity": qty, "user_id": user_id }));
+        let r = match self.bounded(rb, deadline).send().await {
+            Ok(r) => r,
+            Err(e) => return OrderOutcome::Failed(transport_label(&e)),
+        };
+        let status = r.status();
+        let bytes = match r.bytes().await {
+            Ok(b) => b,
+            Err(e) => return OrderOutcome::Failed(transport_label(&e)),
+        };
+        classify_order(status, &bytes)
+    }
+
+    /// GET /v1/products/{id}/availability?qty=N (no auth).
+    pub async fn availability(
+        &self,
+        product_id: &str,
+        qty: u32,
+        clock: &Clock,
+        deadline: Instant,
+    ) -> Result<AvailAnswer, String> {
+        let rb = self.http.get(format!(
+            "{}/v1/products/{product_id}/availability?qty={qty}",
+            self.base
+        ));
+        let r: Response = self
+            .bounded(rb, deadline)
+            .send()
+            .await
+            .map_err(|e| transport_label(&e))?;
+        let status = r.status();
+        let bytes = r.bytes().await.map_err(|e| transport_label(&e))?;
+        if status != StatusCode::OK {
+            return Err(error_label(status, &bytes));
+        }
+        let b: AvailabilityBody = serde_json::from_slice(&bytes)
+            .map_err(|_| format!("{} unreadable body", status.as_u16()))?;
+        Ok(AvailAnswer {
+            available: b.available,
+            available_quantity: b.available_quantity,
+            as_of_us: clock.wall_us(b.as_of),
+            stale_by_ms: b.stale_by_ms,
+            served_by: b.served_by,
+        })
+    }
+}
+
+/// 201 confirmed → Confirmed; 409 OUT_OF_STOCK → OutOfStock; anything else → Failed.
+pub fn classify_order(status: StatusCode, body: &[u8]) -> OrderOutcome {
+    match status {
+        StatusCode::CREATED => match serde_json::from_slice::<OrderBody>(body) {
+            Ok(o) if o.status == "confirmed" => OrderOutcome::Confirmed {
+                quantity: o.quantity,
+            },
+            Ok(o) => OrderOutcome::Failed(format!("201 status {}", o.status)),
+            Err(_) => OrderOutcome::Failed("201 unreadable body".into()),
+        },
+        StatusCode::CONFLICT if error_code(body).as_deref() == Some("OUT_OF_STOCK") => {
+            OrderOutcome::OutOfStock
+        }
+        _ => OrderOutcome::Failed(error_label(status, body)),
+    }
+}
+
+fn error_code(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<ErrorBody>(body)
+        .ok()
+        .map(|b| b.error.code)
+}
+
+/// "503 OVERLOADED", or just "502" when the body carries no error code.
+pub fn error_label(status: StatusCode, body: &[u8]) -> String {
+    match error_code(body) {
+        Some(code) => format!("{} {code}", status.as_u16()),
+        None => status.as_u16().to_string(),
+    }
+}
+
+fn transport_label(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timeout".into()
+    } else if e.is_connect() {
+        "connection error".into()
+    } else if e.is_body() || e.is_decode() {
+        "body read error".into()
+    } else {
+        "transport error".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orders_are_classified_by_status_and_code() {
+        let ok = br#"{"order_id":"x","product_id":"p","quantity":2,"user_id":"u","status":"confirmed","total_cents":2}"#;
+        assert_eq!(
+            classify_order(StatusCode::CREATED, ok),
+            OrderOutcome::Confirmed { quantity: 2 }
+        );
+        let oos = br#"{"error":{"code":"OUT_OF_STOCK","message":"no"}}"#;
+        assert_eq!(
+            classify_order(StatusCode::CONFLICT, oos),
+            OrderOutcome::OutOfStock
+        );
+        let other = br#"{"error":{"code":"IDEMPOTENCY_KEY_REUSED","message":"no"}}"#;
+        assert_eq!(
+            classify_order(StatusCode::CONFLICT, other),
+            OrderOutcome::Failed("409 IDEMPOTENCY_KEY_REUSED".into())
+        );
+        let shed = br#"{"error":{"code":"OVERLOADED","message":"busy"}}"#;
+        assert_eq!(
+            classify_order(StatusCode::SERVICE_UNAVAILABLE, shed),
+            OrderOutcome::Failed("503 OVERLOADED".into())
+        );
+        assert_eq!(
+            classify_order(StatusCode::BAD_GATEWAY, b"<html>"),
+            OrderOutcome::Failed("502".into())
+        );
+        assert_eq!(
+            classify_order(StatusCode::CREATED, b"{}"),
+            OrderOutcome::Failed("201 unreadable body".into())
+        );
+    }
+
+    #[test]
+    fn only_plain_http_base_urls() {
+        let t = Duration::from_secs(1);
+        assert!(Api::new("http://127.0.0.1:8080/", None, 4, t).is_ok());
+        assert!(Api::new("https://127.0.0.1:8080", None, 4, t).is_err());
+        assert!(Api::new("not a url", None, 4, t).is_err());
+    }
+}

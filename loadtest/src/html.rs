@@ -1,0 +1,572 @@
+//! The self-contained HTML report of a sale run: the text report plus inline SVG charts
+//! (orders confirmed vs stock, latency percentiles over time, availability answers and
+//! staleness by served_by). No scripts, no network.
+
+use crate::report::{SaleReport, fmt_ms};
+use crate::samples::{OrderOutcome, SaleRun};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+const W: f64 = 820.0;
+const H: f64 = 260.0;
+const LEFT: f64 = 64.0;
+const RIGHT: f64 = 170.0;
+const TOP: f64 = 34.0;
+const BOTTOM: f64 = 40.0;
+
+/// One line on a chart; x in seconds.
+pub struct Series {
+    pub name: String,
+    pub color: String,
+    pub points: Vec<(f64, f64)>,
+    /// Draw as a step function (value holds until the next point).
+    pub step: bool,
+    pub dashed: bool,
+}
+
+pub fn render(report: &SaleReport, run: &SaleRun) -> String {
+    let span_us = run
+        .orders
+        .iter()
+        .map(|o| o.recv_us)
+        .chain(run.avail.iter().map(|s| s.recv_us))
+        .max()
+        .unwrap_or(0);
+    let bucket_us = bucket_size_us(span_us);
+    let x_max = (span_us as f64 / 1e6).max(0.001);
+    let sell_out_s = report
+        .timing
+        .time_to_sell_out_ms
+        .map(|ms| ms / 1000.0 + first_sent_s(run));
+
+    let mut charts = String::new();
+    charts += &confirmed_chart(report, run, x_max, sell_out_s);
+    charts += &order_latency_chart(run, bucket_us, x_max, sell_out_s);
+    charts += &avail_latency_chart(run, bucket_us, x_max, sell_out_s);
+    charts += &served_by_chart(run, bucket_us, x_max, sell_out_s);
+    charts += &staleness_chart(run, bucket_us, x_max, sell_out_s);
+    charts += &reported_stock_chart(report, run, bucket_us, x_max, sell_out_s);
+
+    let status = if report.ok {
+        "<span class=ok>OK</span>".to_string()
+    } else {
+        "<span class=bad>FAIL</span>".to_string()
+    };
+    format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>stockgate {mode} {pid}</title>
+<style>
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 900px; }}
+h1 {{ font-size: 20px; }} h2 {{ font-size: 16px; margin-top: 28px; }}
+pre {{ background: #f6f6f6; padding: 12px; overflow-x: auto; font-size: 12px; }}
+.ok {{ color: #1a7f37; font-weight: bold; }} .bad {{ color: #c00; font-weight: bold; }}
+svg {{ display: block; margin: 8px 0 20px; }}
+svg text {{ font: 11px system-ui, sans-serif; fill: #333; }}
+svg .title {{ font-size: 13px; font-weight: bold; }}
+.note {{ color: #666; font-size: 12px; }}
+</style></head><body>
+<h1>stockgate {mode}: {pid} — {status}</h1>
+<p>{confirmed} units confirmed of {stock} stock, oversold {oversold}, {oos} out of stock, {errors} errors;
+time to sell out {tts}; total {total}. Buckets of {bucket} ms; the dashed vertical line is the sell-out moment.</p>
+{charts}
+<h2>Report</h2>
+<pre>{text}</pre>
+</body></html>
+"#,
+        mode = esc(&report.mode),
+        pid = esc(&report.product_id),
+        confirmed = report.orders.confirmed_units,
+        stock = report.stock,
+        oversold = report.oversold,
+        oos = report.orders.out_of_stock,
+        errors = report.orders.errors_total,
+        tts = report
+            .timing
+            .time_to_sell_out_ms
+            .map_or("never".into(), fmt_ms),
+        total = fmt_ms(report.timing.total_ms),
+        bucket = bucket_us / 1000,
+        text = esc(&report.render()),
+    )
+}
+
+/// 100 ms buckets up to 30 s, then whole seconds, keeping at most ~300 buckets.
+pub fn bucket_size_us(span_us: u64) -> u64 {
+    if span_us <= 30_000_000 {
+        100_000
+    } else {
+        span_us.div_ceil(300).div_ceil(1_000_000).max(1) * 1_000_000
+    }
+}
+
+fn first_sent_s(run: &SaleRun) -> f64 {
+    run.orders.iter().map(|o| o.sent_us).min().unwrap_or(0) as f64 / 1e6
+}
+
+fn bucket_mid_s(b: u64, bucket_us: u64) -> f64 {
+    (b * bucket_us + bucket_us / 2) as f64 / 1e6
+}
+
+/// Nearest-rank percentile of a sorted slice.
+pub fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn color_for(name: &str, i: usize) -> String {
+    match name {
+        "primary" => "#1f77b4".into(),
+        "replica-1" => "#2ca02c".into(),
+        "replica-2" => "#ff7f0e".into(),
+        _ => ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"][i % 5].into(),
+    }
+}
+
+fn series(name: &str, color: &str, points: Vec<(f64, f64)>) -> Series {
+    Series {
+        name: name.into(),
+        color: color.into(),
+        points,
+        step: false,
+        dashed: false,
+    }
+}
+
+fn confirmed_chart(report: &SaleReport, run: &SaleRun, x_max: f64, so: Option<f64>) -> String {
+    let mut units = 0u64;
+    let mut points = vec![(0.0, 0.0)];
+    for o in &run.orders {
+        if let OrderOutcome::Confirmed { quantity } = o.outcome {
+            units += u64::from(quantity);
+            points.push((o.recv_us as f64 / 1e6, units as f64));
+        }
+    }
+    points.push((x_max, units as f64));
+    let mut confirmed = series("units confirmed", "#1f77b4", points);
+    confirmed.step = true;
+    let mut stock = series(
+        "stock",
+        "#c00",
+        vec![
+            (0.0, f64::from(report.stock)),
+            (x_max, f64::from(report.stock)),
+        ],
+    );
+    stock.dashed = true;
+    chart(
+        "Orders confirmed over time vs stock",
+        "units",
+        &[confirmed, stock],
+        x_max,
+        so,
+    )
+}
+
+/// Per-bucket latency percentiles (ms) of samples given as (recv_us, latency_us).
+fn latency_series(
+    samples: impl Iterator<Item = (u64, u64)>,
+    bucket_us: u64,
+    quantiles: &[(&str, f64, &str)],
+) -> Vec<Series> {
+    let mut buckets: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for (recv, lat) in samples {
+        buckets.entry(recv / bucket_us).or_default().push(lat);
+    }
+    for v in buckets.values_mut() {
+        v.sort_unstable();
+    }
+    quantiles
+        .iter()
+        .map(|(name, q, color)| {
+            let pts = buckets
+                .iter()
+                .map(|(b, v)| {
+                    (
+                        bucket_mid_s(*b, bucket_us),
+                        percentile(v, *q) as f64 / 1000.0,
+                    )
+                })
+                .collect();
+            series(name, color, pts)
+        })
+        .collect()
+}
+
+const QUANTILES: [(&str, f64, &str); 4] = [
+    ("p50", 0.50, "#2ca02c"),
+    ("p95", 0.95, "#ff7f0e"),
+    ("p99", 0.99, "#d62728"),
+    ("max", 1.0, "#7f7f7f"),
+];
+
+fn order_latency_chart(run: &SaleRun, bucket_us: u64, x_max: f64, so: Option<f64>) -> String {
+    let s = latency_series(
+        run.orders.iter().map(|o| (o.recv_us, o.latency_us())),
+        bucket_us,
+        &QUANTILES,
+    );
+    chart("Order latency by answer time", "ms", &s, x_max, so)
+}
+
+fn avail_latency_chart(run: &SaleRun, bucket_us: u64, x_max: f64, so: Option<f64>) -> String {
+    if run.avail.is_empty() {
+        return "<p class=note>No availability pollers in this run.</p>".into();
+    }
+    let s = latency_series(
+        run.avail.iter().map(|a| (a.recv_us, a.latency_us())),
+        bucket_us,
+        &QUANTILES,
+    );
+    chart("Availability latency by answer time", "ms", &s, x_max, so)
+}
+
+/// Per served_by, one value per bucket folded from the answers in it.
+fn per_served_by(
+    run: &SaleRun,
+    bucket_us: u64,
+    fold: impl Fn(Option<f64>, f64) -> f64,
+    value: impl Fn(&crate::samples::AvailAnswer) -> f64,
+) -> BTreeMap<String, BTreeMap<u64, f64>> {
+    let mut by: BTreeMap<String, BTreeMap<u64, f64>> = BTreeMap::new();
+    for s in &run.avail {
+        let (key, v) = match &s.outcome {
+            Ok(a) => (a.served_by.clone(), value(a)),
+            Err(_) => ("errors".to_string(), 1.0),
+        };
+        let slot = by.entry(key).or_default();
+        let b = s.recv_us / bucket_us;
+        let next = fold(slot.get(&b).copied(), v);
+        slot.insert(b, next);
+    }
+    by
+}
+
+fn to_series(
+    by: BTreeMap<String, BTreeMap<u64, f64>>,
+    bucket_us: u64,
+    totals: bool,
+) -> Vec<Series> {
+    by.into_iter()
+        .enumerate()
+        .map(|(i, (name, buckets))| {
+            let total: f64 = buckets.values().sum();
+            let label = if totals {
+                format!("{name} ({total:.0})")
+            } else {
+                name.clone()
+            };
+            let color = if name == "errors" {
+                "#c00".to_string()
+            } else {
+                color_for(&name, i)
+            };
+            let pts = buckets
+                .into_iter()
+                .map(|(b, v)| (bucket_mid_s(b, bucket_us), v))
+                .collect();
+            series(&label, &color, pts)
+        })
+        .collect()
+}
+
+fn served_by_chart(run: &SaleRun, bucket_us: u64, x_max: f64, so: Option<f64>) -> String {
+    if run.avail.is_empty() {
+        return String::new();
+    }
+    let by = per_served_by(run, bucket_us, |cur, v| cur.unwrap_or(0.0) + v, |_| 1.0);
+    chart(
+        &format!(
+            "Availability answers per {} ms by served_by (total)",
+            bucket_us / 1000
+        ),
+        "answers",
+        &to_series(by, bucket_us, true),
+        x_max,
+        so,
+    )
+}
+
+fn staleness_chart(run: &SaleRun, bucket_us: u64, x_max: f64, so: Option<f64>) -> String {
+    if run.avail.is_empty() {
+        return String::new();
+    }
+    let mut by = per_served_by(
+        run,
+        bucket_us,
+        |cur, v| cur.map_or(v, |c| c.max(v)),
+        |a| a.stale_by_ms as f64,
+    );
+    by.remove("errors");
+    chart(
+        "Max stale_by_ms per bucket by served_by",
+        "ms",
+        &to_series(by, bucket_us, false),
+        x_max,
+        so,
+    )
+}
+
+fn reported_stock_chart(
+    report: &SaleReport,
+    run: &SaleRun,
+    bucket_us: u64,
+    x_max: f64,
+    so: Option<f64>,
+) -> String {
+    if run.avail.is_empty() {
+        return String::new();
+    }
+    let mut by = per_served_by(
+        run,
+        bucket_us,
+        |cur, v| cur.map_or(v, |c| c.max(v)),
+        |a| a.available_quantity as f64,
+    );
+    by.remove("errors");
+    let mut s = to_series(by, bucket_us, false);
+    let mut left = i64::from(report.stock);
+    let mut truth = vec![(0.0, left as f64)];
+    for o in &run.orders {
+        if let OrderOutcome::Confirmed { quantity } = o.outcome {
+            left -= i64::from(quantity);
+            truth.push((o.recv_us as f64 / 1e6, left as f64));
+        }
+    }
+    truth.push((x_max, left as f64));
+    let mut t = series("stock − confirmed", "#000", truth);
+    t.step = true;
+    t.dashed = true;
+    s.push(t);
+    chart(
+        "Highest available_quantity answered per bucket vs stock left",
+        "units",
+        &s,
+        x_max,
+        so,
+    )
+}
+
+/// A step of 1, 2 or 5 × 10^k giving about five ticks up to `max`.
+pub fn nice_step(max: f64) -> f64 {
+    if max <= 0.0 || !max.is_finite() {
+        return 1.0;
+    }
+    let raw = max / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let f = raw / mag;
+    let nice = if f <= 1.0 {
+        1.0
+    } else if f <= 2.0 {
+        2.0
+    } else if f <= 5.0 {
+        5.0
+    } else {
+        10.0
+    };
+    nice * mag
+}
+
+fn fmt_tick(v: f64) -> String {
+    if v == v.trunc() {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// An SVG line chart: x in seconds from 0 to `x_max`, y from 0 to a nice maximum.
+pub fn chart(
+    title: &str,
+    y_label: &str,
+    series: &[Series],
+    x_max: f64,
+    marker_x: Option<f64>,
+) -> String {
+    let pw = W - LEFT - RIGHT;
+    let ph = H - TOP - BOTTOM;
+    let y_data = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0f64, f64::max);
+    let y_step = nice_step(y_data.max(1.0));
+    let y_max = ((y_data / y_step).ceil() * y_step).max(y_step);
+    let x_step = nice_step(x_max);
+    let sx = |x: f64| LEFT + (x / x_max).clamp(0.0, 1.0) * pw;
+    let sy = |y: f64| TOP + ph - (y / y_max).clamp(0.0, 1.0) * ph;
+
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        r#"<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" xmlns="http://www.w3.org/2000/svg" role="img">"#
+    );
+    let _ = write!(
+        o,
+        r#"<text class="title" x="{LEFT}" y="18">{}</text>"#,
+        esc(title)
+    );
+    // Grid and y ticks.
+    let mut y = 0.0;
+    while y <= y_max + y_step / 2.0 {
+        let py = sy(y);
+        let _ = write!(
+            o,
+            r##"<line x1="{LEFT}" x2="{:.1}" y1="{py:.1}" y2="{py:.1}" stroke="#e5e5e5"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            LEFT + pw,
+            LEFT - 6.0,
+            py + 4.0,
+            fmt_tick(y)
+        );
+        y += y_step;
+    }
+    // X ticks.
+    let mut x = 0.0;
+    while x <= x_max + 1e-9 {
+        let px = sx(x);
+        let _ = write!(
+            o,
+            r##"<line x1="{px:.1}" x2="{px:.1}" y1="{:.1}" y2="{:.1}" stroke="#999"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            TOP + ph,
+            TOP + ph + 4.0,
+            TOP + ph + 16.0,
+            fmt_tick(x)
+        );
+        x += x_step;
+    }
+    let _ = write!(
+        o,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{pw:.1}" height="{ph:.1}" fill="none" stroke="#999"/><text x="{:.1}" y="{:.1}" text-anchor="middle">seconds since start</text><text x="14" y="{:.1}" transform="rotate(-90 14 {:.1})" text-anchor="middle">{}</text>"##,
+        LEFT + pw / 2.0,
+        H - 6.0,
+        TOP + ph / 2.0,
+        TOP + ph / 2.0,
+        esc(y_label)
+    );
+    if let Some(mx) = marker_x {
+        let px = sx(mx);
+        let _ = write!(
+            o,
+            r##"<line x1="{px:.1}" x2="{px:.1}" y1="{TOP}" y2="{:.1}" stroke="#000" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}">sold out</text>"##,
+            TOP + ph,
+            px + 3.0,
+            TOP + 12.0
+        );
+    }
+    for (i, s) in series.iter().enumerate() {
+        let mut d = String::new();
+        let mut prev: Option<(f64, f64)> = None;
+        for &(x, y) in &s.points {
+            let (px, py) = (sx(x), sy(y));
+            match prev {
+                None => {
+                    let _ = write!(d, "M{px:.1},{py:.1}");
+                }
+                Some((_, ppy)) if s.step => {
+                    let _ = write!(d, " L{px:.1},{ppy:.1} L{px:.1},{py:.1}");
+                }
+                Some(_) => {
+                    let _ = write!(d, " L{px:.1},{py:.1}");
+                }
+            }
+            prev = Some((px, py));
+        }
+        let dash = if s.dashed {
+            r#" stroke-dasharray="6 4""#
+        } else {
+            ""
+        };
+        let _ = write!(
+            o,
+            r#"<path d="{d}" fill="none" stroke="{}" stroke-width="1.6"{dash}/>"#,
+            s.color
+        );
+        if s.points.len() == 1 {
+            let (px, py) = (sx(s.points[0].0), sy(s.points[0].1));
+            let _ = write!(
+                o,
+                r#"<circle cx="{px:.1}" cy="{py:.1}" r="2.5" fill="{}"/>"#,
+                s.color
+            );
+        }
+        let ly = TOP + 10.0 + i as f64 * 16.0;
+        let lx = LEFT + pw + 12.0;
+        let _ = write!(
+            o,
+            r#"<line x1="{lx:.1}" x2="{:.1}" y1="{ly:.1}" y2="{ly:.1}" stroke="{}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            lx + 18.0,
+            s.color,
+            lx + 24.0,
+            ly + 4.0,
+            esc(&s.name)
+        );
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+/// Escapes text for HTML element content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_stay_few() {
+        assert_eq!(bucket_size_us(2_000_000), 100_000);
+        assert_eq!(bucket_size_us(30_000_000), 100_000);
+        assert_eq!(bucket_size_us(31_000_000), 1_000_000);
+        assert_eq!(bucket_size_us(900_000_000), 3_000_000);
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<u64> = (1..=10).collect();
+        assert_eq!(percentile(&v, 0.5), 5);
+        assert_eq!(percentile(&v, 0.99), 10);
+        assert_eq!(percentile(&v, 1.0), 10);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn nice_steps() {
+        assert_eq!(nice_step(60.0), 20.0);
+        assert_eq!(nice_step(1.0), 0.2);
+        assert_eq!(nice_step(9.0), 2.0);
+        assert_eq!(nice_step(0.0), 1.0);
+    }
+
+    #[test]
+    fn charts_are_svg_with_escaped_labels() {
+        let s = chart(
+            "a < b",
+            "ms",
+            &[series("p50 & co", "#000", vec![(0.0, 1.0), (1.0, 2.0)])],
+            1.0,
+            Some(0.5),
+        );
+        assert!(s.starts_with("<svg"));
+        assert!(s.contains("a &lt; b"));
+        assert!(s.contains("p50 &amp; co"));
+        assert!(s.contains("sold out"));
+        assert!(!s.contains("NaN"));
+    }
+}

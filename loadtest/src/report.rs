@@ -1,0 +1,1077 @@
+//! Reports: the numbers each mode derives from its samples (oversold, sell-out moment,
+//! lying availability answers, rates, percentiles), the structs written as JSON, and
+//! their plain-text rendering.
+
+use crate::samples::{AvailSample, FinalRead, OrderOutcome, OrderSample, SaleRun};
+use crate::stats::{ServedBy, Tally, histogram};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+
+// ---------------------------------------------------------------------------------------
+// Derived numbers
+// ---------------------------------------------------------------------------------------
+
+/// Units confirmed beyond the stock there was. Anything above 0 is a broken promise.
+pub fn oversold(confirmed_units: u64, stock: u64) -> u64 {
+    confirmed_units.saturating_sub(stock)
+}
+
+/// The moment (µs from t0) the last unit was confirmed: the latest 201 answer, once the
+/// stock is gone — either our confirmations leave less than one order's worth, or the
+/// service's final stock does (it may have confirmed orders whose answers we lost).
+/// `None` when the sale never sold out.
+pub fn sell_out_moment(
+    orders: &[OrderSample],
+    stock: u64,
+    qty: u64,
+    final_stock: Option<i64>,
+) -> Option<u64> {
+    let units: u64 = orders.iter().map(confirmed_units).sum();
+    let ours = units + qty > stock;
+    let theirs = final_stock.is_some_and(|s| s < qty as i64);
+    if !(ours || theirs) {
+        return None;
+    }
+    orders
+        .iter()
+        .filter(|o| matches!(o.outcome, OrderOutcome::Confirmed { .. }))
+        .map(|o| o.recv_us)
+        .max()
+}
+
+fn confirmed_units(o: &OrderSample) -> u64 {
+    match o.outcome {
+        OrderOutcome::Confirmed { quantity } => u64::from(quantity),
+        _ => 0,
+    }
+}
+
+/// Availability answers that lie: `available: true`, received after the sell-out moment,
+/// and claiming (`as_of`) to reflect a moment after it — when no stock was left.
+pub fn lying_answers(avail: &[AvailSample], sell_out_us: u64) -> u64 {
+    avail
+        .iter()
+        .filter(|s| s.recv_us > sell_out_us)
+        .filter_map(|s| s.outcome.as_ref().ok())
+        .filter(|a| a.available && a.as_of_us > sell_out_us as i64)
+        .count() as u64
+}
+
+/// Events per second over `window_us`; 0 for an empty window.
+pub fn per_second(count: u64, window_us: u64) -> f64 {
+    if window_us == 0 {
+        0.0
+    } else {
+        count as f64 * 1e6 / window_us as f64
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Latency percentiles
+// ---------------------------------------------------------------------------------------
+
+/// Percentiles of one endpoint's latencies, in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl LatencySummary {
+    /// From a histogram of microseconds.
+    pub fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        Self {
+            count: h.len(),
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p95_ms: ms(h.value_at_quantile(0.95)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            max_ms: ms(h.max()),
+        }
+    }
+
+    pub fn of_us(values: impl IntoIterator<Item = u64>) -> Self {
+        let mut h = histogram();
+        for v in values {
+            h.saturating_record(v.max(1));
+        }
+        Self::of(&h)
+    }
+}
+
+/// "0.84 ms", "12.3 ms", "1.25 s".
+pub fn fmt_ms(ms: f64) -> String {
+    if ms < 10.0 {
+        format!("{ms:.2} ms")
+    } else if ms < 1000.0 {
+        format!("{ms:.1} ms")
+    } else {
+        format!("{:.2} s", ms / 1000.0)
+    }
+}
+
+/// "1234/s", "12.5/s".
+pub fn fmt_rate(per_s: f64) -> String {
+    if per_s >= 100.0 {
+        format!("{per_s:.0}/s")
+    } else {
+        format!("{per_s:.1}/s")
+    }
+}
+
+fn latency_table(out: &mut String, rows: &[(&str, &LatencySummary)]) -> fmt::Result {
+    writeln!(
+        out,
+        "  {:<26} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "", "count", "p50", "p95", "p99", "max"
+    )?;
+    for (name, l) in rows {
+        if l.count == 0 {
+            writeln!(out, "  {name:<26} {:>8} {:>10}", 0, "-")?;
+        } else {
+            writeln!(
+                out,
+                "  {name:<26} {:>8} {:>10} {:>10} {:>10} {:>10}",
+                l.count,
+                fmt_ms(l.p50_ms),
+                fmt_ms(l.p95_ms),
+                fmt_ms(l.p99_ms),
+                fmt_ms(l.max_ms)
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn error_lines(out: &mut String, errors: &BTreeMap<String, u64>) -> fmt::Result {
+    for (label, n) in errors {
+        writeln!(out, "    {label:<24} {n}")?;
+    }
+    Ok(())
+}
+
+fn served_by_lines(out: &mut String, by: &BTreeMap<String, ServedBy>) -> fmt::Result {
+    for (name, s) in by {
+        writeln!(
+            out,
+            "  {name:<26} {:>8} answers, max stale_by_ms {}{}",
+            s.answers,
+            s.max_stale_by_ms,
+            if s.over_limit > 0 {
+                format!(", {} over the limit", s.over_limit)
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    Ok(())
+}
+
+/// One line per replica from a `/v1/admin/replicas` answer.
+pub fn replica_summary(v: &Value) -> String {
+    let Some(replicas) = v.get("replicas").and_then(Value::as_array) else {
+        return "unknown".into();
+    };
+    replicas
+        .iter()
+        .map(|r| {
+            let field = |k: &str| {
+                r.get(k).map_or("?".into(), |x| match x {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+            };
+            format!(
+                "{} {} ({} ms stale, {} bytes behind)",
+                field("name"),
+                field("state"),
+                field("staleness_ms"),
+                field("lag_bytes")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn verdict(out: &mut String, problems: &[String]) -> fmt::Result {
+    if problems.is_empty() {
+        writeln!(out, "verdict: OK")
+    } else {
+        writeln!(out, "verdict: FAIL")?;
+        for p in problems {
+            writeln!(out, "  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// flash-sale and sell-out
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OrderCounts {
+    pub sent: u64,
+    pub confirmed_orders: u64,
+    pub confirmed_units: u64,
+    pub out_of_stock: u64,
+    pub errors_total: u64,
+    /// Anything but 201/409 OUT_OF_STOCK, by status and error code.
+    pub errors: BTreeMap<String, u64>,
+    /// Buyers never sent because the --max-seconds safety stop came first.
+    pub not_sent: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SaleTiming {
+    pub sold_out: bool,
+    /// First order sent → the last unit's confirmation received.
+    pub time_to_sell_out_ms: Option<f64>,
+    /// First order sent → last order answered.
+    pub total_ms: f64,
+    pub order_requests_per_s: f64,
+    pub availability_requests_per_s: f64,
+    pub requests_per_s: f64,
+    /// 409 OUT_OF_STOCK answers received after the sell-out moment.
+    pub rejections_after_sell_out: u64,
+    /// Sell-out moment → last order answered.
+    pub after_sell_out_ms: Option<f64>,
+    pub rejections_per_s_after_sell_out: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SaleLatency {
+    pub orders: LatencySummary,
+    pub orders_confirmed: LatencySummary,
+    pub orders_rejected_after_sell_out: LatencySummary,
+    pub availability: LatencySummary,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AvailabilitySeen {
+    pub requests: u64,
+    pub answers: u64,
+    pub errors_total: u64,
+    pub errors: BTreeMap<String, u64>,
+    pub by_served_by: BTreeMap<String, ServedBy>,
+    pub max_stale_by_ms: u64,
+    /// `available: true` answers received after the sell-out moment (any `as_of`).
+    pub available_true_after_sell_out: u64,
+    /// ... of those, the ones whose `as_of` is after the sell-out moment: lies. Must be 0.
+    pub lying_after_sell_out: u64,
+    /// Pollers stopped early because the in-memory sample cap was reached.
+    pub capped: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AfterSale {
+    pub expected_available_quantity: i64,
+    pub reported: Option<FinalRead>,
+    pub read_error: Option<String>,
+    pub matches: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SaleReport {
+    pub mode: String,
+    pub base_url: String,
+    pub product_id: String,
+    pub started_at: String,
+    pub stock: u32,
+    pub buyers: u64,
+    pub concurrency: u32,
+    pub qty: u32,
+    pub pollers: u32,
+    pub orders: OrderCounts,
+    pub oversold: u64,
+    pub timing: SaleTiming,
+    pub latency: SaleLatency,
+    pub availability: AvailabilitySeen,
+    pub after: AfterSale,
+    pub replicas_before: Option<Value>,
+    pub replicas_after: Option<Value>,
+    pub ok: bool,
+    pub problems: Vec<String>,
+}
+
+impl SaleReport {
+    pub fn build(run: &SaleRun) -> Self {
+        let spec = &run.spec;
+        let stock = u64::from(spec.stock);
+        let qty = u64::from(spec.qty);
+
+        let mut counts = OrderCounts {
+            sent: run.orders.len() as u64,
+            confirmed_orders: 0,
+            confirmed_units: 0,
+            out_of_stock: 0,
+            errors_total: 0,
+            errors: BTreeMap::new(),
+            not_sent: run.not_sent,
+        };
+        for o in &run.orders {
+            match &o.outcome {
+                OrderOutcome::Confirmed { quantity } => {
+                    counts.confirmed_orders += 1;
+                    counts.confirmed_units += u64::from(*quantity);
+                }
+                OrderOutcome::OutOfStock => counts.out_of_stock += 1,
+                OrderOutcome::Failed(label) => {
+                    counts.errors_total += 1;
+                    *counts.errors.entry(label.clone()).or_default() += 1;
+                }
+            }
+        }
+        let oversold = oversold(counts.confirmed_units, stock);
+
+        let final_stock = run.final_read.as_ref().ok().map(|r| r.available_quantity);
+        let sell_out = sell_out_moment(&run.orders, stock, qty, final_stock);
+        let first_sent = run.orders.iter().map(|o| o.sent_us).min().unwrap_or(0);
+        let last_recv = run.orders.iter().map(|o| o.recv_us).max().unwrap_or(0);
+        let total_us = last_recv.saturating_sub(first_sent);
+
+        let avail_first = run.avail.iter().map(|s| s.sent_us).min().unwrap_or(0);
+        let avail_last = run.avail.iter().map(|s| s.recv_us).max().unwrap_or(0);
+        let avail_window = avail_last.saturating_sub(avail_first);
+        let all_window = last_recv
+            .max(avail_last)
+            .saturating_sub(first_sent.min(avail_first));
+
+        let rejected_after: Vec<&OrderSample> = match sell_out {
+            Some(t) => run
+                .orders
+                .iter()
+                .filter(|o| o.recv_us > t && o.outcome == OrderOutcome::OutOfStock)
+                .collect(),
+            None => Vec::new(),
+        };
+        let after_us = sell_out.map(|t| last_recv.saturating_sub(t));
+
+        let timing = SaleTiming {
+            sold_out: sell_out.is_some(),
+            time_to_sell_out_ms: sell_out.map(|t| t.saturating_sub(first_sent) as f64 / 1000.0),
+            total_ms: total_us as f64 / 1000.0,
+            order_requests_per_s: per_second(counts.sent, total_us),
+            availability_requests_per_s: per_second(run.avail.len() as u64, avail_window),
+            requests_per_s: per_second(counts.sent + run.avail.len() as u64, all_window),
+            rejections_after_sell_out: rejected_after.len() as u64,
+            after_sell_out_ms: after_us.map(|us| us as f64 / 1000.0),
+            rejections_per_s_after_sell_out: after_us
+                .map(|us| per_second(rejected_after.len() as u64, us)),
+        };
+
+        let latency = SaleLatency {
+            orders: LatencySummary::of_us(run.orders.iter().map(OrderSample::latency_us)),
+            orders_confirmed: LatencySummary::of_us(
+                run.orders
+                    .iter()
+                    .filter(|o| matches!(o.outcome, OrderOutcome::Confirmed { .. }))
+                    .map(OrderSample::latency_us),
+            ),
+            orders_rejected_after_sell_out: LatencySummary::of_us(
+                rejected_after.iter().map(|o| o.latency_us()),
+            ),
+            availability: LatencySummary::of_us(run.avail.iter().map(AvailSample::latency_us)),
+        };
+
+        let mut seen = AvailabilitySeen {
+            requests: run.avail.len() as u64,
+            answers: 0,
+            errors_total: 0,
+            errors: BTreeMap::new(),
+            by_served_by: BTreeMap::new(),
+            max_stale_by_ms: 0,
+            available_true_after_sell_out: 0,
+            lying_after_sell_out: sell_out.map_or(0, |t| lying_answers(&run.avail, t)),
+            capped: run.avail_capped,
+        };
+        for s in &run.avail {
+            match &s.outcome {
+                Ok(a) => {
+                    seen.answers += 1;
+                    let e = seen.by_served_by.entry(a.served_by.clone()).or_default();
+                    e.answers += 1;
+                    e.max_stale_by_ms = e.max_stale_by_ms.max(a.stale_by_ms);
+                    seen.max_stale_by_ms = seen.max_stale_by_ms.max(a.stale_by_ms);
+                    if a.available && sell_out.is_some_and(|t| s.recv_us > t) {
+                        seen.available_true_after_sell_out += 1;
+                    }
+                }
+                Err(label) => {
+                    seen.errors_total += 1;
+                    *seen.errors.entry(label.clone()).or_default() += 1;
+                }
+            }
+        }
+
+        let expected = i64::from(spec.stock) - counts.confirmed_units as i64;
+        let after = match &run.final_read {
+            Ok(r) => AfterSale {
+                expected_available_quantity: expected,
+                matches: r.available_quantity == expected,
+                reported: Some(r.clone()),
+                read_error: None,
+            },
+            Err(e) => AfterSale {
+                expected_available_quantity: expected,
+                reported: None,
+                read_error: Some(e.clone()),
+                matches: false,
+            },
+        };
+
+        let mut problems = Vec::new();
+        if oversold > 0 {
+            problems.push(format!("OVERSOLD by {oversold} units"));
+        }
+        if counts.errors_total > 0 {
+            problems.push(format!(
+                "{} order requests failed unexpectedly (not 201/409)",
+                counts.errors_total
+            ));
+        }
+        if seen.errors_total > 0 {
+            problems.push(format!(
+                "{} availability requests failed",
+                seen.errors_total
+            ));
+        }
+        if seen.lying_after_sell_out > 0 {
+            problems.push(format!(
+                "{} availability answers said available after the sell-out, as of after it",
+                seen.lying_after_sell_out
+            ));
+        }
+        match &after.reported {
+            Some(r) if !after.matches => problems.push(format!(
+                "service reports available_quantity {} but stock − confirmed units = {expected}",
+                r.available_quantity
+            )),
+            None => problems.push("could not read the product back after the sale".into()),
+            _ => {}
+        }
+        if counts.not_sent > 0 {
+            problems.push(format!(
+                "stopped by --max-seconds: {} buyers never sent",
+                counts.not_sent
+            ));
+        }
+
+        Self {
+            mode: spec.mode.to_string(),
+            base_url: spec.base_url.clone(),
+            product_id: spec.product_id.clone(),
+            started_at: run.clock.started_at().to_rfc3339(),
+            stock: spec.stock,
+            buyers: spec.buyers,
+            concurrency: spec.concurrency,
+            qty: spec.qty,
+            pollers: spec.pollers,
+            orders: counts,
+            oversold,
+            timing,
+            latency,
+            availability: seen,
+            after,
+            replicas_before: run.replicas_before.clone(),
+            replicas_after: run.replicas_after.clone(),
+            ok: problems.is_empty(),
+            problems,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = self.render_into(&mut out);
+        out
+    }
+
+    fn render_into(&self, out: &mut String) -> fmt::Result {
+        let opt_ms = |v: Option<f64>| v.map_or("never (did not sell out)".into(), fmt_ms);
+        writeln!(out, "== {} against {} ==", self.mode, self.base_url)?;
+        writeln!(
+            out,
+            "product {}: stock {}, {} buyers x qty {}, concurrency {}, {} pollers (started {})",
+            self.product_id,
+            self.stock,
+            self.buyers,
+            self.qty,
+            self.concurrency,
+            self.pollers,
+            self.started_at
+        )?;
+        if let Some(r) = &self.replicas_before {
+            writeln!(out, "replicas at start: {}", replica_summary(r))?;
+        }
+        let o = &self.orders;
+        writeln!(out, "\norders")?;
+        writeln!(out, "  {:<26} {}", "sent", o.sent)?;
+        writeln!(
+            out,
+            "  {:<26} {} orders ({} units)",
+            "confirmed (201)", o.confirmed_orders, o.confirmed_units
+        )?;
+        writeln!(out, "  {:<26} {}", "out of stock (409)", o.out_of_stock)?;
+        writeln!(out, "  {:<26} {}", "errors", o.errors_total)?;
+        error_lines(out, &o.errors)?;
+        if o.not_sent > 0 {
+            writeln!(out, "  {:<26} {}", "not sent (safety stop)", o.not_sent)?;
+        }
+        writeln!(
+            out,
+            "  {:<26} {}   (max(0, confirmed units - stock))",
+            "OVERSOLD", self.oversold
+        )?;
+
+        let t = &self.timing;
+        writeln!(out, "\ntiming")?;
+        writeln!(
+            out,
+            "  {:<26} {}",
+            "time to sell out",
+            opt_ms(t.time_to_sell_out_ms)
+        )?;
+        writeln!(out, "  {:<26} {}", "total time", fmt_ms(t.total_ms))?;
+        writeln!(
+            out,
+            "  {:<26} {}",
+            "order requests",
+            fmt_rate(t.order_requests_per_s)
+        )?;
+        if self.pollers > 0 {
+            writeln!(
+                out,
+                "  {:<26} {}",
+                "availability requests",
+                fmt_rate(t.availability_requests_per_s)
+            )?;
+            writeln!(
+                out,
+                "  {:<26} {}",
+                "all requests",
+                fmt_rate(t.requests_per_s)
+            )?;
+        }
+        if let (Some(after), Some(rate)) = (t.after_sell_out_ms, t.rejections_per_s_after_sell_out)
+        {
+            writeln!(
+                out,
+                "  {:<26} {} in {} after sell-out = {}",
+                "rejections after sell-out",
+                t.rejections_after_sell_out,
+                fmt_ms(after),
+                fmt_rate(rate)
+            )?;
+        }
+
+        writeln!(out, "\nlatency")?;
+        let mut rows = vec![
+            ("orders (all)", &self.latency.orders),
+            ("orders confirmed", &self.latency.orders_confirmed),
+            (
+                "orders rejected after s/o",
+                &self.latency.orders_rejected_after_sell_out,
+            ),
+        ];
+        if self.pollers > 0 {
+            rows.push(("availability", &self.latency.availability));
+        }
+        latency_table(out, &rows)?;
+
+        if self.pollers == 0 {
+            writeln!(out, "\navailability answers: none (no pollers)")?;
+        } else {
+            self.render_availability(out)?;
+        }
+        self.render_after(out)
+    }
+
+    fn render_availability(&self, out: &mut String) -> fmt::Result {
+        let a = &self.availability;
+        writeln!(out, "\navailability answers")?;
+        served_by_lines(out, &a.by_served_by)?;
+        if a.errors_total > 0 {
+            writeln!(out, "  {:<26} {}", "errors", a.errors_total)?;
+            error_lines(out, &a.errors)?;
+        }
+        writeln!(out, "  {:<26} {}", "max stale_by_ms", a.max_stale_by_ms)?;
+        writeln!(
+            out,
+            "  {:<26} {}",
+            "available:true after s/o", a.available_true_after_sell_out
+        )?;
+        writeln!(
+            out,
+            "  {:<26} {}   (available:true, received and as_of after sell-out; must be 0)",
+            "LYING answers", a.lying_after_sell_out
+        )?;
+        if a.capped {
+            writeln!(out, "  (pollers stopped early: sample cap reached)")?;
+        }
+        Ok(())
+    }
+
+    fn render_after(&self, out: &mut String) -> fmt::Result {
+        writeln!(out, "\nafter the sale")?;
+        match (&self.after.reported, &self.after.read_error) {
+            (Some(r), _) => writeln!(
+                out,
+                "  {:<26} {} (expected {}; {}; served_by {}, as_of {}{})",
+                "available_quantity",
+                r.available_quantity,
+                self.after.expected_available_quantity,
+                if self.after.matches {
+                    "matches"
+                } else {
+                    "MISMATCH"
+                },
+                r.served_by,
+                r.as_of,
+                if r.covers_all_orders {
+                    ""
+                } else {
+                    ", NOT covering the last order"
+                }
+            )?,
+            (None, Some(e)) => writeln!(out, "  could not read the product: {e}")?,
+            (None, None) => writeln!(out, "  not read")?,
+        }
+        if let Some(r) = &self.replicas_after {
+            writeln!(out, "  replicas: {}", replica_summary(r))?;
+        }
+        writeln!(out)?;
+        verdict(out, &self.problems)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// hot-sku
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HotSkuReport {
+    pub mode: String,
+    pub base_url: String,
+    pub product_id: String,
+    pub seconds: u64,
+    pub concurrency: u32,
+    pub qty: u32,
+    pub elapsed_s: f64,
+    pub requests: u64,
+    pub confirmed_orders: u64,
+    pub confirmed_units: u64,
+    pub out_of_stock: u64,
+    pub errors_total: u64,
+    pub errors: BTreeMap<String, u64>,
+    pub confirmed_per_s: f64,
+    pub requests_per_s: f64,
+    pub latency: LatencySummary,
+    pub stopped_by_max_seconds: bool,
+    pub ok: bool,
+    pub problems: Vec<String>,
+}
+
+pub struct TimedMeta {
+    pub base_url: String,
+    pub product_id: String,
+    pub seconds: u64,
+    pub concurrency: u32,
+    pub qty: u32,
+    pub elapsed_us: u64,
+    pub stopped_by_max_seconds: bool,
+}
+
+impl HotSkuReport {
+    pub fn build(m: TimedMeta, t: &Tally) -> Self {
+        let mut problems = Vec::new();
+        if t.errors_total() > 0 {
+            problems.push(format!("{} order requests failed", t.errors_total()));
+        }
+        if t.out_of_stock > 0 {
+            problems.push(format!(
+                "{} orders out of stock (the hot product ran out)",
+                t.out_of_stock
+            ));
+        }
+        if t.ok == 0 {
+            problems.push("no order was confirmed".into());
+        }
+        if m.stopped_by_max_seconds {
+            problems.push("stopped early by --max-seconds".into());
+        }
+        Self {
+            mode: "hot-sku".into(),
+            base_url: m.base_url,
+            product_id: m.product_id,
+            seconds: m.seconds,
+            concurrency: m.concurrency,
+            qty: m.qty,
+            elapsed_s: m.elapsed_us as f64 / 1e6,
+            requests: t.requests(),
+            confirmed_orders: t.ok,
+            confirmed_units: t.units,
+            out_of_stock: t.out_of_stock,
+            errors_total: t.errors_total(),
+            errors: t.errors.clone(),
+            confirmed_per_s: per_second(t.ok, m.elapsed_us),
+            requests_per_s: per_second(t.requests(), m.elapsed_us),
+            latency: LatencySummary::of(&t.latency),
+            stopped_by_max_seconds: m.stopped_by_max_seconds,
+            ok: problems.is_empty(),
+            problems,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = self.render_into(&mut out);
+        out
+    }
+
+    fn render_into(&self, out: &mut String) -> fmt::Result {
+        writeln!(out, "== hot-sku against {} ==", self.base_url)?;
+        writeln!(
+            out,
+            "product {}: {} workers ordering qty {} back-to-back for {} s (ran {:.2} s)",
+            self.product_id, self.concurrency, self.qty, self.seconds, self.elapsed_s
+        )?;
+        writeln!(out)?;
+        writeln!(out, "  {:<26} {}", "requests", self.requests)?;
+        writeln!(
+            out,
+            "  {:<26} {} orders ({} units)",
+            "confirmed (201)", self.confirmed_orders, self.confirmed_units
+        )?;
+        writeln!(out, "  {:<26} {}", "out of stock (409)", self.out_of_stock)?;
+        writeln!(out, "  {:<26} {}", "errors", self.errors_total)?;
+        error_lines(out, &self.errors)?;
+        writeln!(
+            out,
+            "  {:<26} {}",
+            "confirmed orders",
+            fmt_rate(self.confirmed_per_s)
+        )?;
+        writeln!(
+            out,
+            "  {:<26} {}",
+            "requests",
+            fmt_rate(self.requests_per_s)
+        )?;
+        writeln!(out, "\nlatency")?;
+        latency_table(out, &[("orders", &self.latency)])?;
+        writeln!(out)?;
+        verdict(out, &self.problems)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// availability
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AvailabilityReport {
+    pub mode: String,
+    pub base_url: String,
+    pub product_id: String,
+    pub seconds: u64,
+    pub concurrency: u32,
+    pub qty: u32,
+    pub elapsed_s: f64,
+    pub requests: u64,
+    pub answers: u64,
+    pub errors_total: u64,
+    pub errors: BTreeMap<String, u64>,
+    pub requests_per_s: f64,
+    pub latency: LatencySummary,
+    pub by_served_by: BTreeMap<String, ServedBy>,
+    pub max_stale_by_ms: u64,
+    pub stale_limit_ms: u64,
+    /// Replica answers with `stale_by_ms` over the limit (should be 0).
+    pub replica_answers_over_limit: u64,
+    pub stopped_by_max_seconds: bool,
+    pub ok: bool,
+    pub problems: Vec<String>,
+}
+
+impl AvailabilityReport {
+    pub fn build(m: TimedMeta, t: &Tally, stale_limit_ms: u64) -> Self {
+        let over: u64 = t
+            .served_by
+            .iter()
+            .filter(|(name, _)| name.as_str() != "primary")
+            .map(|(_, s)| s.over_limit)
+            .sum();
+        let mut problems = Vec::new();
+        if t.errors_total() > 0 {
+            problems.push(format!("{} availability requests failed", t.errors_total()));
+        }
+        if over > 0 {
+            problems.push(format!(
+                "{over} replica answers were more than {stale_limit_ms} ms stale"
+            ));
+        }
+        if t.ok == 0 {
+            problems.push("no availability answer".into());
+        }
+        if m.stopped_by_max_seconds {
+            problems.push("stopped early by --max-seconds".into());
+        }
+        Self {
+            mode: "availability".into(),
+            base_url: m.base_url,
+            product_id: m.product_id,
+            seconds: m.seconds,
+            concurrency: m.concurrency,
+            qty: m.qty,
+            elapsed_s: m.elapsed_us as f64 / 1e6,
+            requests: t.requests(),
+            answers: t.ok,
+            errors_total: t.errors_total(),
+            errors: t.errors.clone(),
+            requests_per_s: per_second(t.requests(), m.elapsed_us),
+            latency: LatencySummary::of(&t.latency),
+            by_served_by: t.served_by.clone(),
+            max_stale_by_ms: t
+                .served_by
+                .values()
+                .map(|s| s.max_stale_by_ms)
+                .max()
+                .unwrap_or(0),
+            stale_limit_ms,
+            replica_answers_over_limit: over,
+            stopped_by_max_seconds: m.stopped_by_max_seconds,
+            ok: problems.is_empty(),
+            problems,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = self.render_into(&mut out);
+        out
+    }
+
+    fn render_into(&self, out: &mut String) -> fmt::Result {
+        writeln!(out, "== availability against {} ==", self.base_url)?;
+        writeln!(
+            out,
+            "product {}: {} workers asking qty={} back-to-back for {} s (ran {:.2} s)",
+            self.product_id, self.concurrency, self.qty, self.seconds, self.elapsed_s
+        )?;
+        writeln!(out)?;
+        writeln!(out, "  {:<26} {}", "requests", self.requests)?;
+        writeln!(out, "  {:<26} {}", "answers (200)", self.answers)?;
+        writeln!(out, "  {:<26} {}", "errors", self.errors_total)?;
+        error_lines(out, &self.errors)?;
+        writeln!(
+            out,
+            "  {:<26} {}",
+            "requests",
+            fmt_rate(self.requests_per_s)
+        )?;
+        writeln!(out, "\nlatency")?;
+        latency_table(out, &[("availability", &self.latency)])?;
+        writeln!(out, "\nanswers by served_by")?;
+        served_by_lines(out, &self.by_served_by)?;
+        writeln!(out, "  {:<26} {}", "max stale_by_ms", self.max_stale_by_ms)?;
+        writeln!(
+            out,
+            "  {:<26} {}   (replica answers with stale_by_ms > {}; should be 0)",
+            "too stale", self.replica_answers_over_limit, self.stale_limit_ms
+        )?;
+        writeln!(out)?;
+        verdict(out, &self.problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::samples::{AvailAnswer, Clock, SaleSpec};
+
+    fn order(recv_us: u64, outcome: OrderOutcome) -> OrderSample {
+        OrderSample {
+            sent_us: recv_us.saturating_sub(1_000),
+            recv_us,
+            outcome,
+        }
+    }
+
+    fn confirmed(recv_us: u64) -> OrderSample {
+        order(recv_us, OrderOutcome::Confirmed { quantity: 1 })
+    }
+
+    fn answer(recv_us: u64, available: bool, as_of_us: i64) -> AvailSample {
+        AvailSample {
+            sent_us: recv_us.saturating_sub(500),
+            recv_us,
+            outcome: Ok(AvailAnswer {
+                available,
+                available_quantity: i64::from(available),
+                as_of_us,
+                stale_by_ms: 0,
+                served_by: "replica-1".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn oversold_is_units_beyond_stock_never_negative() {
+        assert_eq!(oversold(60, 60), 0);
+        assert_eq!(oversold(12, 60), 0);
+        assert_eq!(oversold(61, 60), 1);
+        assert_eq!(oversold(0, 0), 0);
+    }
+
+    #[test]
+    fn sell_out_is_the_last_confirmation_once_stock_is_gone() {
+        let orders = vec![
+            confirmed(5_000),
+            order(6_000, OrderOutcome::OutOfStock),
+            confirmed(9_000),
+            order(12_000, OrderOutcome::OutOfStock),
+        ];
+        assert_eq!(sell_out_moment(&orders, 2, 1, None), Some(9_000));
+        // Stock left over: no sell-out...
+        assert_eq!(sell_out_moment(&orders, 3, 1, Some(1)), None);
+        // ...unless the service says it is gone (an answer we lost was a confirmation).
+        assert_eq!(sell_out_moment(&orders, 3, 1, Some(0)), Some(9_000));
+        // With qty 2, one unit left can not be sold: that is a sell-out.
+        let twos = vec![order(4_000, OrderOutcome::Confirmed { quantity: 2 })];
+        assert_eq!(sell_out_moment(&twos, 3, 2, None), Some(4_000));
+        assert_eq!(sell_out_moment(&[], 3, 1, None), None);
+    }
+
+    #[test]
+    fn lying_answers_need_available_true_and_as_of_after_sell_out() {
+        let sell_out = 10_000;
+        let samples = vec![
+            answer(8_000, true, 7_000),    // before sell-out: honest
+            answer(11_000, true, 9_000),   // after, but as of before: stale, not a lie
+            answer(12_000, true, 10_500),  // after, as of after, says available: LIE
+            answer(13_000, false, 12_000), // after, says sold out: honest
+            answer(14_000, true, 10_000),  // as_of exactly at sell-out: not after
+            AvailSample {
+                sent_us: 14_000,
+                recv_us: 15_000,
+                outcome: Err("503 OVERLOADED".into()),
+            },
+        ];
+        assert_eq!(lying_answers(&samples, sell_out), 1);
+        assert_eq!(lying_answers(&samples, 20_000), 0);
+    }
+
+    #[test]
+    fn percentiles_are_reported_in_ms() {
+        let l = LatencySummary::of_us((1..=100).map(|i| i * 1000));
+        assert_eq!(l.count, 100);
+        assert!((l.p50_ms - 50.0).abs() < 0.1, "{l:?}");
+        assert!((l.p95_ms - 95.0).abs() < 0.1, "{l:?}");
+        assert!((l.p99_ms - 99.0).abs() < 0.1, "{l:?}");
+        assert!((l.max_ms - 100.0).abs() < 0.1, "{l:?}");
+        assert_eq!(LatencySummary::of_us([]), LatencySummary::default());
+    }
+
+    #[test]
+    fn durations_and_rates_format_readably() {
+        assert_eq!(fmt_ms(0.8421), "0.84 ms");
+        assert_eq!(fmt_ms(12.34), "12.3 ms");
+        assert_eq!(fmt_ms(1250.0), "1.25 s");
+        assert_eq!(fmt_rate(1234.4), "1234/s");
+        assert_eq!(fmt_rate(12.345), "12.3/s");
+        assert_eq!(per_second(500, 250_000), 2000.0);
+        assert_eq!(per_second(5, 0), 0.0);
+    }
+
+    fn run(orders: Vec<OrderSample>, avail: Vec<AvailSample>, final_qty: i64) -> SaleRun {
+        SaleRun {
+            spec: SaleSpec {
+                mode: "flash-sale",
+                base_url: "http://127.0.0.1:1".into(),
+                product_id: "p".into(),
+                stock: 2,
+                buyers: orders.len() as u64,
+                concurrency: 2,
+                qty: 1,
+                pollers: 1,
+            },
+            clock: Clock::start(),
+            orders,
+            avail,
+            not_sent: 0,
+            avail_capped: false,
+            final_read: Ok(FinalRead {
+                available_quantity: final_qty,
+                served_by: "primary".into(),
+                as_of: "2026-01-01T00:00:00.000Z".into(),
+                covers_all_orders: true,
+            }),
+            replicas_before: None,
+            replicas_after: None,
+        }
+    }
+
+    #[test]
+    fn a_clean_sale_passes() {
+        let orders = vec![
+            confirmed(2_000),
+            confirmed(3_000),
+            order(4_000, OrderOutcome::OutOfStock),
+            order(6_000, OrderOutcome::OutOfStock),
+        ];
+        let avail = vec![answer(1_000, true, 500), answer(5_000, false, 4_000)];
+        let r = SaleReport::build(&run(orders, avail, 0));
+        assert!(r.ok, "{:?}", r.problems);
+        assert_eq!(r.oversold, 0);
+        assert_eq!(r.orders.confirmed_units, 2);
+        assert_eq!(r.orders.out_of_stock, 2);
+        assert_eq!(r.timing.time_to_sell_out_ms, Some(2.0));
+        assert_eq!(r.timing.rejections_after_sell_out, 2);
+        assert_eq!(r.timing.after_sell_out_ms, Some(3.0));
+        assert_eq!(r.availability.by_served_by["replica-1"].answers, 2);
+        let text = r.render();
+        assert!(text.contains("verdict: OK"), "{text}");
+        assert!(text.contains("OVERSOLD"), "{text}");
+    }
+
+    #[test]
+    fn oversell_errors_lies_and_stock_mismatch_fail() {
+        let orders = vec![
+            confirmed(2_000),
+            confirmed(3_000),
+            confirmed(3_500),
+            order(4_000, OrderOutcome::Failed("503 OVERLOADED".into())),
+        ];
+        let avail = vec![answer(5_000, true, 4_000)];
+        let r = SaleReport::build(&run(orders, avail, 1));
+        assert!(!r.ok);
+        assert_eq!(r.oversold, 1);
+        assert_eq!(r.orders.errors["503 OVERLOADED"], 1);
+        assert_eq!(r.availability.lying_after_sell_out, 1);
+        assert!(!r.after.matches);
+        assert_eq!(r.problems.len(), 4, "{:?}", r.problems);
+        assert!(r.render().contains("verdict: FAIL"));
+    }
+
+    #[test]
+    fn replica_summary_reads_the_admin_answer() {
+        let v: Value = serde_json::from_str(
+            r#"{"primary":{"lsn":"0/1"},"replicas":[{"name":"replica-1","state":"healthy","staleness_ms":48,"lag_bytes":0}]}"#,
+        )
+        .expect("valid json");
+        assert_eq!(
+            replica_summary(&v),
+            "replica-1 healthy (48 ms stale, 0 bytes behind)"
+        );
+    }
+}
