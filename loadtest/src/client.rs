@@ -9,6 +9,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
+/// How long to wait for the service's copies to settle (a just-created product to be
+/// visible, the final stock read to cover every order). The product page may be served
+/// up to 5 s stale, so this is comfortably longer.
+pub const SETTLE: Duration = Duration::from_secs(10);
+
 /// The API of one deployment. Cheap to share behind an `Arc`.
 pub struct Api {
     http: Client,
@@ -162,26 +167,52 @@ impl Api {
         Ok((p.available_quantity, p.as_of, p.served_by))
     }
 
-    /// Reads the product back after a run, retrying (up to ~3 s) until the answer's
-    /// `as_of` covers `covers` (the wall time of the last order answer), so a lagging
-    /// replica is not mistaken for lost or extra stock.
+    /// Reads the product back after a run, retrying for up to [`SETTLE`] until the
+    /// answer's `as_of` covers `covers` (the wall time of the last order answer): the
+    /// product page may come from a replica that is seconds behind (or does not have the
+    /// product yet), which must not be mistaken for lost or extra stock.
     pub async fn final_read(&self, id: &str, covers: DateTime<Utc>) -> Result<FinalRead> {
-        let mut last = None;
-        for _ in 0..30 {
-            let (qty, as_of, served_by) = self.product(id).await?;
-            let read = FinalRead {
-                available_quantity: qty,
-                served_by,
-                as_of: as_of.to_rfc3339_opts(SecondsFormat::Millis, true),
-                covers_all_orders: as_of >= covers,
-            };
-            if read.covers_all_orders {
-                return Ok(read);
+        let start = Instant::now();
+        let mut last: Option<Result<FinalRead>> = None;
+        while start.elapsed() < SETTLE {
+            match self.product(id).await {
+                Ok((qty, as_of, served_by)) => {
+                    let read = FinalRead {
+                        available_quantity: qty,
+                        served_by,
+                        as_of: as_of.to_rfc3339_opts(SecondsFormat::Millis, true),
+                        covers_all_orders: as_of >= covers,
+                        waited_ms: start.elapsed().as_millis() as u64,
+                    };
+                    if read.covers_all_orders {
+                        return Ok(read);
+                    }
+                    last = Some(Ok(read));
+                }
+                // A non-covering read beats an error; keep the error only if it is all we have.
+                Err(e) if !matches!(last, Some(Ok(_))) => last = Some(Err(e)),
+                Err(_) => {}
             }
-            last = Some(read);
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        last.context("no answer")
+        last.unwrap_or_else(|| Err(anyhow::anyhow!("no answer")))
+    }
+
+    /// Waits (up to [`SETTLE`]) until availability answers 200 for a just-created product,
+    /// so the run measures the sale and not the product's way to the replicas. Returns
+    /// how long that took.
+    pub async fn wait_visible(&self, id: &str, clock: &Clock) -> Result<Duration> {
+        let start = Instant::now();
+        let deadline = start + SETTLE;
+        loop {
+            match self.availability(id, 1, clock, deadline).await {
+                Ok(_) => return Ok(start.elapsed()),
+                Err(label) if Instant::now() >= deadline => {
+                    bail!("product {id} not visible to availability after {SETTLE:?}: {label}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
     }
 
     /// GET /v1/admin/replicas (admin), as raw JSON.

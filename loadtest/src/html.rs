@@ -371,13 +371,8 @@ pub fn nice_step(max: f64) -> f64 {
 }
 
 fn fmt_tick(v: f64) -> String {
-    if v == v.trunc() {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// An SVG line chart: x in seconds from 0 to `x_max`, y from 0 to a nice maximum.
@@ -544,6 +539,14 @@ mod tests {
         assert_eq!(percentile(&v, 0.99), 10);
         assert_eq!(percentile(&v, 1.0), 10);
         assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn ticks_drop_trailing_zeros() {
+        assert_eq!(fmt_tick(0.0), "0");
+        assert_eq!(fmt_tick(0.2), "0.2");
+        assert_eq!(fmt_tick(0.25), "0.25");
+        assert_eq!(fmt_tick(150.0), "150");
     }
 
     #[test]

@@ -286,6 +286,8 @@ pub struct SaleReport {
     pub base_url: String,
     pub product_id: String,
     pub started_at: String,
+    /// From creating the product to availability answering 200 for it (before the clock).
+    pub product_visible_after_ms: u64,
     pub stock: u32,
     pub buyers: u64,
     pub concurrency: u32,
@@ -471,6 +473,7 @@ impl SaleReport {
             base_url: spec.base_url.clone(),
             product_id: spec.product_id.clone(),
             started_at: run.clock.started_at().to_rfc3339(),
+            product_visible_after_ms: run.product_visible_after_ms,
             stock: spec.stock,
             buyers: spec.buyers,
             concurrency: spec.concurrency,
@@ -513,6 +516,11 @@ impl SaleReport {
         if let Some(r) = &self.replicas_before {
             writeln!(out, "replicas at start: {}", replica_summary(r))?;
         }
+        writeln!(
+            out,
+            "product visible to availability {} ms after creation (before the clock started)",
+            self.product_visible_after_ms
+        )?;
         let o = &self.orders;
         writeln!(out, "\norders")?;
         writeln!(out, "  {:<26} {}", "sent", o.sent)?;
@@ -626,7 +634,7 @@ impl SaleReport {
         match (&self.after.reported, &self.after.read_error) {
             (Some(r), _) => writeln!(
                 out,
-                "  {:<26} {} (expected {}; {}; served_by {}, as_of {}{})",
+                "  {:<26} {} (expected {}; {}; served_by {}, as_of {}, after {} ms{})",
                 "available_quantity",
                 r.available_quantity,
                 self.after.expected_available_quantity,
@@ -637,6 +645,7 @@ impl SaleReport {
                 },
                 r.served_by,
                 r.as_of,
+                r.waited_ms,
                 if r.covers_all_orders {
                     ""
                 } else {
@@ -1006,6 +1015,7 @@ mod tests {
                 pollers: 1,
             },
             clock: Clock::start(),
+            product_visible_after_ms: 0,
             orders,
             avail,
             not_sent: 0,
@@ -1015,6 +1025,7 @@ mod tests {
                 served_by: "primary".into(),
                 as_of: "2026-01-01T00:00:00.000Z".into(),
                 covers_all_orders: true,
+                waited_ms: 0,
             }),
             replicas_before: None,
             replicas_after: None,

@@ -96,6 +96,8 @@ pub struct FinalRead {
     pub as_of: String,
     /// Whether `as_of` covers the last order answer (the read includes every order).
     pub covers_all_orders: bool,
+    /// How long the read had to wait for an answer that covers every order.
+    pub waited_ms: u64,
 }
 
 /// What a flash-sale or sell-out run asked for.
@@ -116,6 +118,8 @@ pub struct SaleSpec {
 pub struct SaleRun {
     pub spec: SaleSpec,
     pub clock: Clock,
+    /// From creating the product to availability answering 200 for it (before `t0`).
+    pub product_visible_after_ms: u64,
     pub orders: Vec<OrderSample>,
     pub avail: Vec<AvailSample>,
     /// Buyers never sent because the --max-seconds safety stop came first.

@@ -24,6 +24,7 @@ pub async fn run(ctx: &Ctx, a: AvailabilityArgs) -> Result<AvailabilityReport> {
         None => {
             let id = fresh_id("avail");
             api.create_product(&id, FRESH_STOCK, 100).await?;
+            api.wait_visible(&id, &Clock::start()).await?;
             id
         }
     };

@@ -31,6 +31,7 @@ pub async fn run(ctx: &Ctx, a: SaleArgs) -> Result<SaleRun> {
     let product_id = a.product_id.unwrap_or_else(|| fresh_id(a.id_prefix));
     api.create_product(&product_id, a.stock, PRICE_CENTS)
         .await?;
+    let visible = api.wait_visible(&product_id, &Clock::start()).await?;
     let replicas_before = api.replicas().await.ok();
     warm_up(ctx, (a.concurrency + a.pollers) as usize).await;
 
@@ -166,6 +167,7 @@ pub async fn run(ctx: &Ctx, a: SaleArgs) -> Result<SaleRun> {
     Ok(SaleRun {
         spec,
         clock,
+        product_visible_after_ms: visible.as_millis() as u64,
         not_sent: a.buyers - orders.len() as u64,
         orders,
         avail,
