@@ -56,6 +56,7 @@ async fn routing(State(state): State<AppState>, _: Admin) -> Json<Value> {
     Json(json!({
         "classes": classes,
         "read_your_writes_store": state.db.ryw().kind(),
+        "read_your_writes_store_healthy": state.db.ryw().healthy().await,
         "read_your_writes_ttl_ms": state.db.ryw().ttl().as_millis() as u64,
     }))
 }

@@ -5,6 +5,7 @@ mod admin;
 pub mod error;
 mod health;
 mod orders;
+mod pages;
 mod products;
 mod reports;
 mod users;
@@ -144,6 +145,7 @@ pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) 
         .merge(reports::router())
         .merge(admin::router())
         .merge(health::router())
+        .merge(pages::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
     let metrics = state.metrics.clone();
