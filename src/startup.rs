@@ -75,6 +75,7 @@ pub fn build_state(
             tokens,
             metrics,
             checkout,
+            imports: Default::default(),
         },
         monitor,
     ))

@@ -4,6 +4,7 @@
 mod admin;
 pub mod error;
 mod health;
+mod imports;
 mod orders;
 mod pages;
 mod products;
@@ -21,6 +22,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{BoxError, Router};
 pub use error::ApiError;
+pub use imports::Jobs;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 use tower::ServiceBuilder;
@@ -34,6 +36,7 @@ pub struct AppState {
     pub tokens: Tokens,
     pub metrics: Metrics,
     pub checkout: Checkout,
+    pub imports: imports::Jobs,
 }
 
 /// JSON bodies whose rejections become the contract's errors (400/413).
@@ -144,6 +147,7 @@ pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) 
         .merge(users::router())
         .merge(reports::router())
         .merge(admin::router())
+        .merge(imports::router())
         .merge(health::router())
         .merge(pages::router())
         .fallback(not_found)

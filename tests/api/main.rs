@@ -6,6 +6,8 @@
 mod foundation;
 mod freshness;
 mod helpers;
+mod import;
 mod oversell;
+mod pages;
 mod read_your_writes;
 mod reports;
