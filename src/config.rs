@@ -16,6 +16,8 @@
 //! | `STOCKGATE_MAX_IN_FLIGHT` | concurrent requests before shedding load with 503 | `1024` |
 //! | `STOCKGATE_REQUEST_TIMEOUT_MS` | per-request timeout | `10000` |
 //! | `STOCKGATE_DRAIN_TIMEOUT_MS` | how long shutdown waits for in-flight requests | `10000` |
+//! | `STOCKGATE_ORDER_BATCH_MAX` | most orders one coalesced transaction takes | `256` |
+//! | `STOCKGATE_ORDER_BATCH_WINDOW_US` | how long a batch waits for more orders once the queue is empty | `0` |
 //! | `RUST_LOG` | log filter | `info` |
 
 use std::net::SocketAddr;
@@ -43,6 +45,8 @@ pub struct Config {
     pub max_in_flight: usize,
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
+    pub order_batch_max: usize,
+    pub order_batch_window: Duration,
 }
 
 impl Config {
@@ -120,6 +124,14 @@ impl Config {
             max_in_flight: number(&get, "STOCKGATE_MAX_IN_FLIGHT", 1024, 1, 1_000_000)? as usize,
             request_timeout: ms("STOCKGATE_REQUEST_TIMEOUT_MS", 10_000, 100)?,
             drain_timeout: ms("STOCKGATE_DRAIN_TIMEOUT_MS", 10_000, 0)?,
+            order_batch_max: number(&get, "STOCKGATE_ORDER_BATCH_MAX", 256, 1, 10_000)? as usize,
+            order_batch_window: Duration::from_micros(number(
+                &get,
+                "STOCKGATE_ORDER_BATCH_WINDOW_US",
+                0,
+                0,
+                100_000,
+            )?),
         };
         Ok(config)
     }

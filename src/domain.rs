@@ -165,7 +165,7 @@ impl ProductName {
 }
 
 /// `Idempotency-Key`: 1–255 printable ASCII characters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {

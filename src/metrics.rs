@@ -21,6 +21,9 @@ pub struct Metrics {
     pub ryw_store_failures: IntCounterVec,
     pub orders: IntCounterVec,
     pub load_shed: IntCounter,
+    pub order_batch_size: prometheus::Histogram,
+    pub order_transactions: IntCounter,
+    pub order_queue_depth: prometheus::IntGauge,
     pub import_rows: IntCounter,
     pub import_rate: Gauge,
     pub import_paused_seconds: prometheus::Counter,
@@ -82,6 +85,32 @@ impl Metrics {
         )
         .expect("static");
         r.register(Box::new(load_shed.clone()))
+            .expect("metric registered once");
+        let order_batch_size = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "order_batch_size",
+                "Orders per coalesced primary transaction",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0,
+            ]),
+        )
+        .expect("static metric definition");
+        r.register(Box::new(order_batch_size.clone()))
+            .expect("metric registered once");
+        let order_transactions = IntCounter::new(
+            "order_transactions_total",
+            "Primary transactions run to place orders",
+        )
+        .expect("static");
+        r.register(Box::new(order_transactions.clone()))
+            .expect("metric registered once");
+        let order_queue_depth = prometheus::IntGauge::new(
+            "order_queue_depth",
+            "Orders waiting for their product's next batch",
+        )
+        .expect("static");
+        r.register(Box::new(order_queue_depth.clone()))
             .expect("metric registered once");
         let import_rows =
             IntCounter::new("import_rows_total", "Rows written by bulk imports").expect("static");
@@ -145,6 +174,9 @@ impl Metrics {
                 &["outcome"],
             ),
             load_shed,
+            order_batch_size,
+            order_transactions,
+            order_queue_depth,
             import_rows,
             import_rate,
             import_paused_seconds,

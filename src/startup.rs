@@ -68,7 +68,14 @@ pub fn build_state(
             .require_token_secret()
             .unwrap_or("token-secret-not-configured!"),
     );
-    let checkout = Checkout::new(db.clone(), metrics.clone());
+    let checkout = Checkout::new(
+        db.clone(),
+        metrics.clone(),
+        crate::checkout::Batching {
+            max: config.order_batch_max,
+            window: config.order_batch_window,
+        },
+    );
     Ok((
         AppState {
             db,

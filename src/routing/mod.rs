@@ -244,6 +244,11 @@ impl Db {
         self.inner.replicas.iter().map(|r| r.name.clone()).collect()
     }
 
+    /// A monotonic instant as UTC, on the router's one clock.
+    pub fn wall(&self, at: Instant) -> chrono::DateTime<chrono::Utc> {
+        self.inner.time.wall(at)
+    }
+
     pub fn now_utc(&self) -> chrono::DateTime<chrono::Utc> {
         self.inner.time.wall(Instant::now())
     }

@@ -37,6 +37,18 @@ async fn flash_sale(
     concurrency: usize,
     qty: impl Fn(usize) -> i64,
 ) -> (Outcome, Vec<Poll>, Instant) {
+    flash_sale_tagged(app, product, "", buyers, concurrency, qty).await
+}
+
+/// As [`flash_sale`], with `tag` making buyers and keys distinct from an earlier sale's.
+async fn flash_sale_tagged(
+    app: &TestApp,
+    product: &str,
+    tag: &str,
+    buyers: usize,
+    concurrency: usize,
+    qty: impl Fn(usize) -> i64,
+) -> (Outcome, Vec<Poll>, Instant) {
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
     let polls = Arc::new(Mutex::new(Vec::new()));
@@ -68,7 +80,7 @@ async fn flash_sale(
         .collect();
     // Tokens are made up front so the sale itself is only HTTP.
     let orders: Vec<(String, i64)> = (0..buyers)
-        .map(|i| (app.user_token(&format!("buyer-{i}")), qty(i)))
+        .map(|i| (app.user_token(&format!("{tag}buyer-{i}")), qty(i)))
         .collect();
     let results: Vec<(StatusCode, i64, Duration)> =
         futures::stream::iter(orders.into_iter().enumerate())
@@ -78,7 +90,7 @@ async fn flash_sale(
                     let resp = client
                         .post(url)
                         .bearer_auth(token)
-                        .header("Idempotency-Key", format!("{product}-{i}"))
+                        .header("Idempotency-Key", format!("{product}-{tag}{i}"))
                         .json(&serde_json::json!({"product_id": product, "quantity": q}))
                         .send()
                         .await
@@ -400,4 +412,148 @@ async fn a_cancel_racing_an_order_for_the_last_unit_never_breaks_the_ledger() {
         }
         assert_eq!(app.stock_on_primary("last-unit").await, 1, "round {round}");
     }
+}
+
+async fn metric(app: &TestApp, name: &str) -> f64 {
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_error_inside_a_batch_fails_every_request_in_it_and_writes_nothing() {
+    let app = spawn_app(shared_cluster()).await;
+    sale_product(&app, "poisoned", 100).await;
+    // A real fault inside the batch transaction: the database refuses one buyer's row.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.user_id = 'poison' THEN RAISE EXCEPTION 'poisoned row'; END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_poison BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+    )
+    .execute(&app.primary)
+    .await
+    .unwrap();
+    // Hold the product row so that one batch waits on it while the rest queue up behind.
+    let mut blocker = app.primary.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM products WHERE product_id = 'poisoned' FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let first = tokio::spawn({
+        let (client, url, token) = (
+            app.client.clone(),
+            app.url("/v1/orders"),
+            app.user_token("early"),
+        );
+        async move {
+            client
+                .post(url)
+                .bearer_auth(token)
+                .header("Idempotency-Key", "e")
+                .json(&serde_json::json!({"product_id": "poisoned", "quantity": 1}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    app.wait_for(
+        "first batch waiting on the row lock",
+        Duration::from_secs(10),
+        || async {
+            metric(&app, "stockgate_order_queue_depth").await == 0.0
+                && metric(&app, "stockgate_order_transactions_total").await >= 1.0
+        },
+    )
+    .await;
+    let buyers: Vec<String> = (0..30)
+        .map(|i| format!("mate-{i}"))
+        .chain(["poison".to_string()])
+        .collect();
+    let rest: Vec<_> = buyers
+        .iter()
+        .map(|u| {
+            let (client, url, token, user) = (
+                app.client.clone(),
+                app.url("/v1/orders"),
+                app.user_token(u),
+                u.clone(),
+            );
+            tokio::spawn(async move {
+                let s = client
+                    .post(url)
+                    .bearer_auth(token)
+                    .header("Idempotency-Key", "k")
+                    .json(&serde_json::json!({"product_id": "poisoned", "quantity": 1}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status();
+                (user, s)
+            })
+        })
+        .collect();
+    app.wait_for(
+        "31 orders queued behind the lock",
+        Duration::from_secs(10),
+        || async { metric(&app, "stockgate_order_queue_depth").await >= 31.0 },
+    )
+    .await;
+    blocker.rollback().await.unwrap();
+    assert_eq!(first.await.unwrap(), StatusCode::CREATED);
+    let mut statuses = vec![];
+    for r in rest {
+        statuses.push(r.await.unwrap());
+    }
+    // The poisoned batch failed as a whole: every request in it got 503, none was written.
+    assert!(
+        statuses
+            .iter()
+            .all(|(_, s)| *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{statuses:?}"
+    );
+    let (count, units) = app.confirmed_orders("poisoned").await;
+    assert_eq!((count, units), (1, 1), "only the early order exists");
+    ledger_balances(&app, "poisoned", 100).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_sell_out_rejections_are_answered_without_primary_transactions() {
+    let app = spawn_app(shared_cluster()).await;
+    sale_product(&app, "gone", 20).await;
+    let (outcome, _, _) = flash_sale(&app, "gone", 100, 50, |_| 1).await;
+    assert_eq!(outcome.confirmed, 20);
+    let before = metric(&app, "stockgate_order_transactions_total").await;
+    let (late, _, _) = flash_sale_tagged(&app, "gone", "late-", 500, 64, |_| 1).await;
+    assert_eq!((late.confirmed, late.out_of_stock), (0, 500));
+    let after = metric(&app, "stockgate_order_transactions_total").await;
+    // Fewer than 1 % of the late requests reached a primary transaction.
+    assert!(
+        after - before < 5.0,
+        "{} primary transactions for 500 rejections",
+        after - before
+    );
+    // A buyer who did get one, retrying with the same key after the sell-out, gets their order.
+    let winner: String =
+        sqlx::query_scalar("SELECT user_id FROM orders WHERE product_id = 'gone' LIMIT 1")
+            .fetch_one(&app.primary)
+            .await
+            .unwrap();
+    let i = winner.trim_start_matches("buyer-");
+    let retry = app.order(&winner, &format!("gone-{i}"), "gone", 1).await;
+    assert_eq!(
+        retry.status(),
+        StatusCode::CREATED,
+        "a retry of a confirmed order is not OUT_OF_STOCK"
+    );
 }

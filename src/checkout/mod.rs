@@ -1,14 +1,18 @@
 //! Order placement and cancellation: the stock gate's final word.
 //!
 //! An order is confirmed only by a guarded
-//! `UPDATE products SET available_quantity = available_quantity - $q WHERE … AND available_quantity >= $q`
-//! on the primary, in the same transaction as the order's insert, and only if that UPDATE
-//! changed a row. The pre-check through the router may only say "no" early; it never
-//! confirms anything. The idempotency key is claimed by the order row itself
-//! (`UNIQUE (user_id, idempotency_key)`), so a concurrent duplicate waits on the first
-//! and then returns its order; stock is taken once.
-//!
-//! Every statement of the order transaction is keyed by `product_id`.
+//! `UPDATE products SET available_quantity = available_quantity - $total WHERE … AND available_quantity >= $total`
+//! on the primary, in the same transaction as the orders' insert, and only if that UPDATE
+//! changed a row ([`coalescer`] batches concurrent orders for one product into one such
+//! transaction). The pre-check through the stock gate ([`gate_cache`], a replica ≤ 250 ms
+//! stale, or the primary) may only say "no" early; it never confirms anything. A "no" is
+//! final only after checking that the request is not a retry of an order that exists: that
+//! lookup reads the user's own data with read-your-writes, so it never loads the primary for
+//! buyers who placed nothing. Idempotency keys are unique per user (`UNIQUE (user_id,
+//! idempotency_key)`), and every statement of the order transaction is keyed by `product_id`.
+
+pub mod coalescer;
+pub mod gate_cache;
 
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::metrics::Metrics;
@@ -16,10 +20,12 @@ use crate::routing::freshness::Lsn;
 use crate::routing::policy::QueryClass;
 use crate::routing::{Db, DbError, ReadCtx, Route};
 use chrono::{DateTime, Utc};
+use coalescer::Coalescer;
+use gate_cache::{Answer, GateCache};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq)]
@@ -44,12 +50,12 @@ pub struct OrderRequest {
 
 impl OrderRequest {
     /// What "the same body" means for idempotency.
-    fn fingerprint(&self) -> String {
+    pub(crate) fn fingerprint(&self) -> String {
         format!("{}:{}", self.product, self.quantity.get())
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Placed {
     /// A new order: stock was taken.
     Created(Order),
@@ -81,25 +87,47 @@ impl From<sqlx::Error> for CheckoutError {
 pub struct Checkout {
     db: Db,
     metrics: Metrics,
+    cache: Arc<GateCache>,
+    coalescer: Arc<Coalescer>,
     /// Products whose stock went up (restock, cancel) in this instance, with the primary's
     /// position after the commit: the gate reads them only from a replica that has
     /// replayed that far, so a stale "sold out" never outlives a restock here. Entries
-    /// are dropped once older than the gate's budget, after which any replica the gate may
+    /// are dropped once well past the gate's budget, after which any replica the gate may
     /// use holds the change anyway.
     reopened: Arc<Mutex<HashMap<ProductId, (Lsn, Instant)>>>,
 }
 
+/// How orders are batched (`STOCKGATE_ORDER_BATCH_MAX`, `STOCKGATE_ORDER_BATCH_WINDOW_US`).
+#[derive(Debug, Clone, Copy)]
+pub struct Batching {
+    pub max: usize,
+    pub window: Duration,
+}
+
 impl Checkout {
-    pub fn new(db: Db, metrics: Metrics) -> Self {
+    pub fn new(db: Db, metrics: Metrics, batching: Batching) -> Self {
+        let budget = QueryClass::StockGate.policy().budget.unwrap_or_default();
+        let cache = Arc::new(GateCache::new(budget));
+        let coalescer = Coalescer::new(
+            db.clone(),
+            metrics.clone(),
+            cache.clone(),
+            batching.max,
+            batching.window,
+        );
         Checkout {
             db,
             metrics,
+            cache,
+            coalescer,
             reopened: Arc::default(),
         }
     }
 
-    /// Records that `product`'s stock went up just now (after the commit).
+    /// Records that `product`'s stock went up just now (after the commit): this instance's
+    /// gate forgets its cached answer and reads only where the change is.
     pub async fn reopened(&self, product: &ProductId) -> Result<(), DbError> {
+        self.cache.invalidate(product);
         let lsn = self.db.primary().current_lsn().await?;
         let now = Instant::now();
         let keep = QueryClass::StockGate.policy().budget.unwrap_or_default() * 4;
@@ -107,6 +135,8 @@ impl Checkout {
         map.retain(|_, (_, at)| now.duration_since(*at) <= keep);
         let entry = map.entry(product.clone()).or_insert((lsn, now));
         *entry = (entry.0.max(lsn), now);
+        drop(map);
+        self.cache.invalidate(product);
         Ok(())
     }
 
@@ -118,15 +148,9 @@ impl Checkout {
             .map(|(lsn, _)| *lsn)
     }
 
-    /// Places an order. Runs to completion in its own task, so a client that disconnects
-    /// mid-request leaves either a whole order (retrievable with the same key) or nothing.
+    /// Places an order: the gate's early "no", or a seat in the product's next batch.
     pub async fn place(&self, req: OrderRequest) -> Result<Placed, CheckoutError> {
-        let this = self.clone();
-        let outcome = tokio::spawn(async move { this.place_inner(req).await })
-            .await
-            .map_err(|e| {
-                CheckoutError::Db(DbError::Unavailable(format!("order task failed: {e}")))
-            })?;
+        let outcome = self.place_inner(req).await;
         let label = match &outcome {
             Ok(Placed::Created(_)) => "confirmed",
             Ok(Placed::Replayed(_)) => "replayed",
@@ -140,124 +164,53 @@ impl Checkout {
     }
 
     async fn place_inner(&self, req: OrderRequest) -> Result<Placed, CheckoutError> {
-        if self.precheck_says_no(&req).await? {
-            // "No" is only final if this is not a retry of an order that already exists.
-            return match self.existing(&req).await? {
+        let (available, _) = self.available(&req.product).await?;
+        let says_no = available.is_some_and(|a| a < req.quantity.get());
+        // A duplicate of an order in flight here joins it in the batch instead.
+        if says_no && !self.coalescer.is_in_flight(&req.user, &req.key) {
+            return match existing_for_user(&self.db, &req).await? {
                 Some(placed) => Ok(placed),
                 None => Err(CheckoutError::OutOfStock),
             };
         }
-        // Two rounds at most: a duplicate that we waited on may have rolled back.
-        for _ in 0..2 {
-            let mut tx = self.db.primary().begin().await?;
-            let inserted: Option<Order> = sqlx::query_as(
-                "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-                 SELECT $1, p.product_id, $3, $4, p.price_cents, p.price_cents::int8 * $4, 'confirmed', $5, $6 \
-                 FROM products p WHERE p.product_id = $2 \
-                 ON CONFLICT (user_id, idempotency_key) DO NOTHING \
-                 RETURNING order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at",
-            )
-            .bind(Uuid::new_v4())
-            .bind(req.product.as_str())
-            .bind(req.user.as_str())
-            .bind(req.quantity.get())
-            .bind(req.key.as_str())
-            .bind(req.fingerprint())
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some(order) = inserted else {
-                tx.rollback().await?;
-                match self.existing(&req).await? {
-                    Some(placed) => return Ok(placed),
-                    None if self.product_exists(&req.product).await? => continue,
-                    None => return Err(CheckoutError::ProductNotFound),
-                }
-            };
-            let taken = sqlx::query(
-                "UPDATE products SET available_quantity = available_quantity - $2, updated_at = clock_timestamp() \
-                 WHERE product_id = $1 AND available_quantity >= $2",
-            )
-            .bind(req.product.as_str())
-            .bind(req.quantity.get())
-            .execute(&mut *tx)
-            .await?;
-            if taken.rows_affected() != 1 {
-                // Nothing is written: the order row and the key claim roll back together.
-                tx.rollback().await?;
-                return Err(CheckoutError::OutOfStock);
-            }
-            tx.commit().await?;
-            return Ok(Placed::Created(order));
-        }
-        Err(CheckoutError::Db(DbError::Unavailable(
-            "the idempotency key is contended; retry".into(),
-        )))
+        self.coalescer.submit(req).await
     }
 
-    /// The stock gate's early "no": true only when a fresh-enough read clearly shows less
-    /// stock than asked. A product the replica has not seen yet is not a "no".
-    async fn precheck_says_no(&self, req: &OrderRequest) -> Result<bool, CheckoutError> {
-        let (available, _) = self.available(&req.product).await?;
-        Ok(available.is_some_and(|available| available < req.quantity.get()))
-    }
-
-    /// A product's stock through the stock gate (a replica within 250 ms, or the primary),
-    /// with the route that says as of when. `None`: no such product there.
+    /// A product's stock through the stock gate (the micro-cache, a replica within 250 ms,
+    /// or the primary), with the route that says as of when. `None`: no such product.
     pub async fn available(&self, product: &ProductId) -> Result<(Option<i32>, Route), DbError> {
-        let ctx = ReadCtx {
-            user: None,
-            min_lsn: self.reopened_at(product),
-        };
-        let read = self
-            .db
-            .read_existing(QueryClass::StockGate, &ctx, |pool| {
-                let product = product.clone();
-                async move {
-                    sqlx::query_scalar::<_, i32>(
-                        "SELECT available_quantity FROM products WHERE product_id = $1",
-                    )
-                    .bind(product.as_str())
-                    .fetch_optional(pool.exec())
-                    .await
-                }
+        let answer = self
+            .cache
+            .get_or_fetch(product, || async {
+                let ctx = ReadCtx {
+                    user: None,
+                    min_lsn: self.reopened_at(product),
+                };
+                let read = self
+                    .db
+                    .read_existing(QueryClass::StockGate, &ctx, |pool| {
+                        let product = product.clone();
+                        async move {
+                            sqlx::query_scalar::<_, i32>(
+                                "SELECT available_quantity FROM products WHERE product_id = $1",
+                            )
+                            .bind(product.as_str())
+                            .fetch_optional(pool.exec())
+                            .await
+                        }
+                    })
+                    .await?;
+                let as_of = Instant::now()
+                    .checked_sub(read.route.stale_by)
+                    .unwrap_or_else(Instant::now);
+                Ok::<_, DbError>(Answer {
+                    available: read.value,
+                    route: read.route,
+                    as_of,
+                })
             })
             .await?;
-        Ok((read.value, read.route))
-    }
-
-    /// An order already placed with this user's key: the same order if the body matches,
-    /// `KeyReused` if not.
-    async fn existing(&self, req: &OrderRequest) -> Result<Option<Placed>, CheckoutError> {
-        let row: Option<(String,)> = sqlx::query_as(
-            "SELECT request_fingerprint FROM orders WHERE user_id = $1 AND idempotency_key = $2",
-        )
-        .bind(req.user.as_str())
-        .bind(req.key.as_str())
-        .fetch_optional(self.db.primary().pool())
-        .await?;
-        match row {
-            None => Ok(None),
-            Some((fp,)) if fp != req.fingerprint() => Err(CheckoutError::KeyReused),
-            Some(_) => {
-                let order: Order = sqlx::query_as(
-                    "SELECT order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at \
-                     FROM orders WHERE user_id = $1 AND idempotency_key = $2",
-                )
-                .bind(req.user.as_str())
-                .bind(req.key.as_str())
-                .fetch_one(self.db.primary().pool())
-                .await?;
-                Ok(Some(Placed::Replayed(order)))
-            }
-        }
-    }
-
-    async fn product_exists(&self, product: &ProductId) -> Result<bool, CheckoutError> {
-        let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM products WHERE product_id = $1")
-            .bind(product.as_str())
-            .fetch_optional(self.db.primary().pool())
-            .await?;
-        Ok(found.is_some())
+        Ok((answer.available, answer.route))
     }
 
     /// An order by id, from the primary (its owner may have placed it a moment ago).
@@ -313,4 +266,54 @@ impl Checkout {
         .await
         .map_err(|e| CheckoutError::Db(DbError::Unavailable(format!("cancel task failed: {e}"))))?
     }
+}
+
+const EXISTING_SQL: &str = "SELECT request_fingerprint, order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at \
+                            FROM orders WHERE user_id = $1 AND idempotency_key = $2";
+
+#[derive(sqlx::FromRow)]
+struct Existing {
+    request_fingerprint: String,
+    #[sqlx(flatten)]
+    order: Order,
+}
+
+fn judge(req: &OrderRequest, found: Option<Existing>) -> Result<Option<Placed>, CheckoutError> {
+    match found {
+        None => Ok(None),
+        Some(e) if e.request_fingerprint != req.fingerprint() => Err(CheckoutError::KeyReused),
+        Some(e) => Ok(Some(Placed::Replayed(e.order))),
+    }
+}
+
+/// The order already placed under this user's key, read as the user's own data: a replica
+/// that holds the user's last write (orders record one), else the primary.
+async fn existing_for_user(db: &Db, req: &OrderRequest) -> Result<Option<Placed>, CheckoutError> {
+    let read = db
+        .read(
+            QueryClass::OwnData,
+            &ReadCtx::user(req.user.clone(), None),
+            |pool| async move {
+                sqlx::query_as::<_, Existing>(EXISTING_SQL)
+                    .bind(req.user.as_str())
+                    .bind(req.key.as_str())
+                    .fetch_optional(pool.exec())
+                    .await
+            },
+        )
+        .await?;
+    judge(req, read.value)
+}
+
+/// The same lookup on the primary (after a concurrent claim of the key).
+pub(crate) async fn existing_on_primary(
+    db: &Db,
+    req: &OrderRequest,
+) -> Result<Option<Placed>, CheckoutError> {
+    let found = sqlx::query_as::<_, Existing>(EXISTING_SQL)
+        .bind(req.user.as_str())
+        .bind(req.key.as_str())
+        .fetch_optional(db.primary().pool())
+        .await?;
+    judge(req, found)
 }

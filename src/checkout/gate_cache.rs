@@ -1,0 +1,205 @@
+//! The stock gate's bounded-staleness micro-cache. An availability answer is reused while
+//! `now − as_of` is within the gate's 250 ms budget — the same bound a replica must meet —
+//! and keeps the `as_of` of the read that produced it, so a cached answer is exactly as
+//! honest as a replica one. Concurrent misses for one product share one database read
+//! (single-flight). The coalescer stores the primary's post-commit stock here, which makes a
+//! sold-out product answer from memory until its answer ages out, is restocked, or a cancel
+//! reopens it.
+
+use crate::domain::ProductId;
+use crate::routing::Route;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
+
+/// A gate answer: the product's stock (`None`: no such product) and where it came from.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub available: Option<i32>,
+    pub route: Route,
+    /// `route.as_of` on the monotonic clock, for expiry.
+    pub as_of: Instant,
+}
+
+impl Answer {
+    /// The answer as it should be stated now: same `as_of`, staleness measured afresh.
+    pub fn restated(&self, now: Instant) -> Answer {
+        let mut a = self.clone();
+        a.route.stale_by = now.saturating_duration_since(self.as_of);
+        a
+    }
+}
+
+type Slot = Arc<OnceCell<Answer>>;
+
+pub struct GateCache {
+    budget: Duration,
+    // A std Mutex: held only to look up or swap a slot, never across an await.
+    slots: Mutex<HashMap<ProductId, Slot>>,
+    /// When each product was last invalidated: no answer from before that is used again.
+    floors: Mutex<HashMap<ProductId, Instant>>,
+}
+
+impl GateCache {
+    pub fn new(budget: Duration) -> Self {
+        GateCache {
+            budget,
+            slots: Mutex::new(HashMap::new()),
+            floors: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A fresh-enough answer for `product`, reading through `fetch` on a miss. Callers
+    /// that miss together wait for one read.
+    pub async fn get_or_fetch<F, Fut, E>(&self, product: &ProductId, fetch: F) -> Result<Answer, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Answer, E>>,
+    {
+        let now = Instant::now();
+        let floor = self.floor(product);
+        let usable = |a: &Answer| {
+            now.saturating_duration_since(a.as_of) <= self.budget
+                && floor.is_none_or(|f| a.as_of >= f)
+        };
+        let slot = {
+            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            if slots.len() > 50_000 {
+                // Bounded memory: forget expired answers.
+                let budget = self.budget;
+                slots.retain(|_, s| {
+                    s.get()
+                        .is_none_or(|a| now.saturating_duration_since(a.as_of) <= budget)
+                });
+            }
+            let fresh = slots
+                .get(product)
+                .filter(|s| s.get().is_none_or(usable))
+                .cloned();
+            match fresh {
+                Some(slot) => slot,
+                None => {
+                    let slot: Slot = Arc::default();
+                    slots.insert(product.clone(), slot.clone());
+                    slot
+                }
+            }
+        };
+        let answer = slot.get_or_try_init(fetch).await?;
+        Ok(answer.restated(Instant::now()))
+    }
+
+    /// Stores an authoritative answer (the primary's stock right after a commit), unless a
+    /// newer one is already there.
+    pub fn put(&self, product: &ProductId, answer: Answer) {
+        if self.floor(product).is_some_and(|f| answer.as_of < f) {
+            return;
+        }
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let newer = slots
+            .get(product)
+            .and_then(|s| s.get())
+            .is_some_and(|a| a.as_of > answer.as_of);
+        if !newer {
+            slots.insert(product.clone(), Arc::new(OnceCell::new_with(Some(answer))));
+        }
+    }
+
+    /// Forgets `product` (its stock went up here: the next gate read must see that).
+    pub fn invalidate(&self, product: &ProductId) {
+        let now = Instant::now();
+        {
+            let mut floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
+            floors.retain(|_, at| now.saturating_duration_since(*at) <= self.budget * 4);
+            floors.insert(product.clone(), now);
+        }
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(product);
+    }
+
+    fn floor(&self, product: &ProductId) -> Option<Instant> {
+        self.floors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(product)
+            .copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::Reason;
+    use crate::routing::policy::QueryClass;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn answer(available: i32, as_of: Instant) -> Answer {
+        Answer {
+            available: Some(available),
+            route: Route::primary(
+                QueryClass::StockGate,
+                Reason::PrimaryOnly,
+                chrono::Utc::now(),
+            ),
+            as_of,
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_share_one_read_and_answers_expire_with_the_budget() {
+        let cache = Arc::new(GateCache::new(Duration::from_millis(250)));
+        let reads = Arc::new(AtomicUsize::new(0));
+        let id = ProductId::parse("p").expect("valid");
+        let fetch = |reads: Arc<AtomicUsize>| async move {
+            reads.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok::<_, ()>(answer(7, Instant::now()))
+        };
+        let all = futures::future::join_all((0..20).map(|_| {
+            let (cache, reads, id) = (cache.clone(), reads.clone(), id.clone());
+            async move { cache.get_or_fetch(&id, || fetch(reads)).await }
+        }))
+        .await;
+        assert!(
+            all.iter()
+                .all(|a| a.as_ref().is_ok_and(|a| a.available == Some(7)))
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "single flight");
+        // An answer older than the budget is never served.
+        let other = ProductId::parse("q").expect("valid");
+        cache.put(
+            &other,
+            answer(3, Instant::now() - Duration::from_millis(300)),
+        );
+        let a = cache
+            .get_or_fetch(&other, || fetch(reads.clone()))
+            .await
+            .expect("fetches");
+        assert_eq!((a.available, reads.load(Ordering::SeqCst)), (Some(7), 2));
+        assert!(a.route.stale_by < Duration::from_millis(250));
+    }
+
+    #[tokio::test]
+    async fn a_newer_put_wins_and_invalidate_forces_a_read() {
+        let cache = GateCache::new(Duration::from_millis(250));
+        let id = ProductId::parse("p").expect("valid");
+        let now = Instant::now();
+        cache.put(&id, answer(5, now));
+        cache.put(&id, answer(9, now - Duration::from_millis(10)));
+        let a = cache
+            .get_or_fetch(&id, || async { Err::<Answer, ()>(()) })
+            .await
+            .expect("cached");
+        assert_eq!(a.available, Some(5));
+        cache.invalidate(&id);
+        assert!(
+            cache
+                .get_or_fetch(&id, || async { Err::<Answer, ()>(()) })
+                .await
+                .is_err()
+        );
+    }
+}
