@@ -389,8 +389,9 @@ pub fn chart(
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .fold(0.0f64, f64::max);
-    let y_step = nice_step(y_data.max(1.0));
-    let y_max = ((y_data / y_step).ceil() * y_step).max(y_step);
+    let y_top = y_data.max(1.0);
+    let y_step = nice_step(y_top);
+    let y_max = (y_top / y_step).ceil() * y_step;
     let x_step = nice_step(x_max);
     let sx = |x: f64| LEFT + (x / x_max).clamp(0.0, 1.0) * pw;
     let sy = |y: f64| TOP + ph - (y / y_max).clamp(0.0, 1.0) * ph;
