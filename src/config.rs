@@ -7,7 +7,7 @@
 //! | `STOCKGATE_REDIS_URL` | shared read-your-writes store | empty: in-process store (one instance) |
 //! | `STOCKGATE_LISTEN` | listen address | `127.0.0.1:8080` |
 //! | `STOCKGATE_TOKEN_SECRET` | signs bearer tokens (at least 16 bytes) | required for `serve` and `token` |
-//! | `STOCKGATE_MONITOR_INTERVAL_MS` | freshness sample period | `50` |
+//! | `STOCKGATE_MONITOR_INTERVAL_MS` | freshness sample period | `25` |
 //! | `STOCKGATE_EVICT_AFTER_MS` | staleness at which a replica becomes `lagging` | `5000` |
 //! | `STOCKGATE_REPLICA_TIMEOUT_MS` | client-side timeout for a replica query or connect | `500` |
 //! | `STOCKGATE_PRIMARY_POOL_SIZE` | connections to the primary | `16` |
@@ -16,6 +16,8 @@
 //! | `STOCKGATE_MAX_IN_FLIGHT` | concurrent requests before shedding load with 503 | `1024` |
 //! | `STOCKGATE_REQUEST_TIMEOUT_MS` | per-request timeout | `10000` |
 //! | `STOCKGATE_DRAIN_TIMEOUT_MS` | how long shutdown waits for in-flight requests | `10000` |
+//! | `STOCKGATE_PRIMARY_TIMEOUT_MS` | how long a request waits for a primary connection before 503 | `2000` |
+//! | `STOCKGATE_ORDER_RATE_PER_USER` | orders per second one user may place (429 beyond; 0 = no limit) | `0` |
 //! | `STOCKGATE_ORDER_BATCH_MAX` | most orders one coalesced transaction takes | `256` |
 //! | `STOCKGATE_ORDER_BATCH_WINDOW_US` | how long a batch waits for more orders once the queue is empty | `0` |
 //! | `RUST_LOG` | log filter | `info` |
@@ -46,6 +48,8 @@ pub struct Config {
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
     pub order_batch_max: usize,
+    pub order_rate_per_user: u32,
+    pub primary_timeout: Duration,
     pub order_batch_window: Duration,
 }
 
@@ -115,7 +119,7 @@ impl Config {
             redis_url,
             listen,
             token_secret,
-            monitor_interval: ms("STOCKGATE_MONITOR_INTERVAL_MS", 50, 5)?,
+            monitor_interval: ms("STOCKGATE_MONITOR_INTERVAL_MS", 25, 5)?,
             evict_after: ms("STOCKGATE_EVICT_AFTER_MS", 5_000, 100)?,
             replica_timeout: ms("STOCKGATE_REPLICA_TIMEOUT_MS", 500, 10)?,
             primary_pool_size: number(&get, "STOCKGATE_PRIMARY_POOL_SIZE", 16, 1, 1000)? as u32,
@@ -124,6 +128,9 @@ impl Config {
             max_in_flight: number(&get, "STOCKGATE_MAX_IN_FLIGHT", 1024, 1, 1_000_000)? as usize,
             request_timeout: ms("STOCKGATE_REQUEST_TIMEOUT_MS", 10_000, 100)?,
             drain_timeout: ms("STOCKGATE_DRAIN_TIMEOUT_MS", 10_000, 0)?,
+            order_rate_per_user: number(&get, "STOCKGATE_ORDER_RATE_PER_USER", 0, 0, 1_000_000)?
+                as u32,
+            primary_timeout: ms("STOCKGATE_PRIMARY_TIMEOUT_MS", 2_000, 10)?,
             order_batch_max: number(&get, "STOCKGATE_ORDER_BATCH_MAX", 256, 1, 10_000)? as usize,
             order_batch_window: Duration::from_micros(number(
                 &get,

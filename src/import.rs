@@ -68,7 +68,7 @@ pub struct Row {
 }
 
 /// A line that could not be imported.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct BadLine {
     pub line: u64,
     pub reason: String,
@@ -174,7 +174,7 @@ fn parse_row(record: &csv::ByteRecord, idx: &[usize]) -> Result<Row, String> {
 }
 
 /// Live progress, shared with whoever reports it (a progress bar, log lines, the endpoint).
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Default, utoipa::ToSchema)]
 pub struct Progress {
     pub status: Status,
     pub rows_total: u64,
@@ -193,7 +193,7 @@ pub struct Progress {
     pub elapsed_ms: u64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     #[default]
@@ -283,7 +283,11 @@ pub async fn run_engine(
         metrics.import_rate.set(rate);
         // AIMD: grow while replicas keep well inside the budget, halve when they near it.
         let (worst, _) = db.worst_serving_staleness();
-        match worst.map(|(_, d)| d) {
+        let worst = worst.map(|(_, d)| d);
+        let worst_ms = worst
+            .map(|d| d.as_millis().min(u64::MAX as u128) as u64)
+            .unwrap_or(0);
+        match worst {
             Some(d) if d > budget / 2 => batch = (batch / 2).max(floor),
             Some(d) if d < budget / 4 => batch = (batch + 250).min(MAX_BATCH),
             None => batch = (batch + 250).min(MAX_BATCH),
@@ -292,6 +296,7 @@ pub async fn run_engine(
         let elapsed = start.elapsed();
         update(progress, |p| {
             p.rows_done = done as u64;
+            p.max_staleness_seen_ms = p.max_staleness_seen_ms.max(worst_ms);
             p.batch_size = batch;
             p.rows_per_second = done as f64 / elapsed.as_secs_f64().max(1e-6);
             p.elapsed_ms = elapsed.as_millis() as u64;

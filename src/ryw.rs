@@ -46,6 +46,43 @@ pub struct RedisStore {
     conn: ConnectionManager,
     timeout: Duration,
     script: redis::Script,
+    /// After a failure, calls fail at once until this moment (one probe every
+    /// `BACKOFF`), so an outage costs requests microseconds, not a timeout each.
+    down_until: Mutex<Option<std::time::Instant>>,
+}
+
+/// How long a failed Redis is left alone before the next call tries it again.
+const BACKOFF: Duration = Duration::from_millis(500);
+
+impl RedisStore {
+    /// Runs one Redis call with the client timeout, behind the outage breaker.
+    async fn call<T>(
+        &self,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreUnavailable> {
+        let now = std::time::Instant::now();
+        {
+            let mut down = self.down_until.lock().unwrap_or_else(|p| p.into_inner());
+            match *down {
+                Some(until) if now < until => {
+                    return Err(StoreUnavailable("recently failed; retrying shortly".into()));
+                }
+                // This call is the probe; the others keep failing fast until it answers.
+                Some(_) => *down = Some(now + BACKOFF),
+                None => {}
+            }
+        }
+        let outcome = match tokio::time::timeout(self.timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(StoreUnavailable(e.to_string())),
+            Err(_) => Err(StoreUnavailable("timed out".into())),
+        };
+        *self.down_until.lock().unwrap_or_else(|p| p.into_inner()) = match &outcome {
+            Ok(_) => None,
+            Err(_) => Some(std::time::Instant::now() + BACKOFF),
+        };
+        outcome
+    }
 }
 
 /// Sets `lsn:written_ms` only if it moves the position forward; refreshes the expiry
@@ -94,6 +131,7 @@ impl RywStore {
             conn,
             timeout,
             script: redis::Script::new(ADVANCE),
+            down_until: Mutex::new(None),
         })))
     }
 
@@ -127,12 +165,9 @@ impl RywStore {
                 let px = s.ttl.as_millis() as u64 + 5_000;
                 let mut invocation = s.script.key(key(user));
                 invocation.arg(lsn).arg(now).arg(px);
-                let call = invocation.invoke_async::<i64>(&mut conn);
-                match tokio::time::timeout(s.timeout, call).await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(e)) => Err(StoreUnavailable(e.to_string())),
-                    Err(_) => Err(StoreUnavailable("timed out".into())),
-                }
+                s.call(invocation.invoke_async::<i64>(&mut conn))
+                    .await
+                    .map(|_| ())
             }
         }
     }
@@ -145,12 +180,7 @@ impl RywStore {
                 let mut conn = s.conn.clone();
                 let mut cmd = redis::cmd("GET");
                 cmd.arg(key(user));
-                let call = cmd.query_async::<Option<String>>(&mut conn);
-                let raw = match tokio::time::timeout(s.timeout, call).await {
-                    Ok(Ok(v)) => v,
-                    Ok(Err(e)) => return Err(StoreUnavailable(e.to_string())),
-                    Err(_) => return Err(StoreUnavailable("timed out".into())),
-                };
+                let raw = s.call(cmd.query_async::<Option<String>>(&mut conn)).await?;
                 let shared = match raw {
                     None => None,
                     Some(v) => Some(
@@ -173,8 +203,7 @@ impl RywStore {
             RywStore::Redis(s) => {
                 let mut conn = s.conn.clone();
                 let cmd = redis::cmd("PING");
-                let ping = cmd.query_async::<String>(&mut conn);
-                matches!(tokio::time::timeout(s.timeout, ping).await, Ok(Ok(_)))
+                s.call(cmd.query_async::<String>(&mut conn)).await.is_ok()
             }
         }
     }

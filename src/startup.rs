@@ -54,6 +54,7 @@ pub fn build_state(
             primary_pool_size: config.primary_pool_size,
             replica_pool_size: config.replica_pool_size,
             replica_timeout: config.replica_timeout,
+            primary_timeout: config.primary_timeout,
             thresholds: Thresholds {
                 evict_after: config.evict_after,
                 ..Thresholds::default()
@@ -75,6 +76,7 @@ pub fn build_state(
             max: config.order_batch_max,
             window: config.order_batch_window,
         },
+        config.order_rate_per_user,
     );
     Ok((
         AppState {

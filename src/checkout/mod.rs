@@ -28,12 +28,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq, utoipa::ToSchema)]
 pub struct Order {
     pub order_id: Uuid,
     pub product_id: String,
+    #[schema(minimum = 1, maximum = 10000)]
     pub quantity: i32,
     pub user_id: String,
+    /// `confirmed` or `cancelled`.
+    #[schema(pattern = "^(confirmed|cancelled)$", example = "confirmed")]
     pub status: String,
     pub total_cents: i64,
     pub created_at: DateTime<Utc>,
@@ -73,6 +76,9 @@ pub enum CheckoutError {
     KeyReused,
     #[error("no such order")]
     OrderNotFound,
+    /// The user placed orders faster than the configured per-user rate.
+    #[error("too many orders from this user")]
+    RateLimited,
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -95,6 +101,8 @@ pub struct Checkout {
     /// are dropped once well past the gate's budget, after which any replica the gate may
     /// use holds the change anyway.
     reopened: Arc<Mutex<HashMap<ProductId, (Lsn, Instant)>>>,
+    /// Per-user token buckets (orders per second), when a limit is configured.
+    limiter: Option<Arc<RateLimiter>>,
 }
 
 /// How orders are batched (`STOCKGATE_ORDER_BATCH_MAX`, `STOCKGATE_ORDER_BATCH_WINDOW_US`).
@@ -105,7 +113,7 @@ pub struct Batching {
 }
 
 impl Checkout {
-    pub fn new(db: Db, metrics: Metrics, batching: Batching) -> Self {
+    pub fn new(db: Db, metrics: Metrics, batching: Batching, rate_per_user: u32) -> Self {
         let budget = QueryClass::StockGate.policy().budget.unwrap_or_default();
         let cache = Arc::new(GateCache::new(budget));
         let coalescer = Coalescer::new(
@@ -115,12 +123,14 @@ impl Checkout {
             batching.max,
             batching.window,
         );
+        let limiter = (rate_per_user > 0).then(|| Arc::new(RateLimiter::new(rate_per_user)));
         Checkout {
             db,
             metrics,
             cache,
             coalescer,
             reopened: Arc::default(),
+            limiter,
         }
     }
 
@@ -150,13 +160,17 @@ impl Checkout {
 
     /// Places an order: the gate's early "no", or a seat in the product's next batch.
     pub async fn place(&self, req: OrderRequest) -> Result<Placed, CheckoutError> {
-        let outcome = self.place_inner(req).await;
+        let outcome = match &self.limiter {
+            Some(l) if !l.allow(&req.user) => Err(CheckoutError::RateLimited),
+            _ => self.place_inner(req).await,
+        };
         let label = match &outcome {
             Ok(Placed::Created(_)) => "confirmed",
             Ok(Placed::Replayed(_)) => "replayed",
             Err(CheckoutError::OutOfStock) => "out_of_stock",
             Err(CheckoutError::KeyReused) => "key_reused",
             Err(CheckoutError::ProductNotFound | CheckoutError::OrderNotFound) => "not_found",
+            Err(CheckoutError::RateLimited) => "rate_limited",
             Err(CheckoutError::Db(_)) => "error",
         };
         self.metrics.orders.with_label_values(&[label]).inc();
@@ -219,7 +233,7 @@ impl Checkout {
             "SELECT order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at FROM orders WHERE order_id = $1",
         )
         .bind(order_id)
-        .fetch_optional(self.db.primary().pool())
+        .fetch_optional(self.db.primary().pool()?)
         .await?
         .ok_or(CheckoutError::OrderNotFound)
     }
@@ -313,7 +327,57 @@ pub(crate) async fn existing_on_primary(
     let found = sqlx::query_as::<_, Existing>(EXISTING_SQL)
         .bind(req.user.as_str())
         .bind(req.key.as_str())
-        .fetch_optional(db.primary().pool())
+        .fetch_optional(db.primary().pool()?)
         .await?;
     judge(req, found)
+}
+
+/// A token bucket per user: `rate` orders per second, bursts of up to `rate`.
+pub struct RateLimiter {
+    rate: f64,
+    buckets: Mutex<HashMap<UserId, (f64, Instant)>>,
+}
+
+impl RateLimiter {
+    pub fn new(rate: u32) -> Self {
+        RateLimiter {
+            rate: f64::from(rate),
+            buckets: Mutex::default(),
+        }
+    }
+
+    pub fn allow(&self, user: &UserId) -> bool {
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() > 100_000 {
+            // Full buckets carry no state worth keeping.
+            let rate = self.rate;
+            buckets.retain(|_, (tokens, at)| {
+                *tokens + now.duration_since(*at).as_secs_f64() * rate < rate
+            });
+        }
+        let (tokens, at) = buckets.entry(user.clone()).or_insert((self.rate, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(self.rate);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_limiter_allows_a_burst_then_refuses_per_user() {
+        let l = RateLimiter::new(3);
+        let ada = UserId::parse("ada").expect("valid");
+        let bob = UserId::parse("bob").expect("valid");
+        assert_eq!((0..5).filter(|_| l.allow(&ada)).count(), 3);
+        assert!(l.allow(&bob), "another user has their own bucket");
+    }
 }

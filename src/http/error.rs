@@ -35,6 +35,9 @@ pub enum ApiError {
     /// 422: valid JSON that breaks a rule.
     #[error("{}", .0.message)]
     Invalid(Invalid),
+    /// 429 with `Retry-After`: a user over the (optional) per-user order rate.
+    #[error("too many orders; slow down")]
+    TooManyRequests,
     /// 503 with `Retry-After`: no safe place to answer from, or shedding load.
     #[error("{message}")]
     Unavailable { code: &'static str, message: String },
@@ -85,6 +88,7 @@ impl ApiError {
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -101,6 +105,7 @@ impl ApiError {
             ApiError::Forbidden(_) => "FORBIDDEN",
             ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
             ApiError::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            ApiError::TooManyRequests => "RATE_LIMITED",
             ApiError::Internal(_) => "INTERNAL",
         }
     }
@@ -114,7 +119,7 @@ impl IntoResponse for ApiError {
         }
         let body = json!({ "error": { "code": self.code(), "message": self.to_string() } });
         let mut response = (status, axum::Json(body)).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

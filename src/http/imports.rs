@@ -2,6 +2,9 @@
 //! as a job. `POST /v1/admin/imports` takes the CSV as the body and returns a job id;
 //! `GET /v1/admin/imports/{id}` shows its progress.
 
+use super::openapi::{
+    BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable,
+};
 use super::{Admin, ApiError, AppState, Json, Path, Query};
 use crate::import::{self, Options, SharedProgress, Status};
 use axum::Router;
@@ -15,6 +18,7 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 /// Import jobs of this instance, by id.
@@ -32,14 +36,67 @@ pub fn router() -> Router<AppState> {
         .route("/v1/admin/imports/{job_id}", get(show))
 }
 
-#[derive(Deserialize)]
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(start, show))]
+pub(super) struct Api;
+
+/// What `start` answers (built with `json!`).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+struct ImportStarted {
+    job_id: Uuid,
+    /// `running`.
+    status: String,
+}
+
+/// What `show` answers: the job's progress plus its id.
+#[allow(dead_code)]
+#[derive(serde::Serialize, ToSchema)]
+struct ImportJob {
+    job_id: Uuid,
+    #[serde(flatten)]
+    progress: import::Progress,
+}
+
+/// Unknown query parameters are refused with 400.
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct StartQuery {
+    /// Replica staleness to stay under, e.g. `5s`, `500ms` (default `5s`).
+    #[param(example = "5s")]
     lag_budget: Option<String>,
+    /// Rows per transaction (default 1000).
+    #[param(minimum = 1, maximum = 20000)]
     batch_size: Option<usize>,
+    /// Import the valid lines and report the bad ones (default false: any bad line refuses all).
     skip_invalid: Option<bool>,
+    /// Keep going while a replica is down (default false: wait for it).
     wait_for_down: Option<bool>,
 }
+
+/// Start a bulk import (admin)
+///
+/// The body is the CSV (`product_id,name,price_cents,available_quantity`, up to 64 MiB),
+/// throttled against live replica staleness; poll the job for progress.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/imports",
+    tag = "admin",
+    params(StartQuery),
+    request_body(content = String, content_type = "text/csv",
+        example = "product_id,name,price_cents,available_quantity\nmug-classic,Classic mug,1299,500\n"),
+    security(("bearer" = [])),
+    responses(
+        (status = 202, description = "The job started", body = ImportStarted),
+        (status = 400, description = "INVALID_QUERY: a bad `lag_budget` etc., or an unknown parameter", body = ErrorBody),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 413, response = PayloadTooLarge),
+        (status = 422, description = "INVALID_CSV (with `bad_lines` in the error; nothing was written), INVALID_BATCH_SIZE", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 
 async fn start(
     State(state): State<AppState>,
@@ -107,6 +164,22 @@ async fn start(
         .into_response())
 }
 
+/// An import job's progress (admin)
+#[utoipa::path(
+    get,
+    path = "/v1/admin/imports/{job_id}",
+    tag = "admin",
+    params(("job_id" = Uuid, Path)),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The job's progress", body = ImportJob),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "IMPORT_NOT_FOUND (also for an id that is not a UUID)", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     _: Admin,

@@ -5,6 +5,7 @@ mod admin;
 pub mod error;
 mod health;
 mod imports;
+mod openapi;
 mod orders;
 mod pages;
 mod products;
@@ -150,6 +151,7 @@ pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) 
         .merge(imports::router())
         .merge(health::router())
         .merge(pages::router())
+        .merge(openapi::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
     let metrics = state.metrics.clone();

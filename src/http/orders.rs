@@ -1,5 +1,8 @@
 //! Orders: place (idempotent), look up, cancel.
 
+use super::openapi::{
+    BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable,
+};
 use super::{ApiError, AppState, Json, Path};
 use crate::auth::Caller;
 use crate::checkout::{CheckoutError, Order, OrderRequest, Placed};
@@ -11,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::Number;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 pub fn router() -> Router<AppState> {
@@ -19,6 +23,10 @@ pub fn router() -> Router<AppState> {
         .route("/v1/orders/{order_id}", get(show))
         .route("/v1/orders/{order_id}/cancel", post(cancel))
 }
+
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(place, show, cancel))]
+pub(super) struct Api;
 
 impl From<CheckoutError> for ApiError {
     fn from(e: CheckoutError) -> Self {
@@ -35,18 +43,52 @@ impl From<CheckoutError> for ApiError {
                 "IDEMPOTENCY_KEY_REUSED",
                 "this Idempotency-Key was already used with a different body; use a new key for a new order",
             ),
+            CheckoutError::RateLimited => ApiError::TooManyRequests,
             CheckoutError::Db(e) => e.into(),
         }
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 struct NewOrder {
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$", example = "flash-60")]
     product_id: String,
+    #[schema(value_type = i64, minimum = 1, maximum = 10000, example = 1)]
     quantity: Number,
     /// Admin tokens name the user they order for; user tokens may omit it.
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     user_id: Option<String>,
 }
+
+/// Place an order (idempotent by key)
+///
+/// Confirmed only by a guarded `UPDATE … WHERE available_quantity >= qty` on the primary.
+/// The same key from the same user with the same body returns the same order (201 again)
+/// and takes stock once; with a different body it is refused (422).
+#[utoipa::path(
+    post,
+    path = "/v1/orders",
+    tag = "orders",
+    params(
+        ("Idempotency-Key" = String, Header, description = "1–255 printable ASCII characters, no spaces; unique per user and order",
+            min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$"),
+    ),
+    request_body = NewOrder,
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Confirmed (or the same order again, for a repeated key and body)", body = Order),
+        (status = 400, description = "IDEMPOTENCY_KEY_MISSING, malformed JSON or wrong types", body = ErrorBody),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "PRODUCT_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "OUT_OF_STOCK: not enough stock; nothing was written", body = ErrorBody),
+        (status = 413, response = PayloadTooLarge),
+        (status = 422, description = "IDEMPOTENCY_KEY_REUSED (same key, different body), INVALID_IDEMPOTENCY_KEY, INVALID_QUANTITY, INVALID_PRODUCT_ID, INVALID_USER_ID, USER_ID_REQUIRED (admin without user_id)", body = ErrorBody),
+        (status = 429, description = "RATE_LIMITED: over the configured per-user order rate", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
+        (status = 503, response = Unavailable),
+    )
+)]
 
 async fn place(
     State(state): State<AppState>,
@@ -117,6 +159,22 @@ async fn load(state: &AppState, caller: &Caller, id: &str) -> Result<Order, ApiE
     }
 }
 
+/// An order (its user, or admin)
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{order_id}",
+    tag = "orders",
+    params(("order_id" = uuid::Uuid, Path)),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The order", body = Order),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "The order belongs to another user", body = ErrorBody),
+        (status = 404, description = "ORDER_NOT_FOUND (also for an id that is not a UUID)", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     caller: Caller,
@@ -125,6 +183,24 @@ async fn show(
     Ok(Json(load(&state, &caller, &id).await?))
 }
 
+/// Cancel an order (its user, or admin)
+///
+/// Its quantity returns to stock exactly once; cancelling again returns the cancelled order.
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{order_id}/cancel",
+    tag = "orders",
+    params(("order_id" = uuid::Uuid, Path)),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The order, `status: cancelled`", body = Order),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "The order belongs to another user", body = ErrorBody),
+        (status = 404, description = "ORDER_NOT_FOUND (also for an id that is not a UUID)", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 async fn cancel(
     State(state): State<AppState>,
     caller: Caller,

@@ -1,6 +1,10 @@
 //! Products: create and restock (admin, primary), the product page and availability
 //! (routed reads).
 
+use super::openapi::{
+    BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Stated, Unauthorized, Unavailable,
+    Unprocessable,
+};
 use super::{Admin, ApiError, AppState, Json, Path, Query, stated};
 use crate::domain::{PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
@@ -12,6 +16,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
+use utoipa::{IntoParams, ToSchema};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -21,21 +26,58 @@ pub fn router() -> Router<AppState> {
         .route("/v1/products/{product_id}/availability", get(availability))
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(create, show, restock, availability))]
+pub(super) struct Api;
+
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct Product {
+    #[schema(example = "flash-60")]
     pub product_id: String,
     pub name: String,
+    #[schema(minimum = 0)]
     pub price_cents: i32,
+    #[schema(minimum = 0)]
     pub available_quantity: i32,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 struct NewProduct {
+    /// The storefront's id: 1–64 of `A-Z a-z 0-9 _ - .`.
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$", example = "flash-60")]
     product_id: String,
+    /// 1–200 characters (trimmed), no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        example = "Flash sale sneakers",
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]*[^\s\x00-\x1F\x7F-\x9F][^\x00-\x1F\x7F-\x9F]*$"
+    )]
     name: String,
+    #[schema(value_type = i64, minimum = 0, maximum = 2147483647, example = 8999)]
     price_cents: Number,
+    #[schema(value_type = i64, minimum = 0, maximum = 2147483647, example = 60)]
     available_quantity: Number,
 }
+
+/// Create a product (admin)
+#[utoipa::path(
+    post,
+    path = "/v1/products",
+    tag = "products",
+    request_body = NewProduct,
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Created, on the primary", body = Stated<Product>),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 409, description = "ALREADY_EXISTS", body = ErrorBody),
+        (status = 413, response = PayloadTooLarge),
+        (status = 422, response = Unprocessable),
+        (status = 503, response = Unavailable),
+    )
+)]
 
 async fn create(
     State(state): State<AppState>,
@@ -68,6 +110,25 @@ async fn create(
     Ok(stated(StatusCode::CREATED, product, &route))
 }
 
+/// The product page (routed read, 5 s budget)
+#[utoipa::path(
+    get,
+    path = "/v1/products/{product_id}",
+    tag = "products",
+    params(("product_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$")),
+    responses(
+        (status = 200, description = "The product, and the moment it describes", body = Stated<Product>,
+            headers(
+                ("X-Served-By" = String, description = "`primary` or the replica's name"),
+                ("X-Stale-By-Ms" = u64, description = "`stale_by_ms`"),
+                ("X-Route-Reason" = String, description = "Why the read went where it went"),
+            )),
+        (status = 400, response = BadRequest),
+        (status = 404, description = "PRODUCT_NOT_FOUND", body = ErrorBody),
+        (status = 422, description = "INVALID_PRODUCT_ID", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = ProductId::parse(&id)?;
     let read = state
@@ -88,10 +149,32 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<R
     Ok(stated(StatusCode::OK, product, &read.route))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 struct Restock {
+    /// Units to add.
+    #[schema(value_type = i64, minimum = 1, maximum = 2147483647, example = 40)]
     quantity: Number,
 }
+
+/// Add stock (admin)
+#[utoipa::path(
+    post,
+    path = "/v1/products/{product_id}/restock",
+    tag = "products",
+    params(("product_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$")),
+    request_body = Restock,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The product after the restock, on the primary", body = Stated<Product>),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "PRODUCT_NOT_FOUND", body = ErrorBody),
+        (status = 413, response = PayloadTooLarge),
+        (status = 422, description = "INVALID_QUANTITY, STOCK_LIMIT (stock would pass 2^31 - 1), INVALID_PRODUCT_ID", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 
 async fn restock(
     State(state): State<AppState>,
@@ -130,19 +213,46 @@ async fn restock(
     Ok(stated(StatusCode::OK, product, &route))
 }
 
-#[derive(Deserialize)]
+/// Unknown query parameters are refused with 400.
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct AvailabilityQuery {
+    /// Units wanted (default 1).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 10000)]
     qty: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct Availability {
     product_id: String,
+    #[schema(minimum = 1, maximum = 10000)]
     qty: i32,
+    /// `available_quantity >= qty`.
     available: bool,
+    #[schema(minimum = 0)]
     available_quantity: i32,
 }
+
+/// Availability: the stock gate (public; routed read, 250 ms budget)
+#[utoipa::path(
+    get,
+    path = "/v1/products/{product_id}/availability",
+    tag = "products",
+    params(("product_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$"), AvailabilityQuery),
+    responses(
+        (status = 200, description = "Whether `qty` units are available, and as of when", body = Stated<Availability>,
+            headers(
+                ("X-Served-By" = String, description = "`primary` or the replica's name"),
+                ("X-Stale-By-Ms" = u64, description = "`stale_by_ms`"),
+                ("X-Route-Reason" = String, description = "Why the read went where it went"),
+            )),
+        (status = 400, description = "INVALID_QUERY: `qty` is not a whole number, or an unknown parameter", body = ErrorBody),
+        (status = 404, description = "PRODUCT_NOT_FOUND", body = ErrorBody),
+        (status = 422, description = "INVALID_QUANTITY (qty out of 1..=10000), INVALID_PRODUCT_ID", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 
 async fn availability(
     State(state): State<AppState>,

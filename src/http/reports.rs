@@ -2,6 +2,7 @@
 //! the orders export (any replica that answers) each state the moment they describe, so two
 //! figures that differ explain themselves.
 
+use super::openapi::{ErrorBody, Forbidden, Stated, Unauthorized, Unavailable};
 use super::{Admin, ApiError, AppState, Query, stated};
 use crate::routing::policy::QueryClass;
 use crate::routing::{ReadCtx, ReadPool, Route, Routed};
@@ -11,9 +12,10 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use chrono::{DateTime, NaiveDate, SecondsFormat, TimeZone, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, SecondsFormat, TimeZone, Utc};
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -23,27 +25,48 @@ pub fn router() -> Router<AppState> {
         .route("/v1/exports/orders", get(export_orders))
 }
 
-#[derive(Deserialize)]
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(report, report_text, dashboard, export_orders))]
+pub(super) struct Api;
+
+/// Unknown query parameters are refused with 400.
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ReportQuery {
+    /// The UTC day, `YYYY-MM-DD` (default today).
+    #[param(value_type = Option<chrono::NaiveDate>)]
     date: Option<String>,
     /// Run the report inside a REPEATABLE READ transaction. Transactions only exist on the
     /// primary, so this moves the report there — and the route says `in_transaction`.
     snapshot: Option<bool>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct Revenue {
+    /// The UTC day.
+    #[schema(format = Date, example = "2026-11-29")]
     date: String,
+    /// Sum of confirmed orders' totals created that day.
+    #[schema(minimum = 0)]
     total_cents: i64,
+    #[schema(minimum = 0)]
     order_count: i64,
+}
+
+/// `YYYY-MM-DD` with a four-digit year: chrono also reads signed years (`-5000-01-01`) that
+/// PostgreSQL's timestamps cannot hold, which would fail in the query as a 500.
+fn parse_day(raw: &str) -> Option<NaiveDate> {
+    NaiveDate::parse_from_str(raw, "%Y-%m-%d")
+        .ok()
+        .filter(|d| (0..=9999).contains(&d.year()))
 }
 
 fn parse_date(raw: Option<&str>) -> Result<NaiveDate, ApiError> {
     match raw {
         None => Ok(Utc::now().date_naive()),
-        Some(d) => NaiveDate::parse_from_str(d, "%Y-%m-%d")
-            .map_err(|_| ApiError::bad_request("INVALID_QUERY", "date must be YYYY-MM-DD")),
+        Some(d) => parse_day(d)
+            .ok_or_else(|| ApiError::bad_request("INVALID_QUERY", "date must be YYYY-MM-DD")),
     }
 }
 
@@ -99,6 +122,28 @@ async fn revenue(
     })
 }
 
+/// Revenue for a day (admin; routed read, 5 min budget)
+///
+/// With `snapshot=true` it runs in a REPEATABLE READ transaction, so on the primary.
+#[utoipa::path(
+    get,
+    path = "/v1/reports/revenue",
+    tag = "reports",
+    params(ReportQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The day's revenue, and the moment it describes", body = Stated<Revenue>,
+            headers(
+                ("X-Served-By" = String, description = "`primary` or the replica's name"),
+                ("X-Stale-By-Ms" = u64, description = "`stale_by_ms`"),
+                ("X-Route-Reason" = String, description = "Why the read went where it went"),
+            )),
+        (status = 400, description = "INVALID_QUERY: a bad `date` or `snapshot`, or an unknown parameter", body = ErrorBody),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 503, response = Unavailable),
+    )
+)]
 async fn report(
     State(state): State<AppState>,
     _: Admin,
@@ -115,6 +160,24 @@ async fn report(
     Ok(stated(StatusCode::OK, r.value, &r.route))
 }
 
+/// Today's revenue for the live dashboard (admin; routed read, 30 s budget)
+#[utoipa::path(
+    get,
+    path = "/v1/dashboard/revenue",
+    tag = "reports",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Today's revenue, and the moment it describes", body = Stated<Revenue>,
+            headers(
+                ("X-Served-By" = String, description = "`primary` or the replica's name"),
+                ("X-Stale-By-Ms" = u64, description = "`stale_by_ms`"),
+                ("X-Route-Reason" = String, description = "Why the read went where it went"),
+            )),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 503, response = Unavailable),
+    )
+)]
 async fn dashboard(State(state): State<AppState>, _: Admin) -> Result<Response, ApiError> {
     let r = revenue(
         &state,
@@ -127,6 +190,22 @@ async fn dashboard(State(state): State<AppState>, _: Admin) -> Result<Response, 
 }
 
 /// The report as a paragraph fit for an email: the staleness explains itself.
+#[utoipa::path(
+    get,
+    path = "/v1/reports/revenue.txt",
+    tag = "reports",
+    params(ReportQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "A paragraph that states the day's revenue, as of when, and by whom it was served",
+            content_type = "text/plain", body = String,
+            example = "Revenue for 2026-11-29 (UTC): 1234.56 from 42 confirmed orders.\nData as of 16:57:03 UTC, 3 minutes before this was produced at 17:00:03 UTC (served by replica-2).\nOrders committed after 16:57:03.123 UTC are not included.\n"),
+        (status = 400, description = "INVALID_QUERY: a bad `date` or `snapshot`, or an unknown parameter", body = ErrorBody),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 503, response = Unavailable),
+    )
+)]
 async fn report_text(
     State(state): State<AppState>,
     _: Admin,
@@ -169,15 +248,21 @@ fn humanize(d: std::time::Duration) -> String {
     }
 }
 
-#[derive(Deserialize)]
+/// Unknown query parameters are refused with 400.
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ExportQuery {
+    /// Orders created at or after: `YYYY-MM-DD` (UTC midnight) or RFC 3339 (default: all).
+    #[param(example = "2026-11-29")]
     from: Option<String>,
+    /// Orders created before: `YYYY-MM-DD` (UTC midnight) or RFC 3339 (default: tomorrow).
+    #[param(example = "2026-11-30T00:00:00Z")]
     to: Option<String>,
 }
 
 fn parse_instant(raw: &str) -> Result<DateTime<Utc>, ApiError> {
-    if let Ok(d) = NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
+    if let Some(d) = parse_day(raw) {
         return Ok(day_bounds(d).0);
     }
     DateTime::parse_from_rfc3339(raw)
@@ -201,6 +286,28 @@ struct ExportRow {
 
 /// Streams orders as CSV in constant memory: rows flow from the database cursor through a
 /// small bounded channel to the socket; a client that goes away stops the query.
+#[utoipa::path(
+    get,
+    path = "/v1/exports/orders",
+    tag = "reports",
+    summary = "Export orders as CSV (admin; any replica that is not down)",
+    params(ExportQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "`order_id,product_id,user_id,quantity,total_cents,status,created_at,cancelled_at` rows, oldest first",
+            content_type = "text/csv", body = String,
+            headers(
+                ("X-As-Of" = String, description = "RFC 3339: every commit acknowledged before it is included"),
+                ("X-Served-By" = String, description = "`primary` or the replica's name"),
+                ("X-Stale-By-Ms" = u64, description = "Staleness when the export started"),
+                ("Content-Disposition" = String, description = "`attachment; filename=\"orders.csv\"`"),
+            )),
+        (status = 400, description = "INVALID_QUERY: a bad `from` or `to`, or an unknown parameter", body = ErrorBody),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 503, response = Unavailable),
+    )
+)]
 async fn export_orders(
     State(state): State<AppState>,
     _: Admin,

@@ -4,6 +4,7 @@
 //! shared store and in an `X-Consistency-Token` response header). Later reads, from any
 //! device and any instance, use a replica only if it has replayed that far.
 
+use super::openapi::{BadRequest, ErrorBody, PayloadTooLarge, Stated, Unauthorized, Unavailable};
 use super::{ApiError, AppState, Json, Path, stated};
 use crate::auth::Caller;
 use crate::domain::{DisplayName, Email, Settings, UserId};
@@ -16,6 +17,7 @@ use axum::response::Response;
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -28,6 +30,10 @@ pub fn router() -> Router<AppState> {
             get(get_profile).put(put_profile),
         )
 }
+
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(get_settings, put_settings, get_profile, put_profile))]
+pub(super) struct Api;
 
 const CONSISTENCY_TOKEN: &str = "x-consistency-token";
 
@@ -59,11 +65,39 @@ fn with_token(mut response: Response, lsn: u64) -> Response {
     response
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct SettingsBody {
     user_id: String,
+    /// Any JSON object (`{}` for a user who never saved settings).
+    #[schema(value_type = Object)]
     settings: Value,
 }
+
+/// A user's settings (that user, or admin; read-your-writes)
+#[utoipa::path(
+    get,
+    path = "/v1/users/{user_id}/settings",
+    tag = "users",
+    params(
+        ("user_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$"),
+        ("X-Consistency-Token" = Option<String>, Header, description = "From an earlier write's response: the read then sees that write, on any instance (ignored if unreadable)"),
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The settings, and the moment they describe", body = Stated<SettingsBody>,
+            headers(
+                ("X-Served-By" = String, description = "`primary` or the replica's name"),
+                ("X-Stale-By-Ms" = u64, description = "`stale_by_ms`"),
+                ("X-Route-Reason" = String, description = "Why the read went where it went"),
+            )),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "A user acting for another user", body = ErrorBody),
+        (status = 404, description = "No such route (an id of `.` or `..` is resolved away)", body = ErrorBody),
+        (status = 422, description = "INVALID_USER_ID", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 
 async fn get_settings(
     State(state): State<AppState>,
@@ -101,10 +135,33 @@ async fn get_settings(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 struct PutSettings {
+    /// Replaces the whole object: at most 16 KiB serialised, 8 levels deep, no NUL.
+    #[schema(value_type = Object)]
     settings: Value,
 }
+
+/// Replace a user's settings (that user, or admin)
+#[utoipa::path(
+    put,
+    path = "/v1/users/{user_id}/settings",
+    tag = "users",
+    params(("user_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$")),
+    request_body = PutSettings,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The saved settings, as GET", body = Stated<SettingsBody>,
+            headers(("X-Consistency-Token" = String, description = "Send it back on later reads from any instance"))),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "A user acting for another user", body = ErrorBody),
+        (status = 404, description = "No such route (an id of `.` or `..` is resolved away)", body = ErrorBody),
+        (status = 413, response = PayloadTooLarge),
+        (status = 422, description = "INVALID_SETTINGS, INVALID_USER_ID", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 
 async fn put_settings(
     State(state): State<AppState>,
@@ -139,12 +196,38 @@ async fn put_settings(
     ))
 }
 
-#[derive(Serialize, sqlx::FromRow)]
+#[derive(Serialize, sqlx::FromRow, ToSchema)]
 struct Profile {
     user_id: String,
     display_name: String,
     email: String,
 }
+
+/// A user's profile (that user, or admin; read-your-writes)
+#[utoipa::path(
+    get,
+    path = "/v1/users/{user_id}/profile",
+    tag = "users",
+    params(
+        ("user_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$"),
+        ("X-Consistency-Token" = Option<String>, Header, description = "From an earlier write's response: the read then sees that write, on any instance (ignored if unreadable)"),
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The profile, and the moment it describes", body = Stated<Profile>,
+            headers(
+                ("X-Served-By" = String, description = "`primary` or the replica's name"),
+                ("X-Stale-By-Ms" = u64, description = "`stale_by_ms`"),
+                ("X-Route-Reason" = String, description = "Why the read went where it went"),
+            )),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "A user acting for another user", body = ErrorBody),
+        (status = 404, description = "PROFILE_NOT_FOUND", body = ErrorBody),
+        (status = 422, description = "INVALID_USER_ID", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 
 async fn get_profile(
     State(state): State<AppState>,
@@ -177,11 +260,45 @@ async fn get_profile(
     Ok(stated(StatusCode::OK, profile, &read.route))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 struct PutProfile {
+    /// 1–100 characters (trimmed), no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 100,
+        example = "Ada Lovelace",
+        pattern = r"^[^\x00-\x1F\x7F-\x9F]*[^\s\x00-\x1F\x7F-\x9F][^\x00-\x1F\x7F-\x9F]*$"
+    )]
     display_name: String,
+    /// `name@example.com`, at most 254 characters.
+    #[schema(
+        max_length = 254,
+        example = "ada@example.com",
+        pattern = r"^[^\s@]{1,64}@[^\s@.]+(\.[^\s@.]+)+$"
+    )]
     email: String,
 }
+
+/// Create or replace a user's profile (that user, or admin)
+#[utoipa::path(
+    put,
+    path = "/v1/users/{user_id}/profile",
+    tag = "users",
+    params(("user_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$")),
+    request_body = PutProfile,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The saved profile, as GET", body = Stated<Profile>,
+            headers(("X-Consistency-Token" = String, description = "Send it back on later reads from any instance"))),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "A user acting for another user", body = ErrorBody),
+        (status = 404, description = "No such route (an id of `.` or `..` is resolved away)", body = ErrorBody),
+        (status = 413, response = PayloadTooLarge),
+        (status = 422, description = "INVALID_DISPLAY_NAME, INVALID_EMAIL, INVALID_USER_ID", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
 
 async fn put_profile(
     State(state): State<AppState>,

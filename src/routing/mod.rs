@@ -24,7 +24,7 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::future::Future;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -72,23 +72,42 @@ pub fn is_connection_error(e: &sqlx::Error) -> bool {
 
 /// The primary: the only place a transaction can be opened.
 #[derive(Clone, Debug)]
-pub struct Primary(PgPool);
+pub struct Primary {
+    pool: PgPool,
+    /// Set by the monitor while the primary refuses connections or has not answered for
+    /// longer than a request would wait: requests then fail fast instead of queueing.
+    down: Arc<AtomicBool>,
+}
 
 impl Primary {
+    fn check(&self) -> Result<(), DbError> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(DbError::Unavailable("the primary is not answering".into()));
+        }
+        Ok(())
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::Relaxed);
+    }
+
     /// Opens a write transaction on the primary.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
-        Ok(self.0.begin().await?)
+        self.check()?;
+        Ok(self.pool.begin().await?)
     }
 
     /// The primary pool, for single statements outside a transaction (also primary-only).
-    pub fn pool(&self) -> &PgPool {
-        &self.0
+    pub fn pool(&self) -> Result<&PgPool, DbError> {
+        self.check()?;
+        Ok(&self.pool)
     }
 
     /// The primary's WAL position now (after a commit: a position that includes it).
     pub async fn current_lsn(&self) -> Result<Lsn, DbError> {
+        self.check()?;
         let lsn: i64 = sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8")
-            .fetch_one(&self.0)
+            .fetch_one(&self.pool)
             .await?;
         Ok(lsn as Lsn)
     }
@@ -145,6 +164,8 @@ pub struct Settings {
     pub primary_pool_size: u32,
     pub replica_pool_size: u32,
     pub replica_timeout: Duration,
+    /// How long a request waits for a primary connection before answering 503.
+    pub primary_timeout: Duration,
     pub thresholds: freshness::Thresholds,
 }
 
@@ -164,6 +185,7 @@ struct Inner {
     metrics: Metrics,
     ryw: RywStore,
     replica_timeout: Duration,
+    primary_timeout: Duration,
     round_robin: AtomicUsize,
 }
 
@@ -190,7 +212,7 @@ impl Db {
         let primary = PgPoolOptions::new()
             .max_connections(s.primary_pool_size)
             .min_connections(0)
-            .acquire_timeout(Duration::from_secs(3))
+            .acquire_timeout(s.primary_timeout)
             .connect_lazy_with(primary_options(&s.primary_url)?);
         let replicas = s
             .replica_urls
@@ -215,7 +237,10 @@ impl Db {
         let freshness = Arc::new(RwLock::new(Freshness::new(replicas.len(), s.thresholds)));
         Ok(Db {
             inner: Arc::new(Inner {
-                primary: Primary(primary),
+                primary: Primary {
+                    pool: primary,
+                    down: Arc::default(),
+                },
                 monitor_targets,
                 replicas,
                 freshness,
@@ -223,6 +248,7 @@ impl Db {
                 metrics,
                 ryw,
                 replica_timeout: s.replica_timeout,
+                primary_timeout: s.primary_timeout,
                 round_robin: AtomicUsize::new(0),
             }),
         })
@@ -242,6 +268,11 @@ impl Db {
 
     pub fn replica_names(&self) -> Vec<String> {
         self.inner.replicas.iter().map(|r| r.name.clone()).collect()
+    }
+
+    /// The replica state thresholds (eviction, readmission).
+    pub fn thresholds(&self) -> freshness::Thresholds {
+        self.freshness_read().thresholds()
     }
 
     /// A monotonic instant as UTC, on the router's one clock.
@@ -437,7 +468,7 @@ impl Db {
     {
         let (replica, route) = self.route(class, ctx).await?;
         let Some(i) = replica else {
-            let value = f(ReadPool(self.inner.primary.0.clone())).await?;
+            let value = f(ReadPool(self.inner.primary.pool.clone())).await?;
             return Ok(Routed { value, route });
         };
         let r = &self.inner.replicas[i];
@@ -464,7 +495,7 @@ impl Db {
         };
         tracing::warn!(replica = %r.name, class = %class, %error, "replica read failed; retrying on the primary");
         let route = self.decided(Route::primary(class, Reason::ReplicaFailed, self.now_utc()));
-        let value = f(ReadPool(self.inner.primary.0.clone())).await?;
+        let value = f(ReadPool(self.inner.primary.pool.clone())).await?;
         Ok(Routed { value, route })
     }
 
@@ -486,7 +517,7 @@ impl Db {
             return Ok(read);
         }
         let route = self.decided(Route::primary(class, Reason::NotOnReplica, self.now_utc()));
-        let value = f(ReadPool(self.inner.primary.0.clone())).await?;
+        let value = f(ReadPool(self.inner.primary.pool.clone())).await?;
         Ok(Routed { value, route })
     }
 
@@ -494,7 +525,7 @@ impl Db {
     pub fn pool_for(&self, replica: Option<usize>) -> ReadPool {
         match replica {
             Some(i) => ReadPool(self.inner.replicas[i].pool.clone()),
-            None => ReadPool(self.inner.primary.0.clone()),
+            None => ReadPool(self.inner.primary.pool.clone()),
         }
     }
 

@@ -35,6 +35,7 @@ async fn sample_node(db: Db, node: usize, interval: Duration) {
     let timeout = db.inner.replica_timeout;
     let metrics = db.inner.metrics.clone();
     let mut conn: Option<PgConnection> = None;
+    let mut last_ok = Instant::now();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -50,6 +51,19 @@ async fn sample_node(db: Db, node: usize, interval: Duration) {
         })
         .await;
         metrics.monitor_samples.with_label_values(&[&name]).inc();
+        if node == 0 {
+            // The primary is "down" for writes when it refuses us outright, or when it has
+            // not answered for longer than a request would wait for it: then writes fail
+            // at once with 503 instead of each waiting out its own timeout.
+            let ok = matches!(&result, Ok(Ok(_)));
+            if ok {
+                last_ok = Instant::now();
+            }
+            let refused = matches!(&result, Ok(Err(e)) if super::is_connection_error(e));
+            db.inner
+                .primary
+                .set_down(!ok && (refused || last_ok.elapsed() > db.inner.primary_timeout));
+        }
         let lsn = match result {
             Ok(Ok(Some(lsn))) => Ok(lsn as u64),
             Ok(Ok(None)) => Err("not in recovery (promoted?): not a replica".to_string()),

@@ -63,6 +63,7 @@ async fn a_paused_replica_leaves_the_stock_gate_at_once_but_serves_the_dashboard
         }
     }
     let last = last_gate_from_r1.unwrap_or_default();
+    eprintln!("last stock-gate answer from the paused replica: {last:?} after the pause");
     assert!(
         last < Duration::from_millis(400),
         "replica-1 answered the gate {last:?} after the pause"
@@ -131,11 +132,22 @@ async fn with_both_replicas_paused_the_gate_reads_the_primary_and_stale_by_is_ho
         cluster.pause_replay(2).unwrap();
     });
     let paused_at = Instant::now();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    app.wait_for(
+        "the gate leaves the paused replicas",
+        Duration::from_secs(2),
+        || async { gate(&app, "p").await["served_by"] == "primary" },
+    )
+    .await;
+    assert!(
+        paused_at.elapsed() < Duration::from_millis(400),
+        "took {:?}",
+        paused_at.elapsed()
+    );
     for _ in 0..20 {
         let a = gate(&app, "p").await;
         assert_eq!(a["served_by"], "primary", "{a}");
-        assert!(a["stale_by_ms"].as_u64().unwrap() <= 5);
+        // A primary answer, possibly reused from the gate's cache: never over the budget.
+        assert!(a["stale_by_ms"].as_u64().unwrap() <= 250, "{a}");
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (_, dash) = app

@@ -97,17 +97,7 @@ pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
     let cluster = opts.cluster;
     let database = match opts.database {
         Some(db) => db,
-        None => {
-            let db = format!("t_{}", uuid::Uuid::new_v4().simple());
-            cluster.create_database(&db).expect("create test database");
-            startup::migrate(&cluster.primary_url(&db))
-                .await
-                .expect("migrate");
-            let c = cluster;
-            tokio::task::block_in_place(|| c.wait_caught_up(Duration::from_secs(30)))
-                .expect("replicas caught up");
-            db
-        }
+        None => fresh_database(cluster).await,
     };
     let mut env: HashMap<&str, String> = HashMap::new();
     env.insert("DATABASE_URL", cluster.primary_url(&database));
@@ -169,6 +159,17 @@ pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
         .await;
     }
     app
+}
+
+/// A new, migrated database on `cluster`, already on its replicas.
+pub async fn fresh_database(cluster: &Cluster) -> String {
+    let db = format!("t_{}", uuid::Uuid::new_v4().simple());
+    cluster.create_database(&db).expect("create test database");
+    startup::migrate(&cluster.primary_url(&db))
+        .await
+        .expect("migrate");
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).expect("replicas caught up");
+    db
 }
 
 impl TestApp {
@@ -360,4 +361,78 @@ impl Drop for WalTicker {
 /// Runs a blocking cluster operation from async code.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
+}
+
+/// A TCP proxy the test controls, between the service and one database: when cut, it
+/// stops forwarding on every connection (open ones go silent mid-query, new ones are
+/// accepted and never answered), as a network partition would.
+pub struct ChaosProxy {
+    pub port: u16,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ChaosProxy {
+    pub async fn start(upstream_port: u16) -> ChaosProxy {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = cut.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    let Ok(server) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
+                    else {
+                        return;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let pump =
+                        |mut from: tokio::net::tcp::OwnedReadHalf,
+                         mut to: tokio::net::tcp::OwnedWriteHalf,
+                         flag: Arc<std::sync::atomic::AtomicBool>| async move {
+                            let mut buf = vec![0u8; 16 * 1024];
+                            loop {
+                                let n = match from.read(&mut buf).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => n,
+                                };
+                                if flag.load(Ordering::SeqCst) {
+                                    // Swallow everything from now on: the peer hears nothing.
+                                    continue;
+                                }
+                                if to.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        };
+                    let a = tokio::spawn(pump(cr, sw, flag.clone()));
+                    let b = tokio::spawn(pump(sr, cw, flag));
+                    let _ = tokio::join!(a, b);
+                });
+            }
+        });
+        ChaosProxy { port, cut, task }
+    }
+
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for ChaosProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

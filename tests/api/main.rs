@@ -11,3 +11,5 @@ mod oversell;
 mod pages;
 mod read_your_writes;
 mod reports;
+mod robustness;
+mod schemathesis;

@@ -1,0 +1,150 @@
+//! Per-request costs of routing and of read-your-writes, measured in-process against the
+//! local cluster (`./dev up`; the URLs come from `./dev cluster env`).
+//!
+//! ```sh
+//! eval "$(./dev cluster env | sed 's/^/export /')" && cargo bench --bench router
+//! ```
+//! Prints a table and writes it to `bench/results/router-<date>.md`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stockgate::clock::SystemClock;
+use stockgate::config::Config;
+use stockgate::domain::UserId;
+use stockgate::routing::ReadCtx;
+use stockgate::routing::policy::QueryClass;
+use stockgate::ryw::RywStore;
+
+fn per_op(total: Duration, n: u32) -> String {
+    let ns = total.as_nanos() as f64 / n as f64;
+    if ns < 10_000.0 {
+        format!("{ns:.0} ns")
+    } else {
+        format!("{:.1} µs", ns / 1000.0)
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut config = Config::from_env().map_err(|e| anyhow::anyhow!(e.0))?;
+    config.token_secret = Some("bench-secret-0123456789".into());
+    anyhow::ensure!(
+        config.database_url.is_some(),
+        "set DATABASE_URL etc.: eval \"$(./dev cluster env | sed 's/^/export /')\""
+    );
+    let (state, _monitor) = stockgate::startup::build_state(&config, Arc::new(SystemClock))?;
+    let db = &state.db;
+    let start = Instant::now();
+    while !db
+        .replica_status()
+        .iter()
+        .all(|r| r.state.as_str() == "healthy")
+    {
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(10),
+            "replicas not healthy: is ./dev up running?"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut rows = vec![];
+    let n = 200_000;
+
+    // A routing decision: freshness from memory, policy lookup, metrics, the Route value.
+    let t = Instant::now();
+    let mut to_replica = 0;
+    for _ in 0..n {
+        let (replica, _route) = db.route(QueryClass::StockGate, &ReadCtx::none()).await?;
+        to_replica += usize::from(replica.is_some());
+    }
+    rows.push((
+        "route a stock-gate read (Db::route)",
+        per_op(t.elapsed(), n),
+        format!("{to_replica} of {n} to a replica"),
+    ));
+
+    // Read-your-writes lookups: in-process, Redis, and Redis down (fail closed).
+    let user = UserId::parse("bench-user").map_err(|e| anyhow::anyhow!(e.message))?;
+    let local = RywStore::local(Arc::new(SystemClock), Duration::from_secs(60));
+    local.advance(&user, 1).await?;
+    let t = Instant::now();
+    for _ in 0..n {
+        let _ = local.get(&user).await;
+    }
+    rows.push((
+        "read-your-writes lookup, in-process",
+        per_op(t.elapsed(), n),
+        String::new(),
+    ));
+    let redis_url = config
+        .redis_url
+        .clone()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
+    let redis = RywStore::redis(&redis_url, Arc::new(SystemClock), Duration::from_secs(60))?;
+    redis.advance(&user, 1).await?;
+    let m = 20_000;
+    let t = Instant::now();
+    for _ in 0..m {
+        redis.get(&user).await?;
+    }
+    rows.push((
+        "read-your-writes lookup, Redis (one round trip)",
+        per_op(t.elapsed(), m),
+        redis_url.clone(),
+    ));
+    let down = RywStore::redis(
+        "redis://127.0.0.1:1/",
+        Arc::new(SystemClock),
+        Duration::from_secs(60),
+    )?;
+    let k = 200;
+    let t = Instant::now();
+    let mut failed = 0;
+    for _ in 0..k {
+        failed += usize::from(down.get(&user).await.is_err());
+    }
+    rows.push((
+        "read-your-writes lookup, Redis down (fails closed)",
+        per_op(t.elapsed(), k),
+        format!("{failed} of {k} failed closed"),
+    ));
+
+    // What the monitor costs each node.
+    let before = db
+        .metrics()
+        .monitor_samples
+        .with_label_values(&["primary"])
+        .get();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let per_s = (db
+        .metrics()
+        .monitor_samples
+        .with_label_values(&["primary"])
+        .get()
+        - before) as f64
+        / 5.0;
+    rows.push((
+        "monitor queries per node",
+        format!("{per_s:.0}/s"),
+        format!(
+            "one single-row SELECT each, every {:?}",
+            config.monitor_interval
+        ),
+    ));
+
+    let mut out = format!(
+        "## routing costs, {}\n\n| measurement | per operation | note |\n|---|---|---|\n",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
+    );
+    for (what, cost, note) in rows {
+        out.push_str(&format!("| {what} | {cost} | {note} |\n"));
+    }
+    print!("{out}");
+    std::fs::create_dir_all("bench/results")?;
+    let file = format!(
+        "bench/results/router-{}.md",
+        chrono::Utc::now().format("%Y-%m-%d")
+    );
+    std::fs::write(&file, &out)?;
+    eprintln!("written to {file}");
+    Ok(())
+}

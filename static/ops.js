@@ -1,0 +1,495 @@
+// stockgate ops page: polls /v1/admin/replicas, /v1/admin/routing and /metrics, keeps a
+// few minutes of staleness history per replica in memory and draws it as inline SVG.
+// No libraries and no requests to anywhere but this service.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'stockgate.adminToken';
+  const REPLICAS_EVERY_MS = 500;
+  const ROUTING_EVERY_MS = 1000;
+  const METRICS_EVERY_MS = 1000;
+  const REQUEST_TIMEOUT_MS = 3000;
+  const HISTORY_MS = 3 * 60 * 1000;
+  // The stock gate's budget and the eviction threshold are read from /v1/admin/routing
+  // once it arrives; until then the defaults are drawn.
+  let gateBudgetMs = 250;
+  let evictMs = 5000;
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+
+  const $ = (id) => document.getElementById(id);
+  const staleHistory = new Map(); // replica name -> [{t, ms, state}]
+  const errors = new Map(); // poller name -> message
+  let running = false;
+  let generation = 0; // bumped on each start, so pollers of an earlier start stop
+  let policyClasses = [];
+  let prevScrape = null; // {t, values: Map(key -> number)}
+
+  // ---------- formatting ----------
+  function fmtMs(ms) {
+    if (ms === null || ms === undefined) return '—';
+    if (ms < 1000) return `${Math.round(ms)} ms`;
+    if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
+    const m = Math.floor(ms / 60000);
+    const s = Math.floor((ms % 60000) / 1000);
+    return `${m} min ${s} s`;
+  }
+  // A configured duration: whole units without decimals (250 ms, 5 s, 5 min).
+  function fmtBudget(ms) {
+    if (ms === null || ms === undefined) return '—';
+    if (ms < 1000) return `${ms} ms`;
+    if (ms < 60000 || ms % 60000 !== 0) return `${+(ms / 1000).toFixed(1)} s`;
+    return `${ms / 60000} min`;
+  }
+  function fmtBytes(b) {
+    if (b === null || b === undefined) return '—';
+    if (b < 1024) return `${b} B`;
+    if (b < 1024 * 1024) return `${(b / 1024).toFixed(1)} KiB`;
+    if (b < 1024 * 1024 * 1024) return `${(b / 1024 / 1024).toFixed(1)} MiB`;
+    return `${(b / 1024 / 1024 / 1024).toFixed(2)} GiB`;
+  }
+  function fmtRate(r) {
+    if (r === null || r === undefined) return '—';
+    if (r === 0) return '0';
+    return r >= 100 ? r.toFixed(0) : r.toFixed(1);
+  }
+  function fmtTime(iso) {
+    if (!iso) return '—';
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return iso;
+    const pad = (n, w = 2) => String(n).padStart(w, '0');
+    return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+  }
+  function setText(el, text) {
+    if (el && el.textContent !== text) el.textContent = text;
+  }
+
+  // ---------- token ----------
+  function token() {
+    return sessionStorage.getItem(TOKEN_KEY);
+  }
+  function takeTokenFromUrl() {
+    const params = new URLSearchParams(location.search);
+    const t = params.get('token');
+    if (t === null) return;
+    if (t.trim()) sessionStorage.setItem(TOKEN_KEY, t.trim());
+    params.delete('token');
+    const rest = params.toString();
+    // Keep the token out of the address bar and the history.
+    window.history.replaceState(null, '', location.pathname + (rest ? `?${rest}` : '') + location.hash);
+  }
+  function showLogin(message) {
+    running = false;
+    $('dashboard').classList.add('hidden');
+    $('forget-token').classList.add('hidden');
+    $('login').classList.remove('hidden');
+    setText($('login-error'), message || '');
+    setStatus('needs-token', 'waiting for an admin token');
+    $('token-input').focus();
+  }
+  function showDashboard() {
+    $('login').classList.add('hidden');
+    $('dashboard').classList.remove('hidden');
+    $('forget-token').classList.remove('hidden');
+  }
+
+  // ---------- fetching ----------
+  class Refused extends Error {}
+
+  async function fetchOrThrow(path, auth) {
+    const headers = { Accept: auth ? 'application/json' : 'text/plain' };
+    if (auth) headers.Authorization = `Bearer ${token()}`;
+    let resp;
+    try {
+      resp = await fetch(path, { headers, cache: 'no-store', signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) });
+    } catch (e) {
+      throw new Error(`${path}: ${e.name === 'TimeoutError' ? 'no answer within 3 s' : e.message}`);
+    }
+    if (resp.status === 401 || resp.status === 403) {
+      let detail = '';
+      try {
+        const body = await resp.json();
+        detail = body.error ? `${body.error.code}: ${body.error.message}` : '';
+      } catch (_) { /* not JSON */ }
+      throw new Refused(`the token was refused (${resp.status}${detail ? ` ${detail}` : ''})`);
+    }
+    if (!resp.ok) {
+      let detail = `${resp.status}`;
+      try {
+        const body = await resp.json();
+        if (body.error) detail += ` ${body.error.code}: ${body.error.message}`;
+      } catch (_) { /* not JSON */ }
+      throw new Error(`${path}: ${detail}`);
+    }
+    return resp;
+  }
+
+  function every(name, periodMs, fn) {
+    const gen = generation;
+    (async () => {
+      while (running && gen === generation) {
+        const started = performance.now();
+        try {
+          await fn();
+          errors.delete(name);
+        } catch (e) {
+          if (gen !== generation) return;
+          if (e instanceof Refused) {
+            sessionStorage.removeItem(TOKEN_KEY);
+            showLogin(e.message);
+            return;
+          }
+          errors.set(name, e.message || String(e));
+        }
+        renderErrors();
+        const wait = Math.max(50, periodMs - (performance.now() - started));
+        await new Promise((r) => setTimeout(r, wait));
+      }
+    })();
+  }
+
+  function setStatus(status, text) {
+    const el = $('poll-status');
+    el.dataset.status = status;
+    setText(el, text);
+  }
+
+  function renderErrors() {
+    const banner = $('error-banner');
+    if (errors.size === 0) {
+      banner.classList.add('hidden');
+      setStatus('ok', `live · polling every ${REPLICAS_EVERY_MS} ms`);
+    } else {
+      banner.classList.remove('hidden');
+      setText(banner, [...errors.values()].join(' · '));
+      setStatus('error', 'some requests are failing');
+    }
+  }
+
+  // ---------- replicas ----------
+  function replicaCard(name) {
+    const container = $('replicas');
+    let card = container.querySelector(`[data-replica="${CSS.escape(name)}"]`);
+    if (!card) {
+      card = $('replica-template').content.firstElementChild.cloneNode(true);
+      card.dataset.replica = name;
+      card.id = `replica-${name}`.replace(/[^A-Za-z0-9_-]/g, '_');
+      card.querySelector('.name').textContent = name;
+      container.appendChild(card);
+    }
+    return card;
+  }
+
+  async function pollReplicas() {
+    const body = await (await fetchOrThrow('/v1/admin/replicas', true)).json();
+    const now = Date.now();
+    setText($('primary-lsn'), (body.primary && body.primary.lsn) || '—');
+    setText($('updated-at'), fmtTime(new Date(now).toISOString()));
+    const replicas = body.replicas || [];
+    $('no-replicas').classList.toggle('hidden', replicas.length > 0);
+    for (const r of replicas) {
+      const samples = staleHistory.get(r.name) || [];
+      samples.push({ t: now, ms: r.staleness_ms, state: r.state });
+      while (samples.length && samples[0].t < now - HISTORY_MS - 5000) samples.shift();
+      staleHistory.set(r.name, samples);
+
+      const card = replicaCard(r.name);
+      card.dataset.state = r.state;
+      card.dataset.stalenessMs = r.staleness_ms === null ? '' : String(r.staleness_ms);
+      const badge = card.querySelector('.badge.state');
+      badge.className = `badge state ${r.state}`;
+      setText(badge, r.state);
+      setText(card.querySelector('[data-field="staleness"]'), fmtMs(r.staleness_ms));
+      setText(card.querySelector('[data-field="lag-bytes"]'), fmtBytes(r.lag_bytes));
+      setText(card.querySelector('[data-field="replay-lsn"]'), r.replay_lsn || '—');
+      setText(card.querySelector('[data-field="as-of"]'), fmtTime(r.as_of));
+      setText(card.querySelector('[data-field="in-flight"]'), String(r.in_flight));
+      setText(card.querySelector('[data-field="last-error"]'), r.last_error ? `last error: ${r.last_error}` : '');
+      drawChart(card.querySelector('[data-field="chart"]'), samples, now);
+    }
+  }
+
+  function svg(tag, attrs, text) {
+    const el = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+    if (text !== undefined) el.textContent = text;
+    return el;
+  }
+
+  // Staleness on a log scale (10 ms .. at least 10 s), time on x over HISTORY_MS.
+  function drawChart(chart, samples, now) {
+    const width = Math.max(200, Math.round(chart.getBoundingClientRect().width) || 560);
+    const height = 180;
+    const left = 46;
+    const right = 8;
+    const top = 8;
+    const bottom = 20;
+    const plotW = width - left - right;
+    const plotH = height - top - bottom;
+    const floor = 10;
+    const visible = samples.filter((s) => s.t >= now - HISTORY_MS);
+    const maxSeen = visible.reduce((m, s) => (s.ms !== null && s.ms > m ? s.ms : m), 0);
+    let ceil = 10000;
+    while (ceil < maxSeen * 1.2) ceil *= 10;
+    const lf = Math.log10(floor);
+    const lc = Math.log10(ceil);
+    const y = (ms) => top + plotH - ((Math.log10(Math.max(floor, ms)) - lf) / (lc - lf)) * plotH;
+    const x = (t) => left + ((t - (now - HISTORY_MS)) / HISTORY_MS) * plotW;
+
+    const frag = document.createDocumentFragment();
+    // State bands behind everything: amber while lagging, red while down.
+    for (let i = 0; i < visible.length; i++) {
+      const s = visible[i];
+      if (s.state !== 'lagging' && s.state !== 'down') continue;
+      const x0 = x(s.t);
+      const x1 = i + 1 < visible.length ? x(visible[i + 1].t) : x(now);
+      frag.appendChild(svg('rect', {
+        class: `${s.state}-band`, x: x0.toFixed(1), y: top, width: Math.max(1, x1 - x0).toFixed(1), height: plotH,
+      }));
+    }
+    // Decade grid lines with labels.
+    for (let v = floor; v <= ceil; v *= 10) {
+      const yy = y(v).toFixed(1);
+      frag.appendChild(svg('line', { class: 'grid-line', x1: left, x2: width - right, y1: yy, y2: yy }));
+      frag.appendChild(svg('text', { class: 'axis-label', x: left - 4, y: Number(yy) + 3, 'text-anchor': 'end' }, v < 1000 ? `${v} ms` : `${v / 1000} s`));
+    }
+    // Time ticks each minute.
+    for (let m = 0; m * 60000 <= HISTORY_MS; m++) {
+      const xx = x(now - m * 60000);
+      frag.appendChild(svg('text', { class: 'axis-label', x: xx.toFixed(1), y: height - 6, 'text-anchor': m === 0 ? 'end' : 'middle' }, m === 0 ? 'now' : `−${m} min`));
+    }
+    // Thresholds.
+    const thresholds = [
+      [gateBudgetMs, 'gate', `${fmtBudget(gateBudgetMs)} stock-gate budget`],
+      [evictMs, 'evict', `${fmtBudget(evictMs)} eviction (lagging)`],
+    ];
+    for (const [ms, kind, label] of thresholds) {
+      const yy = y(ms).toFixed(1);
+      frag.appendChild(svg('line', {
+        class: `threshold-${kind}`, 'data-threshold-ms': ms, x1: left, x2: width - right, y1: yy, y2: yy,
+      }));
+      frag.appendChild(svg('text', { class: `threshold-label-${kind}`, x: left + 4, y: Number(yy) - 3 }, label));
+    }
+    // The series, broken where staleness is unknown.
+    let points = [];
+    let drawn = 0;
+    const flush = () => {
+      if (points.length > 0) {
+        frag.appendChild(svg('polyline', { class: 'series', points: points.join(' ') }));
+        drawn += points.length;
+      }
+      points = [];
+    };
+    for (const s of visible) {
+      if (s.ms === null || s.ms === undefined) {
+        flush();
+        continue;
+      }
+      points.push(`${x(s.t).toFixed(1)},${y(s.ms).toFixed(1)}`);
+    }
+    flush();
+    const last = visible[visible.length - 1];
+    if (last && last.ms !== null && last.ms !== undefined) {
+      frag.appendChild(svg('circle', { class: 'series', cx: x(last.t).toFixed(1), cy: y(last.ms).toFixed(1), r: 2.5 }));
+    }
+    chart.setAttribute('viewBox', `0 0 ${width} ${height}`);
+    chart.dataset.points = String(drawn);
+    chart.dataset.maxMs = String(maxSeen);
+    chart.replaceChildren(frag);
+  }
+
+  // ---------- routing policy and read-your-writes store ----------
+  async function pollRouting() {
+    const body = await (await fetchOrThrow('/v1/admin/routing', true)).json();
+    policyClasses = (body.classes || []).map((c) => c.name);
+    const gate = (body.classes || []).find((c) => c.name === 'stock_gate');
+    if (gate && typeof gate.staleness_budget_ms === 'number') gateBudgetMs = gate.staleness_budget_ms;
+    if (typeof body.eviction_threshold_ms === 'number') evictMs = body.eviction_threshold_ms;
+
+    const ryw = $('ryw');
+    ryw.dataset.kind = body.read_your_writes_store || '';
+    ryw.dataset.healthy = String(!!body.read_your_writes_store_healthy);
+    setText($('ryw-kind'), body.read_your_writes_store === 'in_process' ? 'in-process (one instance)' : body.read_your_writes_store || '—');
+    const health = $('ryw-health');
+    health.className = `badge ${body.read_your_writes_store_healthy ? 'ok' : 'bad'}`;
+    setText(health, body.read_your_writes_store_healthy ? 'healthy' : 'unreachable: reads fail closed to the primary');
+    setText($('ryw-ttl'), fmtBudget(body.read_your_writes_ttl_ms));
+
+    const tbody = $('policy').tBodies[0];
+    const rows = (body.classes || []).map((c) => {
+      const tr = document.createElement('tr');
+      tr.dataset.class = c.name;
+      const budget = c.target === 'primary'
+        ? '—'
+        : c.staleness_budget_ms === null ? 'any replica not down' : fmtBudget(c.staleness_budget_ms);
+      const cells = [
+        [c.name, 'mono'],
+        [c.target, ''],
+        [budget, 'num'],
+        [c.read_your_writes ? 'yes' : 'no', ''],
+        [c.target === 'primary' ? '—' : c.when_no_fresh_replica.replace(/_/g, ' '), ''],
+      ];
+      for (const [text, cls] of cells) {
+        const td = document.createElement('td');
+        if (cls) td.className = cls;
+        td.textContent = text;
+        tr.appendChild(td);
+      }
+      tr.children[2].dataset.budgetMs = c.staleness_budget_ms === null ? '' : String(c.staleness_budget_ms);
+      return tr;
+    });
+    const signature = JSON.stringify(body.classes);
+    if (tbody.dataset.signature !== signature) {
+      tbody.replaceChildren(...rows);
+      tbody.dataset.signature = signature;
+    }
+  }
+
+  // ---------- metrics ----------
+  // Parses the Prometheus text format's sample lines for the names asked for.
+  function parseMetrics(text, wanted) {
+    const out = [];
+    for (const line of text.split('\n')) {
+      if (!line || line.startsWith('#')) continue;
+      const m = /^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
+      if (!m || !wanted.has(m[1])) continue;
+      const labels = {};
+      const re = /([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"/g;
+      let l;
+      while ((l = re.exec(m[2] || '')) !== null) {
+        labels[l[1]] = l[2].replace(/\\n/g, '\n').replace(/\\(.)/g, '$1');
+      }
+      out.push({ name: m[1], labels, value: Number(m[3]) });
+    }
+    return out;
+  }
+
+  const DECISIONS = 'stockgate_routing_decisions_total';
+  const FALLBACKS = 'stockgate_routing_fallbacks_total';
+
+  async function pollMetrics() {
+    const text = await (await fetchOrThrow('/metrics', false)).text();
+    const now = performance.now();
+    const samples = parseMetrics(text, new Set([DECISIONS, FALLBACKS]));
+    const values = new Map();
+    for (const s of samples) {
+      const key = s.name === DECISIONS
+        ? `${DECISIONS}|${s.labels.class}|${s.labels.target}|${s.labels.reason}`
+        : `${FALLBACKS}|${s.labels.class}|${s.labels.reason}`;
+      values.set(key, s.value);
+    }
+    const prev = prevScrape;
+    prevScrape = { t: now, values };
+    if (!prev) return;
+    const dt = (now - prev.t) / 1000;
+    if (dt <= 0) return;
+    const rate = (key, v) => {
+      const before = prev.values.get(key) || 0;
+      return (v >= before ? v - before : v) / dt; // a drop means the service restarted
+    };
+
+    const byClass = new Map(); // class -> {replica, primary, refused, fallbacks}
+    const entry = (c) => {
+      if (!byClass.has(c)) byClass.set(c, { replica: 0, primary: 0, refused: 0, fallbacks: 0 });
+      return byClass.get(c);
+    };
+    for (const c of policyClasses) entry(c);
+    const fallbackRows = [];
+    let fallbackTotal = 0;
+    for (const [key, v] of values) {
+      const parts = key.split('|');
+      const r = rate(key, v);
+      if (parts[0] === DECISIONS) {
+        const e = entry(parts[1]);
+        e[parts[2]] = (e[parts[2]] || 0) + r;
+      } else {
+        entry(parts[1]).fallbacks += r;
+        fallbackTotal += r;
+        fallbackRows.push({ cls: parts[1], reason: parts[2], rate: r, total: v });
+      }
+    }
+
+    const tbody = $('routing-rates').tBodies[0];
+    const rows = [];
+    for (const [cls, e] of byClass) {
+      const tr = document.createElement('tr');
+      tr.dataset.class = cls;
+      const name = document.createElement('td');
+      name.className = 'mono';
+      name.textContent = cls;
+      tr.appendChild(name);
+      for (const target of ['replica', 'primary', 'refused', 'fallbacks']) {
+        const td = document.createElement('td');
+        const r = e[target] || 0;
+        td.className = `num${r === 0 ? ' zero' : ''}${target === 'fallbacks' && r > 0 ? ' fallback-hot' : ''}`;
+        td.dataset.target = target;
+        td.dataset.rate = r.toFixed(3);
+        td.textContent = fmtRate(r);
+        tr.appendChild(td);
+      }
+      rows.push(tr);
+    }
+    tbody.replaceChildren(...rows);
+    $('rates-note').classList.add('hidden');
+
+    const total = $('fallbacks-total');
+    total.dataset.rate = fallbackTotal.toFixed(3);
+    total.className = `mono${fallbackTotal > 0 ? ' fallback-hot' : ''}`;
+    setText(total, fmtRate(fallbackTotal));
+    const ftbody = $('fallback-reasons').tBodies[0];
+    fallbackRows.sort((a, b) => b.rate - a.rate || b.total - a.total);
+    const frows = fallbackRows.filter((f) => f.total > 0).map((f) => {
+      const tr = document.createElement('tr');
+      tr.dataset.class = f.cls;
+      tr.dataset.reason = f.reason;
+      tr.dataset.rate = f.rate.toFixed(3);
+      for (const [text, cls] of [[f.cls, 'mono'], [f.reason.replace(/_/g, ' '), ''], [fmtRate(f.rate), 'num'], [String(f.total), 'num']]) {
+        const td = document.createElement('td');
+        if (cls) td.className = cls;
+        td.textContent = text;
+        tr.appendChild(td);
+      }
+      return tr;
+    });
+    if (frows.length === 0) {
+      const tr = document.createElement('tr');
+      const td = document.createElement('td');
+      td.colSpan = 4;
+      td.className = 'muted';
+      td.textContent = 'no read has fallen back to the primary since the service started';
+      tr.appendChild(td);
+      frows.push(tr);
+    }
+    ftbody.replaceChildren(...frows);
+  }
+
+  // ---------- start ----------
+  function start() {
+    if (running) return;
+    running = true;
+    generation += 1;
+    errors.clear();
+    showDashboard();
+    setStatus('starting', 'loading…');
+    every('routing', ROUTING_EVERY_MS, pollRouting);
+    every('replicas', REPLICAS_EVERY_MS, pollReplicas);
+    every('metrics', METRICS_EVERY_MS, pollMetrics);
+  }
+
+  document.addEventListener('DOMContentLoaded', () => {
+    $('login-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      const t = $('token-input').value.trim();
+      if (!t) return;
+      sessionStorage.setItem(TOKEN_KEY, t);
+      $('token-input').value = '';
+      start();
+    });
+    $('forget-token').addEventListener('click', () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      showLogin('');
+    });
+    takeTokenFromUrl();
+    if (token()) start();
+    else showLogin('');
+  });
+})();

@@ -1,0 +1,300 @@
+//! The ops page and the shop page: served with the right types and headers, and working in
+//! a real headless Chromium. The browser side is a node script in `tests/browser/`
+//! (playwright-core driving Debian's `/usr/bin/chromium`); this side owns the cluster and
+//! tells the script what it did over stdin, and the script says what it saw over stdout.
+
+use crate::helpers::*;
+use reqwest::StatusCode;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::time::Instant;
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+/// The longest any one step may take (the first includes starting the browser).
+const STEP: Duration = Duration::from_secs(30);
+
+fn browser_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
+}
+
+/// `<target>/browser-screenshots`, beside the scratch dir cargo gives integration tests.
+fn screenshot_dir() -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = tmp.parent().unwrap_or(tmp).join("browser-screenshots");
+    std::fs::create_dir_all(&dir).expect("create the screenshot directory");
+    dir
+}
+
+/// Whether the browser tests can run here. Missing prerequisites skip the test on a
+/// developer's machine, and fail it under CI (`./dev test` installs them).
+fn browser_available() -> bool {
+    let mut missing = vec![];
+    if !Path::new(CHROMIUM).exists() {
+        missing.push(format!("{CHROMIUM} (apt-get install chromium)"));
+    }
+    if !browser_dir().join("node_modules/playwright-core").is_dir() {
+        missing.push("tests/browser/node_modules (npm ci in tests/browser)".to_string());
+    }
+    let node = std::process::Command::new("node")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status();
+    if !node.map(|s| s.success()).unwrap_or(false) {
+        missing.push("node".to_string());
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let why = format!(
+        "browser test prerequisites missing: {}; `./dev test` installs them",
+        missing.join(", ")
+    );
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty());
+    assert!(!ci, "{why}");
+    eprintln!("SKIPPED (CI is not set): {why}");
+    false
+}
+
+/// A browser script in a child process, killed if the test ends early.
+struct Browser {
+    script: &'static str,
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Browser {
+    fn spawn(script: &'static str, env: &[(&str, &str)]) -> Browser {
+        let mut child = Command::new("node")
+            .arg(browser_dir().join(script))
+            .current_dir(browser_dir())
+            .env("SCREENSHOT_DIR", screenshot_dir())
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start node {script}: {e}"));
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        Browser {
+            script,
+            child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// Reads the script's lines until one starts with `prefix` (returning the rest of it),
+    /// echoing the others; fails on `FAIL …`, an early exit, or after `STEP`.
+    async fn expect(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + STEP;
+        loop {
+            let next = tokio::time::timeout_at(deadline, self.lines.next_line()).await;
+            let line = match next {
+                Err(_) => panic!("{}: no `{prefix}` within {STEP:?}", self.script),
+                Ok(Err(e)) => panic!("{}: reading its output: {e}", self.script),
+                Ok(Ok(None)) => {
+                    let status = self.child.wait().await;
+                    panic!(
+                        "{} exited ({status:?}) before saying `{prefix}`",
+                        self.script
+                    )
+                }
+                Ok(Ok(Some(line))) => line,
+            };
+            if let Some(path) = line.strip_prefix("SCREENSHOT ") {
+                println!("screenshot: {path}");
+            } else if let Some(why) = line.strip_prefix("FAIL ") {
+                panic!("{}: {why}", self.script);
+            } else {
+                println!("[{}] {line}", self.script);
+            }
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    async fn send(&mut self, line: &str) {
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write to the browser script");
+        self.stdin
+            .flush()
+            .await
+            .expect("flush to the browser script");
+    }
+
+    /// Waits for `DONE` and a clean exit.
+    async fn finish(mut self) {
+        self.expect("DONE").await;
+        let status = tokio::time::timeout(STEP, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{} did not exit after DONE", self.script))
+            .expect("wait for the browser script");
+        assert!(status.success(), "{} exited with {status}", self.script);
+    }
+}
+
+/// Reads a URL every 50 ms until dropped, so routing decisions flow.
+struct Reader(tokio::task::JoinHandle<()>);
+
+impl Reader {
+    fn start(client: reqwest::Client, url: String) -> Self {
+        Reader(tokio::spawn(async move {
+            loop {
+                let _ = client.get(&url).send().await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }))
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn fetch(
+    app: &TestApp,
+    path: &str,
+) -> (StatusCode, String, String, reqwest::header::HeaderMap) {
+    let resp = app.client.get(app.url(path)).send().await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    (status, content_type, resp.text().await.unwrap(), headers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pages_and_their_assets_are_served_from_the_binary_with_their_types() {
+    let app = spawn_app(shared_cluster()).await;
+    for (path, kind) in [
+        ("/ops", "text/html"),
+        ("/shop/flash-60", "text/html"),
+        ("/shop/no-such-product", "text/html"),
+        ("/static/ops.js", "text/javascript"),
+        ("/static/shop.js", "text/javascript"),
+        ("/static/pages.css", "text/css"),
+    ] {
+        let (status, content_type, body, headers) = fetch(&app, path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert!(content_type.starts_with(kind), "{path}: {content_type}");
+        assert!(!body.is_empty(), "{path}");
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        if kind == "text/html" {
+            let csp = headers["content-security-policy"].to_str().unwrap();
+            assert!(csp.contains("script-src 'self'"), "{path}: {csp}");
+            // Everything the page loads comes from this service.
+            for attr in ["src=\"", "href=\""] {
+                for (i, _) in body.match_indices(attr) {
+                    let url = &body[i + attr.len()..];
+                    assert!(
+                        url.starts_with("/static/") || url.starts_with("data:,\""),
+                        "{path} loads {}",
+                        url.chars().take(40).collect::<String>()
+                    );
+                }
+            }
+        }
+    }
+    // A malformed product id is the contract's error, not a page and not a 500.
+    let (status, content_type, body, _) = fetch(&app, "/shop/has%20space").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        content_type.starts_with("application/json"),
+        "{content_type}"
+    );
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "INVALID_PRODUCT_ID", "{body}");
+    let (status, _, _, _) = fetch(&app, "/shop/").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ops_page_shows_both_replicas_and_follows_replica_1_when_it_is_paused() {
+    if !browser_available() {
+        return;
+    }
+    let cluster = private_cluster();
+    let app = spawn_app(&cluster).await;
+    assert_eq!(
+        app.create_product("ops-demo", 1000, 1299).await.status(),
+        StatusCode::CREATED
+    );
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    let _reads = Reader::start(
+        app.client.clone(),
+        app.url("/v1/products/ops-demo/availability?qty=1"),
+    );
+    let mut browser = Browser::spawn(
+        "ops.mjs",
+        &[
+            ("STOCKGATE_URL", &app.address),
+            ("STOCKGATE_ADMIN_TOKEN", &app.admin),
+        ],
+    );
+    browser.expect("READY").await;
+
+    let _ticker = WalTicker::start(app.primary.clone());
+    blocking(|| cluster.pause_replay(1)).unwrap();
+    browser.send("PAUSED").await;
+    browser.expect("STALE").await;
+
+    blocking(|| cluster.pause_replay(2)).unwrap();
+    browser.send("PAUSED_BOTH").await;
+    browser.finish().await;
+    blocking(|| {
+        cluster.resume_replay(1).unwrap();
+        cluster.resume_replay(2).unwrap();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shop_page_shows_fresh_availability_sells_the_last_unit_once_and_then_says_409() {
+    if !browser_available() {
+        return;
+    }
+    let app = spawn_app(shared_cluster()).await;
+    let product = "last-sneaker";
+    assert_eq!(
+        app.create_product(product, 1, 8999).await.status(),
+        StatusCode::CREATED
+    );
+    let token = app.user_token("shopper-1");
+    let mut browser = Browser::spawn(
+        "shop.mjs",
+        &[
+            ("STOCKGATE_URL", &app.address),
+            ("STOCKGATE_PRODUCT", product),
+            ("STOCKGATE_PRICE", "£89.99"),
+            ("STOCKGATE_USER_TOKEN", &token),
+        ],
+    );
+    let freshness = browser.expect("FRESHNESS").await;
+    assert!(freshness.starts_with("In stock — as of "), "{freshness}");
+    let order_id = browser.expect("BOUGHT").await;
+    browser.expect("SOLD_OUT").await;
+    browser.finish().await;
+
+    // What the page showed is what happened: one confirmed order, no stock left.
+    let (status, order) = app
+        .get_json(&format!("/v1/orders/{order_id}"), Some(&app.admin))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{order}");
+    assert_eq!(order["status"], "confirmed", "{order}");
+    assert_eq!(order["user_id"], "shopper-1", "{order}");
+    assert_eq!(app.confirmed_orders(product).await, (1, 1));
+    assert_eq!(app.stock_on_primary(product).await, 0);
+}
