@@ -8,6 +8,8 @@
 #   4. availability at 64 connections on one product, next to a pgbench select of that
 #      product's row on replica 1 at -c 64;
 #   5. peak RSS (VmHWM, since the service started) of the `stockgate serve` process.
+# When wrk is installed (apt-get install wrk), rejections after a sell-out and availability are
+# also driven by wrk (bench/wrk/orders.lua), a lighter load generator than loadtest.
 #
 # Prints one markdown table (with the ratios service ÷ pgbench) and writes it to
 # bench/results/<YYYY-MM-DD>.md. Loopback only.
@@ -104,6 +106,31 @@ psql "$DATABASE_URL" -qX -c "DELETE FROM orders WHERE product_id = '$HOT_ROW' AN
 # --- 3. sell-out --------------------------------------------------------------------------
 lt sellout sell-out --stock 60 --buyers 5000 --concurrency 64
 
+# --- 3b. rejections after sell-out with wrk (a lighter load generator): every request a new
+#     buyer on a sold-out product; counts the primary transactions they cause.
+WRK="$(command -v wrk || true)"
+metric() { curl -fsS "$BASE_URL/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+wrk_rps=n/a wrk_409=n/a wrk_txns=n/a wavail=n/a
+if [ -n "$WRK" ]; then
+  sold="wrk-sold-$(date +%s)"
+  curl -fsS -X POST "$BASE_URL/v1/products" -H "Authorization: Bearer $STOCKGATE_ADMIN_TOKEN" -H 'Content-Type: application/json' \
+    -d "{\"product_id\": \"$sold\", \"name\": \"sold out\", \"price_cents\": 100, \"available_quantity\": 60}" >/dev/null
+  say "wrk: sell out $sold, then $SECS s of new buyers"
+  "$WRK" -t2 -c64 -d2s -s bench/wrk/orders.lua "$BASE_URL" -- "$STOCKGATE_ADMIN_TOKEN" "$sold" >/dev/null
+  before="$(metric stockgate_order_transactions_total)"
+  "$WRK" -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$BASE_URL" -- "$STOCKGATE_ADMIN_TOKEN" "$sold" >"$work/wrk-sold.txt"
+  cat "$work/wrk-sold.txt" >&2
+  wrk_txns=$(( $(metric stockgate_order_transactions_total) - before ))
+  wrk_rps="$(awk '/^Requests\/sec:/ { print $2 }' "$work/wrk-sold.txt")"
+  wrk_409="$(awk '/^status 409:/ { print $3 }' "$work/wrk-sold.txt")"
+  wrk_p50="$(awk '$1 == "50%" { print $2 }' "$work/wrk-sold.txt")" wrk_p99="$(awk '$1 == "99%" { print $2 }' "$work/wrk-sold.txt")"
+  say "wrk: availability, $SECS s at 64 connections"
+  "$WRK" -t2 -c64 -d"${SECS}s" --latency "$BASE_URL/v1/products/$HOT_ROW/availability?qty=1" >"$work/wrk-avail.txt"
+  cat "$work/wrk-avail.txt" >&2
+  wavail="$(awk '/^Requests\/sec:/ { print $2 }' "$work/wrk-avail.txt")"
+  wa_p50="$(awk '$1 == "50%" { print $2 }' "$work/wrk-avail.txt")" wa_p99="$(awk '$1 == "99%" { print $2 }' "$work/wrk-avail.txt")"
+fi
+
 # --- 4. availability vs a select of the same row on a replica -----------------------------
 lt avail availability --seconds "$SECS" --concurrency 64 --product-id "$HOT_ROW"
 cat >"$work/select.sql" <<SQL
@@ -145,6 +172,8 @@ mkdir -p bench/results
   echo "| sell-out 60 / 5000 buyers / 64: time to sell out | $(ms "$(j sellout .timing.time_to_sell_out_ms)") | | | $(j sellout .orders.errors_total) | |"
   echo "| sell-out: rejections after sell-out | $(fmt "$(j sellout .timing.rejections_per_s_after_sell_out)")/s | $(ms "$(j sellout .latency.orders_rejected_after_sell_out.p50_ms)") | $(ms "$(j sellout .latency.orders_rejected_after_sell_out.p99_ms)") | | |"
   echo "| sell-out: everyone answered / oversold | $(ms "$(j sellout .timing.total_ms)") / $(j sellout .oversold) | | | | |"
+  echo "| rejections after sell-out, wrk, 64 connections | $(fmt "$wrk_rps")/s (409: $wrk_409) | ${wrk_p50:-n/a} | ${wrk_p99:-n/a} | | primary transactions caused: $wrk_txns |"
+  echo "| availability, wrk, 64 connections | $(fmt "$wavail") req/s | ${wa_p50:-n/a} | ${wa_p99:-n/a} | | $(ratio "$wavail" "$select_tps") |"
   echo "| availability, 64 connections | $(fmt "$avail") req/s | $(ms "$(j avail .latency.p50_ms)") | $(ms "$(j avail .latency.p99_ms)") | $(j avail .errors_total) | $(ratio "$avail" "$select_tps") |"
   echo "| availability: max stale_by_ms / replica answers > 250 ms | $(j avail .max_stale_by_ms) ms / $(j avail .replica_answers_over_limit) | | | | |"
   echo "| pgbench select of the row, replica 1, -c 64 | $(fmt "$select_tps") tps | | | | |"

@@ -196,6 +196,33 @@ impl RywStore {
         }
     }
 
+    /// The furthest position any of `users` must be read at (one round trip for all).
+    pub async fn get_max(&self, users: &[&UserId]) -> Result<Option<Lsn>, StoreUnavailable> {
+        match self {
+            RywStore::Local(s) => Ok(users.iter().filter_map(|u| s.get(u)).max()),
+            RywStore::Redis(s) => {
+                if users.is_empty() {
+                    return Ok(None);
+                }
+                let mut conn = s.conn.clone();
+                let mut cmd = redis::cmd("MGET");
+                for u in users {
+                    cmd.arg(key(u));
+                }
+                let raw = s.call(cmd.query_async::<Vec<Option<String>>>(&mut conn)).await?;
+                let now = s.clock.now_ms();
+                let mut max = users.iter().filter_map(|u| s.local.get(u)).max();
+                for v in raw.into_iter().flatten() {
+                    let e = parse_entry(&v).ok_or_else(|| StoreUnavailable(format!("unreadable entry {v:?}")))?;
+                    if live(&e, now, s.ttl) {
+                        max = max.max(Some(e.lsn));
+                    }
+                }
+                Ok(max)
+            }
+        }
+    }
+
     /// Whether the store answers right now (for `/ops` and metrics).
     pub async fn healthy(&self) -> bool {
         match self {

@@ -13,6 +13,7 @@
 
 pub mod coalescer;
 pub mod gate_cache;
+pub mod lookups;
 
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::metrics::Metrics;
@@ -103,6 +104,7 @@ pub struct Checkout {
     reopened: Arc<Mutex<HashMap<ProductId, (Lsn, Instant)>>>,
     /// Per-user token buckets (orders per second), when a limit is configured.
     limiter: Option<Arc<RateLimiter>>,
+    lookups: lookups::Lookups,
 }
 
 /// How orders are batched (`STOCKGATE_ORDER_BATCH_MAX`, `STOCKGATE_ORDER_BATCH_WINDOW_US`).
@@ -124,6 +126,7 @@ impl Checkout {
             batching.window,
         );
         let limiter = (rate_per_user > 0).then(|| Arc::new(RateLimiter::new(rate_per_user)));
+        let lookups = lookups::Lookups::start(db.clone(), metrics.clone());
         Checkout {
             db,
             metrics,
@@ -131,6 +134,7 @@ impl Checkout {
             coalescer,
             reopened: Arc::default(),
             limiter,
+            lookups,
         }
     }
 
@@ -182,7 +186,7 @@ impl Checkout {
         let says_no = available.is_some_and(|a| a < req.quantity.get());
         // A duplicate of an order in flight here joins it in the batch instead.
         if says_no && !self.coalescer.is_in_flight(&req.user, &req.key) {
-            return match existing_for_user(&self.db, &req).await? {
+            return match self.lookups.existing(req).await? {
                 Some(placed) => Ok(placed),
                 None => Err(CheckoutError::OutOfStock),
             };
@@ -286,37 +290,18 @@ const EXISTING_SQL: &str = "SELECT request_fingerprint, order_id, product_id, qu
                             FROM orders WHERE user_id = $1 AND idempotency_key = $2";
 
 #[derive(sqlx::FromRow)]
-struct Existing {
+pub(crate) struct Existing {
     request_fingerprint: String,
     #[sqlx(flatten)]
     order: Order,
 }
 
-fn judge(req: &OrderRequest, found: Option<Existing>) -> Result<Option<Placed>, CheckoutError> {
+pub(crate) fn judge(req: &OrderRequest, found: Option<Existing>) -> Result<Option<Placed>, CheckoutError> {
     match found {
         None => Ok(None),
         Some(e) if e.request_fingerprint != req.fingerprint() => Err(CheckoutError::KeyReused),
         Some(e) => Ok(Some(Placed::Replayed(e.order))),
     }
-}
-
-/// The order already placed under this user's key, read as the user's own data: a replica
-/// that holds the user's last write (orders record one), else the primary.
-async fn existing_for_user(db: &Db, req: &OrderRequest) -> Result<Option<Placed>, CheckoutError> {
-    let read = db
-        .read(
-            QueryClass::OwnData,
-            &ReadCtx::user(req.user.clone(), None),
-            |pool| async move {
-                sqlx::query_as::<_, Existing>(EXISTING_SQL)
-                    .bind(req.user.as_str())
-                    .bind(req.key.as_str())
-                    .fetch_optional(pool.exec())
-                    .await
-            },
-        )
-        .await?;
-    judge(req, read.value)
 }
 
 /// The same lookup on the primary (after a concurrent claim of the key).
