@@ -172,6 +172,30 @@ impl RywStore {
         }
     }
 
+    /// Records that each of `users` wrote, all at `lsn` (one order batch): one round trip.
+    pub async fn advance_many(&self, users: &[&UserId], lsn: Lsn) -> Result<(), StoreUnavailable> {
+        match self {
+            RywStore::Local(s) => {
+                users.iter().for_each(|u| s.advance(u, lsn));
+                Ok(())
+            }
+            RywStore::Redis(s) => {
+                users.iter().for_each(|u| s.local.advance(u, lsn));
+                let mut conn = s.conn.clone();
+                let now = s.clock.now_ms();
+                let px = s.ttl.as_millis() as u64 + 5_000;
+                let mut pipe = redis::pipe();
+                pipe.load_script(&s.script).ignore();
+                for u in users {
+                    let mut invocation = s.script.key(key(u));
+                    invocation.arg(lsn).arg(now).arg(px);
+                    pipe.invoke_script(&invocation).ignore();
+                }
+                s.call(pipe.query_async::<()>(&mut conn)).await
+            }
+        }
+    }
+
     /// The position `user` must be read at, if they wrote within the TTL.
     pub async fn get(&self, user: &UserId) -> Result<Option<Lsn>, StoreUnavailable> {
         match self {
@@ -209,11 +233,14 @@ impl RywStore {
                 for u in users {
                     cmd.arg(key(u));
                 }
-                let raw = s.call(cmd.query_async::<Vec<Option<String>>>(&mut conn)).await?;
+                let raw = s
+                    .call(cmd.query_async::<Vec<Option<String>>>(&mut conn))
+                    .await?;
                 let now = s.clock.now_ms();
                 let mut max = users.iter().filter_map(|u| s.local.get(u)).max();
                 for v in raw.into_iter().flatten() {
-                    let e = parse_entry(&v).ok_or_else(|| StoreUnavailable(format!("unreadable entry {v:?}")))?;
+                    let e = parse_entry(&v)
+                        .ok_or_else(|| StoreUnavailable(format!("unreadable entry {v:?}")))?;
                     if live(&e, now, s.ttl) {
                         max = max.max(Some(e.lsn));
                     }

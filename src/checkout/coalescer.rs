@@ -209,16 +209,13 @@ impl Coalescer {
                 return;
             }
         };
-        let unique: HashSet<&UserId> = winners.iter().collect();
-        futures::future::join_all(unique.into_iter().map(|u| async move {
-            if self.db.ryw().advance(u, lsn).await.is_err() {
-                self.metrics
-                    .ryw_store_failures
-                    .with_label_values(&["advance"])
-                    .inc();
-            }
-        }))
-        .await;
+        let unique: Vec<&UserId> = winners.iter().collect::<HashSet<_>>().into_iter().collect();
+        if self.db.ryw().advance_many(&unique, lsn).await.is_err() {
+            self.metrics
+                .ryw_store_failures
+                .with_label_values(&["advance"])
+                .inc();
+        }
     }
 
     /// One transaction for the batch. Returns an outcome per request and the users whose

@@ -36,7 +36,11 @@ impl Lookups {
     /// The order already placed under this request's user and key, if any.
     pub async fn existing(&self, req: OrderRequest) -> Result<Option<Placed>, CheckoutError> {
         let (reply, rx) = oneshot::channel();
-        let closed = || CheckoutError::Db(crate::routing::DbError::Unavailable("idempotency lookups stopped".into()));
+        let closed = || {
+            CheckoutError::Db(crate::routing::DbError::Unavailable(
+                "idempotency lookups stopped".into(),
+            ))
+        };
         self.tx.send((req, reply)).map_err(|_| closed())?;
         rx.await.map_err(|_| closed())?
     }
@@ -45,7 +49,9 @@ impl Lookups {
 async fn worker(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<(OrderRequest, Reply)>) {
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     while let Some(first) = rx.recv().await {
-        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -61,14 +67,17 @@ async fn worker(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<(Order
             match lookup(&db, &metrics, &reqs).await {
                 Ok(mut found) => {
                     for (req, reply) in batch {
-                        let hit = found.remove(&(req.user.as_str().to_string(), req.key.as_str().to_string()));
+                        let hit = found
+                            .remove(&(req.user.as_str().to_string(), req.key.as_str().to_string()));
                         let _ = reply.send(judge(&req, hit));
                     }
                 }
                 Err(e) => {
                     let msg = e.to_string();
                     for (_, reply) in batch {
-                        let _ = reply.send(Err(CheckoutError::Db(crate::routing::DbError::Unavailable(msg.clone()))));
+                        let _ = reply.send(Err(CheckoutError::Db(
+                            crate::routing::DbError::Unavailable(msg.clone()),
+                        )));
                     }
                 }
             }
@@ -76,7 +85,11 @@ async fn worker(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<(Order
     }
 }
 
-async fn lookup(db: &Db, metrics: &Metrics, reqs: &[&OrderRequest]) -> Result<HashMap<(String, String), Existing>, CheckoutError> {
+async fn lookup(
+    db: &Db,
+    metrics: &Metrics,
+    reqs: &[&OrderRequest],
+) -> Result<HashMap<(String, String), Existing>, CheckoutError> {
     let users: Vec<&crate::domain::UserId> = reqs.iter().map(|r| &r.user).collect();
     // A replica may answer only if it holds every one of these users' last writes; if the
     // store cannot say, no replica can be trusted with it.
@@ -106,7 +119,16 @@ async fn lookup(db: &Db, metrics: &Metrics, reqs: &[&OrderRequest]) -> Result<Ha
             }
         })
         .await?;
-    Ok(read.value.into_iter().map(|k| ((k.existing.order.user_id.clone(), k.idempotency_key), k.existing)).collect())
+    Ok(read
+        .value
+        .into_iter()
+        .map(|k| {
+            (
+                (k.existing.order.user_id.clone(), k.idempotency_key),
+                k.existing,
+            )
+        })
+        .collect())
 }
 
 #[derive(sqlx::FromRow)]

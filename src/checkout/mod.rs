@@ -296,7 +296,10 @@ pub(crate) struct Existing {
     order: Order,
 }
 
-pub(crate) fn judge(req: &OrderRequest, found: Option<Existing>) -> Result<Option<Placed>, CheckoutError> {
+pub(crate) fn judge(
+    req: &OrderRequest,
+    found: Option<Existing>,
+) -> Result<Option<Placed>, CheckoutError> {
     match found {
         None => Ok(None),
         Some(e) if e.request_fingerprint != req.fingerprint() => Err(CheckoutError::KeyReused),

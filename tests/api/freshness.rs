@@ -52,7 +52,7 @@ async fn a_paused_replica_leaves_the_stock_gate_at_once_but_serves_the_dashboard
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
     app.create_product("p", 5, 100).await;
-    let _ticker = WalTicker::start(app.primary.clone());
+    let log = AckLog::start(app.primary.clone()).await;
     blocking(|| cluster.pause_replay(1)).unwrap();
     let paused_at = Instant::now();
     // The gate stops using replica-1 within 250 ms + one sample period (+ scheduling slack).
@@ -68,18 +68,11 @@ async fn a_paused_replica_leaves_the_stock_gate_at_once_but_serves_the_dashboard
         last < Duration::from_millis(400),
         "replica-1 answered the gate {last:?} after the pause"
     );
-    // Its reported staleness is honest: at least the time since the pause.
-    let (_, staleness) = app
-        .replica_states()
-        .await
-        .into_iter()
-        .find(|(n, _, _)| n == "replica-1")
-        .map(|(_, s, st)| (s, st))
-        .unwrap();
-    let since = paused_at.elapsed().as_millis() as u64;
+    // Its reported staleness is honest: it holds every commit acknowledged before its as_of.
+    let claimed = assert_claim_is_honest(&app, &cluster, 1, &log).await;
     assert!(
-        staleness.unwrap_or(0) + 100 >= since,
-        "staleness {staleness:?} < {since} ms since pause"
+        claimed >= Duration::from_millis(1_500),
+        "paused for 2 s, claimed {claimed:?}"
     );
     // The dashboard (30 s) still reads from replicas, including replica-1 while it is under 30 s.
     let mut dashboard_from_r1 = false;
@@ -125,8 +118,8 @@ async fn with_both_replicas_paused_the_gate_reads_the_primary_and_stale_by_is_ho
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
     app.create_product("p", 5, 100).await;
+    let log = AckLog::start(app.primary.clone()).await;
     blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
-    let _ticker = WalTicker::start(app.primary.clone());
     blocking(|| {
         cluster.pause_replay(1).unwrap();
         cluster.pause_replay(2).unwrap();
@@ -149,21 +142,34 @@ async fn with_both_replicas_paused_the_gate_reads_the_primary_and_stale_by_is_ho
         // A primary answer, possibly reused from the gate's cache: never over the budget.
         assert!(a["stale_by_ms"].as_u64().unwrap() <= 250, "{a}");
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two seconds behind: the dashboard (30 s) still reads a replica, and says how stale.
+    app.wait_for("replicas 2 s behind", Duration::from_secs(10), || async {
+        app.replica_states()
+            .await
+            .iter()
+            .all(|(_, _, st)| st.unwrap_or(0) >= 2_000)
+    })
+    .await;
     let (_, dash) = app
         .get_json("/v1/dashboard/revenue", Some(&app.admin))
         .await;
-    assert_ne!(
-        dash["served_by"], "primary",
-        "dashboard may use a replica 2.4 s behind: {dash}"
-    );
-    let real = paused_at.elapsed().as_millis() as u64;
-    let reported = dash["stale_by_ms"].as_u64().unwrap();
-    // Never less than the truth (the pause lands a few ms after `paused_at`'s WAL position).
+    let served_by = dash["served_by"].as_str().unwrap().to_string();
     assert!(
-        reported + 60 >= real,
-        "stale_by_ms {reported} < {real} ms since the pause"
+        served_by.starts_with("replica-"),
+        "the dashboard may use a replica 2 s behind: {dash}"
     );
+    let i: usize = served_by.trim_start_matches("replica-").parse().unwrap();
+    let reported = dash["stale_by_ms"].as_u64().unwrap();
+    let truth = log.true_staleness(held_by_replica(&cluster, i, &app.database).await);
+    // Never less stale than the truth: the time since the first acknowledged commit the
+    // replica lacks (measured a few ms after the answer, hence the small allowance).
+    assert!(
+        reported + 20 >= truth.as_millis() as u64,
+        "stale_by_ms {reported} < true staleness {truth:?}"
+    );
+    for i in 1..=2 {
+        assert_claim_is_honest(&app, &cluster, i, &log).await;
+    }
     blocking(|| {
         cluster.resume_replay(1).unwrap();
         cluster.resume_replay(2).unwrap();
@@ -174,35 +180,38 @@ async fn with_both_replicas_paused_the_gate_reads_the_primary_and_stale_by_is_ho
 async fn a_two_second_apply_delay_reads_as_about_two_seconds() {
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
-    let _ticker = WalTicker::start(app.primary.clone());
+    let log = AckLog::start(app.primary.clone()).await;
     blocking(|| cluster.set_apply_delay(1, 2000)).unwrap();
-    // Let the delay settle in, then sample the reported staleness for a while.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    app.wait_for("the delay to show", Duration::from_secs(10), || async {
+        app.replica_states()
+            .await
+            .iter()
+            .any(|(n, _, st)| n == "replica-1" && st.unwrap_or(0) >= 1_500)
+    })
+    .await;
+    // Sample the claim for two seconds; each claim must hold against the acknowledged commits.
     let mut samples = vec![];
     for _ in 0..20 {
-        let st = app
-            .replica_states()
-            .await
-            .into_iter()
-            .find(|(n, _, _)| n == "replica-1")
-            .and_then(|(_, _, s)| s)
-            .unwrap();
-        samples.push(st);
+        samples.push(
+            assert_claim_is_honest(&app, &cluster, 1, &log)
+                .await
+                .as_millis() as u64,
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let avg = samples.iter().sum::<u64>() / samples.len() as u64;
+    eprintln!("reported staleness under a 2 s apply delay: average {avg} ms ({samples:?})");
+    // About 2 s: the delay counts from each commit's timestamp, staleness from its
+    // acknowledgement, which a loaded disk can push later.
     assert!(
-        (1900..=2400).contains(&avg),
+        (1_500..=2_500).contains(&avg),
         "average staleness {avg} ms for a 2 s delay: {samples:?}"
     );
-    let other = app
-        .replica_states()
-        .await
-        .into_iter()
-        .find(|(n, _, _)| n == "replica-2")
-        .and_then(|(_, _, s)| s)
-        .unwrap();
-    assert!(other < 250, "replica-2 is not delayed: {other} ms");
+    let other = assert_claim_is_honest(&app, &cluster, 2, &log).await;
+    assert!(
+        other < Duration::from_millis(250),
+        "replica-2 is not delayed: {other:?}"
+    );
     blocking(|| cluster.set_apply_delay(1, 0)).unwrap();
 }
 

@@ -436,3 +436,105 @@ impl Drop for ChaosProxy {
         self.task.abort();
     }
 }
+
+/// Writes a row every few milliseconds and remembers when each commit was acknowledged, so a
+/// test can check a staleness claim against the truth: a replica claimed fresh as of `t` must
+/// hold every commit acknowledged before `t`.
+pub struct AckLog {
+    acks: Arc<std::sync::Mutex<Vec<(i64, Instant)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AckLog {
+    pub async fn start(primary: sqlx::PgPool) -> AckLog {
+        sqlx::query("CREATE TABLE IF NOT EXISTS acks (id bigserial PRIMARY KEY)")
+            .execute(&primary)
+            .await
+            .unwrap();
+        let acks: Arc<std::sync::Mutex<Vec<(i64, Instant)>>> = Arc::default();
+        let log = acks.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                if let Ok(id) =
+                    sqlx::query_scalar::<_, i64>("INSERT INTO acks DEFAULT VALUES RETURNING id")
+                        .fetch_one(&primary)
+                        .await
+                {
+                    log.lock().unwrap().push((id, Instant::now()));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        AckLog { acks, task }
+    }
+
+    /// How stale a replica that holds rows up to `held` really is: the time since the first
+    /// acknowledged commit it lacks (zero if it lacks none).
+    pub fn true_staleness(&self, held: i64) -> Duration {
+        let acks = self.acks.lock().unwrap();
+        acks.iter()
+            .find(|(id, _)| *id > held)
+            .map(|(_, at)| at.elapsed())
+            .unwrap_or_default()
+    }
+
+    /// The largest id acknowledged before `t`.
+    pub fn acked_before(&self, t: Instant) -> i64 {
+        let acks = self.acks.lock().unwrap();
+        acks.iter()
+            .take_while(|(_, at)| *at < t)
+            .map(|(id, _)| *id)
+            .last()
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for AckLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The newest `acks` row replica `i` holds.
+pub async fn held_by_replica(cluster: &Cluster, i: usize, database: &str) -> i64 {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&cluster.replica_url(i, database))
+        .await
+        .unwrap();
+    let held: Option<i64> = sqlx::query_scalar("SELECT max(id) FROM acks")
+        .fetch_one(&pool)
+        .await
+        .unwrap_or(None);
+    pool.close().await;
+    held.unwrap_or(0)
+}
+
+/// Checks the service's claim about replica `i` against the truth: every commit
+/// acknowledged before the replica's `as_of` must be on it. Takes the claim first and reads
+/// the replica after (it only gains rows), so a failure is always a real lie. Returns the
+/// claimed staleness.
+pub async fn assert_claim_is_honest(
+    app: &TestApp,
+    cluster: &Cluster,
+    i: usize,
+    log: &AckLog,
+) -> Duration {
+    let name = format!("replica-{i}");
+    let status = app
+        .state
+        .db
+        .replica_status()
+        .into_iter()
+        .find(|r| r.name == name)
+        .unwrap();
+    let staleness = status.staleness.expect("a staleness bound");
+    let as_of = Instant::now() - staleness;
+    let required = log.acked_before(as_of);
+    let held = held_by_replica(cluster, i, &app.database).await;
+    assert!(
+        required <= held,
+        "{name} claimed fresh as of {staleness:?} ago, which needs row {required}, but it holds only {held}"
+    );
+    staleness
+}
