@@ -468,13 +468,13 @@ impl AckLog {
         AckLog { acks, task }
     }
 
-    /// How stale a replica that holds rows up to `held` really is: the time since the first
-    /// acknowledged commit it lacks (zero if it lacks none).
-    pub fn true_staleness(&self, held: i64) -> Duration {
+    /// How stale a replica that holds rows up to `held` really was at `at`: the time since
+    /// the first acknowledged commit it lacks (zero if it lacks none).
+    pub fn true_staleness(&self, held: i64, at: Instant) -> Duration {
         let acks = self.acks.lock().unwrap();
         acks.iter()
             .find(|(id, _)| *id > held)
-            .map(|(_, at)| at.elapsed())
+            .map(|(_, acked)| at.saturating_duration_since(*acked))
             .unwrap_or_default()
     }
 
