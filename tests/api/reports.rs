@@ -55,9 +55,10 @@ async fn report_and_primary_figures_differ_by_exactly_the_orders_committed_betwe
         first_missed_ack.get_or_insert_with(Instant::now);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (s, report) = app.get_json("/v1/reports/revenue", Some(&app.admin)).await;
-    // Never less stale than the truth (at least the time since the first order it lacks).
+    // Never less stale than the truth: at least the time since the first order it lacks
+    // was acknowledged, up to when the request was sent (the answer is produced after).
     let truth = first_missed_ack.unwrap().elapsed().as_millis() as u64;
+    let (s, report) = app.get_json("/v1/reports/revenue", Some(&app.admin)).await;
     assert_eq!(s, StatusCode::OK);
     let (_, dashboard) = app
         .get_json("/v1/dashboard/revenue", Some(&app.admin))
@@ -84,7 +85,7 @@ async fn report_and_primary_figures_differ_by_exactly_the_orders_committed_betwe
     );
     assert!(snapshot["as_of"].as_str() > report["as_of"].as_str());
     assert!(
-        report["stale_by_ms"].as_u64().unwrap() + 20 >= truth,
+        report["stale_by_ms"].as_u64().unwrap() + 1 >= truth,
         "{report} vs {truth} ms"
     );
     // The emailed text explains itself.
