@@ -141,7 +141,6 @@ impl Checkout {
     /// Records that `product`'s stock went up just now (after the commit): this instance's
     /// gate forgets its cached answer and reads only where the change is.
     pub async fn reopened(&self, product: &ProductId) -> Result<(), DbError> {
-        self.cache.invalidate(product);
         let lsn = self.db.primary().current_lsn().await?;
         let now = Instant::now();
         let keep = QueryClass::StockGate.policy().budget.unwrap_or_default() * 4;
@@ -150,6 +149,7 @@ impl Checkout {
         let entry = map.entry(product.clone()).or_insert((lsn, now));
         *entry = (entry.0.max(lsn), now);
         drop(map);
+        // Pinned first, then forgotten: the next gate read must reach the pinned position.
         self.cache.invalidate(product);
         Ok(())
     }

@@ -149,15 +149,20 @@ async fn report(
     _: Admin,
     Query(q): Query<ReportQuery>,
 ) -> Result<Response, ApiError> {
+    let r = requested_report(&state, &q).await?;
+    Ok(stated(StatusCode::OK, r.value, &r.route))
+}
+
+/// The revenue report a `date`/`snapshot` query asks for.
+async fn requested_report(state: &AppState, q: &ReportQuery) -> Result<Routed<Revenue>, ApiError> {
     let date = parse_date(q.date.as_deref())?;
-    let r = revenue(
-        &state,
+    revenue(
+        state,
         QueryClass::RevenueReport,
         date,
         q.snapshot.unwrap_or(false),
     )
-    .await?;
-    Ok(stated(StatusCode::OK, r.value, &r.route))
+    .await
 }
 
 /// Today's revenue for the live dashboard (admin; routed read, 30 s budget)
@@ -211,14 +216,7 @@ async fn report_text(
     _: Admin,
     Query(q): Query<ReportQuery>,
 ) -> Result<Response, ApiError> {
-    let date = parse_date(q.date.as_deref())?;
-    let r = revenue(
-        &state,
-        QueryClass::RevenueReport,
-        date,
-        q.snapshot.unwrap_or(false),
-    )
-    .await?;
+    let r = requested_report(&state, &q).await?;
     let text = revenue_text(&r.value, &r.route, state.db.now_utc());
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
 }
