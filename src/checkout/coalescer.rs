@@ -243,15 +243,19 @@ impl Coalescer {
                 vec![],
             ));
         };
-        // Orders already placed under these keys (by earlier batches or instances).
+        // Orders already placed for this product under these keys (by earlier batches or
+        // instances). Like every statement here it is keyed by product_id; a key already
+        // used for another product surfaces as a conflict on insert and is looked up after.
         let users: Vec<&str> = reqs.iter().map(|r| r.user.as_str()).collect();
         let keys: Vec<&str> = reqs.iter().map(|r| r.key.as_str()).collect();
         let found: Vec<ExistingRow> = sqlx::query_as(
             "SELECT o.idempotency_key, o.request_fingerprint, o.order_id, o.product_id, o.quantity, o.user_id, o.status, \
                     o.total_cents, o.created_at, o.cancelled_at \
-             FROM orders o JOIN UNNEST($1::text[], $2::text[]) AS k(user_id, idempotency_key) \
-               ON o.user_id = k.user_id AND o.idempotency_key = k.idempotency_key",
+             FROM orders o JOIN UNNEST($2::text[], $3::text[]) AS k(user_id, idempotency_key) \
+               ON o.user_id = k.user_id AND o.idempotency_key = k.idempotency_key \
+             WHERE o.product_id = $1",
         )
+        .bind(product.as_str())
         .bind(&users)
         .bind(&keys)
         .fetch_all(&mut *tx)

@@ -233,13 +233,19 @@ impl Checkout {
 
     /// An order by id, from the primary (its owner may have placed it a moment ago).
     pub async fn get(&self, order_id: Uuid) -> Result<Order, CheckoutError> {
-        sqlx::query_as::<_, Order>(
-            "SELECT order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at FROM orders WHERE order_id = $1",
-        )
-        .bind(order_id)
-        .fetch_optional(self.db.primary().pool()?)
-        .await?
-        .ok_or(CheckoutError::OrderNotFound)
+        let read = self
+            .db
+            .read(QueryClass::OrderLookup, &ReadCtx::none(), |pool| async move {
+                sqlx::query_as::<_, Order>(
+                    "SELECT order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at \
+                     FROM orders WHERE order_id = $1",
+                )
+                .bind(order_id)
+                .fetch_optional(pool.exec())
+                .await
+            })
+            .await?;
+        read.value.ok_or(CheckoutError::OrderNotFound)
     }
 
     /// Cancels a confirmed order and returns its quantity to stock, exactly once: the

@@ -325,6 +325,12 @@ async fn concurrent_duplicates_of_one_key_make_one_order_and_take_stock_once() {
     let (s, again) = send(2).await;
     assert_eq!(s, StatusCode::CREATED);
     assert!(ids.contains(again["order_id"].as_str().unwrap()));
+    // The same key for another product is a different body: refused, nothing taken there.
+    sale_product(&app, "dupes-other", 10).await;
+    let other = app.order("ada", "one-key", "dupes-other", 1).await;
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(app.stock_on_primary("dupes-other").await, 10);
+    assert_eq!(app.confirmed_orders("dupes-other").await, (0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
