@@ -629,7 +629,7 @@ async fn two_instances_selling_one_product_take_turns_on_the_row_and_never_overs
     .await;
     eprintln!("instance B saw A's restock after {:?}", restocked.elapsed());
     assert!(
-        restocked.elapsed() < Duration::from_millis(600),
+        restocked.elapsed() < Duration::from_secs(1),
         "B took {:?}",
         restocked.elapsed()
     );
