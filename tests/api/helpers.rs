@@ -5,7 +5,7 @@
 //! database); tests that inject lag get a private cluster, so a paused replica never leaks
 //! into another test. Set `TEST_LOG=1` to see the service's logs.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use devcluster::{Cluster, Redis};
 use reqwest::{Client, Response, StatusCode};
@@ -85,7 +85,6 @@ pub struct TestApp {
     pub primary: sqlx::PgPool,
     pub state: stockgate::http::AppState,
     shutdown: Option<oneshot::Sender<()>>,
-    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 pub async fn spawn_app(cluster: &Cluster) -> TestApp {
@@ -120,7 +119,7 @@ pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
     let port = app.port();
     let state = app.state().clone();
     let (tx, rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(app.run_until(async move {
+    tokio::spawn(app.run_until(async move {
         let _ = rx.await;
     }));
     let primary = sqlx::postgres::PgPoolOptions::new()
@@ -146,7 +145,6 @@ pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
         primary,
         state,
         shutdown: Some(tx),
-        server: Some(server),
     };
     // Wait until the monitor has seen every replica answer, so tests start from a known state.
     if opts.replicas {
@@ -184,16 +182,6 @@ impl TestApp {
                 Duration::from_secs(3600),
             )
             .unwrap()
-    }
-
-    /// Stops the server gracefully and waits for it.
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(h) = self.server.take() {
-            let _ = h.await;
-        }
     }
 
     pub async fn create_product(&self, id: &str, stock: i64, price: i64) -> Response {
@@ -298,15 +286,6 @@ impl TestApp {
             .fetch_one(&self.primary)
             .await
             .unwrap()
-    }
-
-    /// Writes something on the primary so WAL keeps moving (a paused replica then falls
-    /// behind measurably).
-    pub async fn bump_wal(&self) {
-        sqlx::query("SELECT txid_current()")
-            .execute(&self.primary)
-            .await
-            .unwrap();
     }
 }
 
