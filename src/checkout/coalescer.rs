@@ -246,29 +246,7 @@ impl Coalescer {
         // Orders already placed for this product under these keys (by earlier batches or
         // instances). Like every statement here it is keyed by product_id; a key already
         // used for another product surfaces as a conflict on insert and is looked up after.
-        let users: Vec<&str> = reqs.iter().map(|r| r.user.as_str()).collect();
-        let keys: Vec<&str> = reqs.iter().map(|r| r.key.as_str()).collect();
-        let found: Vec<ExistingRow> = sqlx::query_as(
-            "SELECT o.idempotency_key, o.request_fingerprint, o.order_id, o.product_id, o.quantity, o.user_id, o.status, \
-                    o.total_cents, o.created_at, o.cancelled_at \
-             FROM orders o JOIN UNNEST($2::text[], $3::text[]) AS k(user_id, idempotency_key) \
-               ON o.user_id = k.user_id AND o.idempotency_key = k.idempotency_key \
-             WHERE o.product_id = $1",
-        )
-        .bind(product.as_str())
-        .bind(&users)
-        .bind(&keys)
-        .fetch_all(&mut *tx)
-        .await?;
-        let existing: HashMap<(String, String), (String, Order)> = found
-            .into_iter()
-            .map(|r| {
-                (
-                    (r.order.user_id.clone(), r.idempotency_key),
-                    (r.request_fingerprint, r.order),
-                )
-            })
-            .collect();
+        let existing = super::existing_for(&mut *tx, reqs, Some(product)).await?;
         // Allocate in arrival order.
         let mut remaining = stock;
         let mut outcomes: Vec<Outcome> = Vec::with_capacity(reqs.len());
@@ -282,19 +260,18 @@ impl Coalescer {
                 continue;
             }
             first_of.insert((r.user.as_str(), r.key.as_str()), i);
-            let outcome =
-                match existing.get(&(r.user.as_str().to_string(), r.key.as_str().to_string())) {
-                    Some((fp, order)) if *fp == r.fingerprint() => {
-                        Outcome::Done(Ok(Placed::Replayed(order.clone())))
-                    }
-                    Some(_) => Outcome::Done(Err(CheckoutError::KeyReused)),
-                    None if r.quantity.get() <= remaining => {
-                        remaining -= r.quantity.get();
-                        winners.push((i, Uuid::new_v4()));
-                        Outcome::LookUpAgain // becomes Created once inserted
-                    }
-                    None => Outcome::Done(Err(CheckoutError::OutOfStock)),
-                };
+            let outcome = match existing.get(&super::key_of(r)) {
+                Some(e) if e.request_fingerprint == r.fingerprint() => {
+                    Outcome::Done(Ok(Placed::Replayed(e.order.clone())))
+                }
+                Some(_) => Outcome::Done(Err(CheckoutError::KeyReused)),
+                None if r.quantity.get() <= remaining => {
+                    remaining -= r.quantity.get();
+                    winners.push((i, Uuid::new_v4()));
+                    Outcome::LookUpAgain // becomes Created once inserted
+                }
+                None => Outcome::Done(Err(CheckoutError::OutOfStock)),
+            };
             outcomes.push(outcome);
         }
         let mut created_users = Vec::new();
@@ -398,14 +375,6 @@ impl Coalescer {
         );
         Ok((outcomes, created_users))
     }
-}
-
-#[derive(sqlx::FromRow)]
-struct ExistingRow {
-    idempotency_key: String,
-    request_fingerprint: String,
-    #[sqlx(flatten)]
-    order: Order,
 }
 
 fn p_id(batch: &[Pending]) -> String {

@@ -5,7 +5,7 @@
 //! users (Redis `MGET`) and one indexed query, on a replica that holds every one of those
 //! users' last writes (or the primary).
 
-use super::{CheckoutError, Existing, OrderRequest, Placed, judge};
+use super::{CheckoutError, Existing, OrderRequest, Placed, existing_for, judge, key_of};
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
 use crate::routing::{Db, ReadCtx};
@@ -67,8 +67,7 @@ async fn worker(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<(Order
             match lookup(&db, &metrics, &reqs).await {
                 Ok(mut found) => {
                     for (req, reply) in batch {
-                        let hit = found
-                            .remove(&(req.user.as_str().to_string(), req.key.as_str().to_string()));
+                        let hit = found.remove(&key_of(&req));
                         let _ = reply.send(judge(&req, hit));
                     }
                 }
@@ -100,40 +99,15 @@ async fn lookup(
             Some(u64::MAX)
         }
     };
-    let user_ids: Vec<&str> = reqs.iter().map(|r| r.user.as_str()).collect();
-    let keys: Vec<&str> = reqs.iter().map(|r| r.key.as_str()).collect();
     let read = db
-        .read(QueryClass::OwnData, &ReadCtx { user: None, min_lsn }, |pool| {
-            let (user_ids, keys) = (&user_ids, &keys);
-            async move {
-                sqlx::query_as::<_, KeyedExisting>(
-                    "SELECT o.idempotency_key, o.request_fingerprint, o.order_id, o.product_id, o.quantity, o.user_id, o.status, \
-                            o.total_cents, o.created_at, o.cancelled_at \
-                     FROM orders o JOIN UNNEST($1::text[], $2::text[]) AS k(user_id, idempotency_key) \
-                       ON o.user_id = k.user_id AND o.idempotency_key = k.idempotency_key",
-                )
-                .bind(user_ids)
-                .bind(keys)
-                .fetch_all(pool.exec())
-                .await
-            }
-        })
+        .read(
+            QueryClass::OwnData,
+            &ReadCtx {
+                user: None,
+                min_lsn,
+            },
+            |pool| async move { existing_for(pool.exec(), reqs, None).await },
+        )
         .await?;
-    Ok(read
-        .value
-        .into_iter()
-        .map(|k| {
-            (
-                (k.existing.order.user_id.clone(), k.idempotency_key),
-                k.existing,
-            )
-        })
-        .collect())
-}
-
-#[derive(sqlx::FromRow)]
-struct KeyedExisting {
-    idempotency_key: String,
-    #[sqlx(flatten)]
-    existing: Existing,
+    Ok(read.value)
 }

@@ -292,14 +292,46 @@ impl Checkout {
     }
 }
 
-const EXISTING_SQL: &str = "SELECT request_fingerprint, order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at \
-                            FROM orders WHERE user_id = $1 AND idempotency_key = $2";
-
+/// An order found under a user's idempotency key, with the body it was placed with.
 #[derive(sqlx::FromRow)]
 pub(crate) struct Existing {
+    idempotency_key: String,
     request_fingerprint: String,
     #[sqlx(flatten)]
     order: Order,
+}
+
+/// The (user, key) an order request is idempotent under.
+pub(crate) fn key_of(req: &OrderRequest) -> (String, String) {
+    (req.user.as_str().to_string(), req.key.as_str().to_string())
+}
+
+/// Orders already placed under any of `reqs`' (user, key) pairs — only for `product` when
+/// given — by (user, key). One indexed query however many requests; the single lookup, the
+/// coalescer's batch and the batched "no"-path lookups all use it.
+pub(crate) async fn existing_for<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    reqs: &[&OrderRequest],
+    product: Option<&ProductId>,
+) -> Result<HashMap<(String, String), Existing>, sqlx::Error> {
+    let users: Vec<&str> = reqs.iter().map(|r| r.user.as_str()).collect();
+    let keys: Vec<&str> = reqs.iter().map(|r| r.key.as_str()).collect();
+    let found: Vec<Existing> = sqlx::query_as(
+        "SELECT o.idempotency_key, o.request_fingerprint, o.order_id, o.product_id, o.quantity, o.user_id, o.status, \
+                o.total_cents, o.created_at, o.cancelled_at \
+         FROM orders o JOIN UNNEST($1::text[], $2::text[]) AS k(user_id, idempotency_key) \
+           ON o.user_id = k.user_id AND o.idempotency_key = k.idempotency_key \
+         WHERE $3::text IS NULL OR o.product_id = $3",
+    )
+    .bind(&users)
+    .bind(&keys)
+    .bind(product.map(ProductId::as_str))
+    .fetch_all(exec)
+    .await?;
+    Ok(found
+        .into_iter()
+        .map(|e| ((e.order.user_id.clone(), e.idempotency_key.clone()), e))
+        .collect())
 }
 
 pub(crate) fn judge(
@@ -318,12 +350,8 @@ pub(crate) async fn existing_on_primary(
     db: &Db,
     req: &OrderRequest,
 ) -> Result<Option<Placed>, CheckoutError> {
-    let found = sqlx::query_as::<_, Existing>(EXISTING_SQL)
-        .bind(req.user.as_str())
-        .bind(req.key.as_str())
-        .fetch_optional(db.primary().pool()?)
-        .await?;
-    judge(req, found)
+    let mut found = existing_for(db.primary().pool()?, &[req], None).await?;
+    judge(req, found.remove(&key_of(req)))
 }
 
 /// A token bucket per user: `rate` orders per second, bursts of up to `rate`.
