@@ -20,6 +20,8 @@ pub struct Metrics {
     pub monitor_errors: IntCounterVec,
     pub ryw_store_failures: IntCounterVec,
     pub orders: IntCounterVec,
+    /// Steps after a commit that failed; the write stands and the step fails safe.
+    pub post_commit_failures: IntCounterVec,
     pub load_shed: IntCounter,
     pub order_batch_size: prometheus::Histogram,
     pub order_transactions: IntCounter,
@@ -172,6 +174,12 @@ impl Metrics {
                 "orders_total",
                 "Order attempts by outcome",
                 &["outcome"],
+            ),
+            post_commit_failures: counter_vec(
+                &r,
+                "post_commit_failures_total",
+                "Steps after a committed write that failed (the write stands; the step fails safe)",
+                &["step"],
             ),
             load_shed,
             order_batch_size,

@@ -2,27 +2,35 @@
 //!
 //! Concurrent orders for one product queue up for that product's worker, which takes them
 //! in batches: everything queued when it is free, up to `max_batch` (optionally waiting a
-//! short window for more). One primary transaction per batch locks the product row, looks
-//! up the batch's idempotency keys, allocates stock in arrival order, inserts the winners'
-//! orders in one statement and takes their total with ONE guarded
-//! `UPDATE … WHERE available_quantity >= $total`, then commits. Losers get OUT_OF_STOCK as
-//! before. The guarded UPDATE and the CHECK constraint stay, so correctness never depends
-//! on this module: with several instances, their batches simply take turns on the row lock.
+//! short window for more), and runs each as one primary transaction ([`super::batch`]).
+//! The guarded UPDATE and the CHECK constraint stay, so correctness never depends on this
+//! module: with several instances, their batches simply take turns on the row lock.
+//!
+//! A queued order belongs to its worker, not to the request that sent it: a client that
+//! hangs up or times out leaves its order in the queue, and the order's key — claimed by the
+//! batch on the primary — tells any retry, on any instance, what became of it.
+//!
+//! Failures are contained. A batch that hits a row-level error is split in halves and
+//! retried, so one poisoned row fails alone; a deadlock or serialization failure reruns the
+//! batch; a COMMIT whose outcome is unknown answers every request it held "unknown, retry
+//! with the same key". A worker that dies is replaced on the next order for its product,
+//! and the orders it held are answered "unknown" (its batch may have committed).
 //!
 //! Sends happen under the queue map's lock, and a worker retires itself under the same lock
 //! only when its queue is empty, so no order is ever sent to a worker that has gone.
 
+use super::batch::{self, Committed, Failed, Fate};
 use super::gate_cache::{Answer, GateCache};
-use super::{CheckoutError, Order, OrderRequest, Placed};
-use crate::domain::{IdempotencyKey, ProductId, UserId};
+use super::{CheckoutError, OrderRequest, Placed};
+use crate::domain::ProductId;
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
-use crate::routing::{Db, DbError, Reason, Route};
-use std::collections::{HashMap, HashSet};
+use crate::routing::{Db, DbError, is_connection_error};
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
-use uuid::Uuid;
 
 type Reply = oneshot::Sender<Result<Placed, CheckoutError>>;
 
@@ -34,6 +42,9 @@ struct Pending {
 /// How long an idle product's worker lingers before retiring.
 const IDLE: Duration = Duration::from_secs(5);
 
+/// How many times a batch is rerun after a deadlock or serialization failure.
+const RERUNS: usize = 3;
+
 pub struct Coalescer {
     db: Db,
     metrics: Metrics,
@@ -41,31 +52,27 @@ pub struct Coalescer {
     max_batch: usize,
     window: Duration,
     queues: Mutex<HashMap<ProductId, mpsc::UnboundedSender<Pending>>>,
-    /// (user, key) of orders queued or in a batch in this instance.
-    in_flight: Mutex<HashMap<(UserId, IdempotencyKey), usize>>,
 }
 
-/// Clears an order's in-flight mark however its request ends.
-struct InFlight<'a>(&'a Coalescer, (UserId, IdempotencyKey));
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let mut marks = self.0.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = marks.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                marks.remove(&self.1);
-            }
+/// Sends `item` to `key`'s worker, starting one if there is none or if the one there has
+/// died (its receiver is gone). A dead worker's queued items were dropped with it, so
+/// their senders learn at once.
+fn send_or_respawn<K: Eq + Hash + Clone, T>(
+    queues: &mut HashMap<K, mpsc::UnboundedSender<T>>,
+    key: &K,
+    item: T,
+    mut spawn: impl FnMut() -> mpsc::UnboundedSender<T>,
+) -> Result<(), T> {
+    let sender = queues.entry(key.clone()).or_insert_with(&mut spawn);
+    match sender.send(item) {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::SendError(item)) => {
+            let fresh = spawn();
+            let sent = fresh.send(item).map_err(|e| e.0);
+            queues.insert(key.clone(), fresh);
+            sent
         }
     }
-}
-
-/// What the batch decided for one request.
-enum Outcome {
-    Done(Result<Placed, CheckoutError>),
-    /// Its key was taken by a concurrent transaction between our lookup and our insert:
-    /// look it up again after the commit.
-    LookUpAgain,
 }
 
 impl Coalescer {
@@ -83,45 +90,27 @@ impl Coalescer {
             max_batch: max_batch.max(1),
             window,
             queues: Mutex::default(),
-            in_flight: Mutex::default(),
         })
-    }
-
-    /// Whether an order with this user's key is queued or being placed here right now.
-    pub fn is_in_flight(&self, user: &UserId, key: &IdempotencyKey) -> bool {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&(user.clone(), key.clone()))
     }
 
     /// Queues an order for its product's next batch and waits for the answer. The batch
     /// runs in the worker's task, so a caller that goes away leaves a whole order or none.
     pub async fn submit(self: &Arc<Self>, req: OrderRequest) -> Result<Placed, CheckoutError> {
-        let mark = (req.user.clone(), req.key.clone());
-        *self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(mark.clone())
-            .or_default() += 1;
-        let _guard = InFlight(self, mark);
         let (tx, rx) = oneshot::channel();
         {
+            let product = req.product.clone();
             let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-            let sender = queues.entry(req.product.clone()).or_insert_with(|| {
+            send_or_respawn(&mut queues, &product, Pending { req, reply: tx }, || {
                 let (sender, receiver) = mpsc::unbounded_channel();
-                tokio::spawn(self.clone().worker(req.product.clone(), receiver));
+                tokio::spawn(self.clone().worker(product.clone(), receiver));
                 sender
-            });
-            sender.send(Pending { req, reply: tx }).map_err(|_| {
-                CheckoutError::Db(DbError::Unavailable("order queue closed".into()))
-            })?;
+            })
+            .map_err(|_| DbError::Unavailable("no order worker could be started".into()))?;
             self.metrics.order_queue_depth.inc();
         }
-        rx.await.map_err(|_| {
-            CheckoutError::Db(DbError::Unavailable("the order batch was abandoned".into()))
-        })?
+        // The reply is dropped only if the worker died holding this order: it may have
+        // committed, so the honest answer is "unknown".
+        rx.await.map_err(|_| CheckoutError::OutcomeUnknown)?
     }
 
     async fn worker(self: Arc<Self>, product: ProductId, mut rx: mpsc::UnboundedReceiver<Pending>) {
@@ -153,233 +142,139 @@ impl Coalescer {
                 }
             }
             self.metrics.order_queue_depth.sub(batch.len() as i64);
+            self.metrics.order_batch_size.observe(batch.len() as f64);
             self.process(&product, batch).await;
         }
     }
 
+    /// Runs a batch, splitting it around row-level errors, and sends every reply.
     async fn process(self: &Arc<Self>, product: &ProductId, batch: Vec<Pending>) {
-        self.metrics.order_batch_size.observe(batch.len() as f64);
-        let reqs: Vec<&OrderRequest> = batch.iter().map(|p| &p.req).collect();
-        let result = self.run_batch(product, &reqs).await;
+        let mut parts = vec![batch];
+        while let Some(part) = parts.pop() {
+            let reqs: Vec<&OrderRequest> = part.iter().map(|p| &p.req).collect();
+            match self.run(product, &reqs).await {
+                Err(Failed::NothingWritten(DbError::Query(e)))
+                    if part.len() > 1 && !is_connection_error(&e) =>
+                {
+                    // A row-level error: split so the healthy orders commit without it.
+                    tracing::warn!(%product, error = %e, size = part.len(), "order batch hit a row-level error; splitting it");
+                    let mut part = part;
+                    let back = part.split_off(part.len() / 2);
+                    parts.push(back);
+                    parts.push(part);
+                }
+                result => self.reply(part, result),
+            }
+        }
+    }
+
+    /// One batch transaction, rerun after a deadlock or serialization failure.
+    async fn run(&self, product: &ProductId, reqs: &[&OrderRequest]) -> Result<Committed, Failed> {
+        let mut attempt = 0;
+        loop {
+            self.metrics.order_transactions.inc();
+            let result = batch::run(&self.db, product, reqs).await;
+            attempt += 1;
+            match &result {
+                Err(Failed::NothingWritten(DbError::Query(sqlx::Error::Database(e))))
+                    if attempt < RERUNS
+                        && matches!(e.code().as_deref(), Some("40P01" | "40001")) =>
+                {
+                    tracing::warn!(%product, error = %e, "order batch lost a lock race; rerunning it");
+                }
+                _ => return result,
+            }
+        }
+    }
+
+    /// Records what the batch left in the gate's cache and answers every request: beside
+    /// the next batch, since contended keys are read from the primary first.
+    fn reply(self: &Arc<Self>, batch: Vec<Pending>, result: Result<Committed, Failed>) {
         let this = self.clone();
-        // Replies (and the bookkeeping before them) run beside the next batch.
+        let product = batch.first().map(|p| p.req.product.clone());
         tokio::spawn(async move {
-            match result {
-                Ok((outcomes, winners)) => {
-                    if !winners.is_empty() {
-                        this.note_writes(&winners).await;
+            let fates: Vec<Fate> = match result {
+                Ok(Committed { fates, left }) => {
+                    if let (Some(product), Some((stock, locked_at))) = (&product, left) {
+                        this.remember(product, stock, locked_at);
                     }
-                    for (p, outcome) in batch.into_iter().zip(outcomes) {
-                        let answer = match outcome {
-                            Outcome::Done(r) => r,
-                            Outcome::LookUpAgain => {
-                                match super::existing_on_primary(&this.db, &p.req).await {
-                                    Ok(Some(placed)) => Ok(placed),
-                                    Ok(None) => Err(CheckoutError::Db(DbError::Unavailable(
-                                        "the idempotency key is contended; retry".into(),
-                                    ))),
-                                    Err(e) => Err(e),
+                    fates
+                }
+                Err(failed) => {
+                    let unknown = matches!(failed, Failed::Unknown);
+                    tracing::warn!(product = ?product, ?failed, size = batch.len(), "order batch did not commit");
+                    batch
+                        .iter()
+                        .map(|_| {
+                            Fate::Decided(Err(match &failed {
+                                _ if unknown => CheckoutError::OutcomeUnknown,
+                                Failed::NothingWritten(DbError::Query(e))
+                                    if !is_connection_error(e) =>
+                                {
+                                    CheckoutError::Refused(e.to_string())
                                 }
-                            }
-                        };
-                        let _ = p.reply.send(answer);
-                    }
+                                Failed::NothingWritten(e) => {
+                                    CheckoutError::Db(DbError::Unavailable(e.to_string()))
+                                }
+                                Failed::Unknown => CheckoutError::OutcomeUnknown,
+                            }))
+                        })
+                        .collect()
                 }
-                Err(e) => {
-                    // Nothing of the batch was written; every request in it gets the error.
-                    tracing::warn!(product = %p_id(&batch), error = %e, size = batch.len(), "order batch failed and rolled back");
-                    let msg = e.to_string();
-                    for p in batch {
-                        let _ = p
-                            .reply
-                            .send(Err(CheckoutError::Db(DbError::Unavailable(msg.clone()))));
-                    }
-                }
+            };
+            for (p, fate) in batch.into_iter().zip(fates) {
+                let answer = match fate {
+                    Fate::Decided(r) => r,
+                    Fate::Contended => super::decided_on_primary(&this.db, &p.req).await,
+                };
+                let _ = p.reply.send(answer);
             }
         });
     }
 
-    /// Records each winner's write for read-your-writes, so a retry of their order finds it
-    /// wherever it is read.
-    async fn note_writes(&self, winners: &[UserId]) {
-        let lsn = match self.db.primary().current_lsn().await {
-            Ok(lsn) => lsn,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not read the primary's position after an order batch");
-                return;
-            }
-        };
-        let unique: Vec<&UserId> = winners.iter().collect::<HashSet<_>>().into_iter().collect();
-        if self.db.ryw().advance_many(&unique, lsn).await.is_err() {
-            self.metrics
-                .ryw_store_failures
-                .with_label_values(&["advance"])
-                .inc();
-        }
-    }
-
-    /// One transaction for the batch. Returns an outcome per request and the users whose
-    /// orders were created.
-    async fn run_batch(
-        &self,
-        product: &ProductId,
-        reqs: &[&OrderRequest],
-    ) -> Result<(Vec<Outcome>, Vec<UserId>), DbError> {
-        self.metrics.order_transactions.inc();
-        let mut tx = self.db.primary().begin().await?;
-        let row: Option<(i32, i32)> = sqlx::query_as(
-            "SELECT available_quantity, price_cents FROM products WHERE product_id = $1 FOR UPDATE",
-        )
-        .bind(product.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let locked_at = Instant::now();
-        let Some((stock, price)) = row else {
-            tx.rollback().await?;
-            return Ok((
-                reqs.iter()
-                    .map(|_| Outcome::Done(Err(CheckoutError::ProductNotFound)))
-                    .collect(),
-                vec![],
-            ));
-        };
-        // Orders already placed for this product under these keys (by earlier batches or
-        // instances). Like every statement here it is keyed by product_id; a key already
-        // used for another product surfaces as a conflict on insert and is looked up after.
-        let existing = super::existing_for(&mut *tx, reqs, Some(product)).await?;
-        // Allocate in arrival order.
-        let mut remaining = stock;
-        let mut outcomes: Vec<Outcome> = Vec::with_capacity(reqs.len());
-        let mut first_of: HashMap<(&str, &str), usize> = HashMap::new();
-        let mut duplicates: Vec<(usize, usize)> = Vec::new();
-        let mut winners: Vec<(usize, Uuid)> = Vec::new();
-        for (i, r) in reqs.iter().enumerate() {
-            if let Some(&first) = first_of.get(&(r.user.as_str(), r.key.as_str())) {
-                duplicates.push((i, first));
-                outcomes.push(Outcome::LookUpAgain); // decided below, from the first's fate
-                continue;
-            }
-            first_of.insert((r.user.as_str(), r.key.as_str()), i);
-            let outcome = match existing.get(&super::key_of(r)) {
-                Some(e) if e.request_fingerprint == r.fingerprint() => {
-                    Outcome::Done(Ok(Placed::Replayed(e.order.clone())))
-                }
-                Some(_) => Outcome::Done(Err(CheckoutError::KeyReused)),
-                None if r.quantity.get() <= remaining => {
-                    remaining -= r.quantity.get();
-                    winners.push((i, Uuid::new_v4()));
-                    Outcome::LookUpAgain // becomes Created once inserted
-                }
-                None => Outcome::Done(Err(CheckoutError::OutOfStock)),
-            };
-            outcomes.push(outcome);
-        }
-        let mut created_users = Vec::new();
-        if !winners.is_empty() {
-            let ids: Vec<Uuid> = winners.iter().map(|(_, id)| *id).collect();
-            let w_users: Vec<&str> = winners
-                .iter()
-                .map(|(i, _)| reqs[*i].user.as_str())
-                .collect();
-            let w_qty: Vec<i32> = winners
-                .iter()
-                .map(|(i, _)| reqs[*i].quantity.get())
-                .collect();
-            let w_keys: Vec<&str> = winners.iter().map(|(i, _)| reqs[*i].key.as_str()).collect();
-            let w_fps: Vec<String> = winners
-                .iter()
-                .map(|(i, _)| reqs[*i].fingerprint())
-                .collect();
-            let inserted: Vec<Order> = sqlx::query_as(
-                "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-                 SELECT o.order_id, $1, o.user_id, o.quantity, $2, $2::int8 * o.quantity, 'confirmed', o.idempotency_key, o.fingerprint \
-                 FROM UNNEST($3::uuid[], $4::text[], $5::int4[], $6::text[], $7::text[]) AS o(order_id, user_id, quantity, idempotency_key, fingerprint) \
-                 ON CONFLICT (user_id, idempotency_key) DO NOTHING \
-                 RETURNING order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at",
-            )
-            .bind(product.as_str())
-            .bind(price)
-            .bind(&ids)
-            .bind(&w_users)
-            .bind(&w_qty)
-            .bind(&w_keys)
-            .bind(&w_fps)
-            .fetch_all(&mut *tx)
-            .await?;
-            let mut by_id: HashMap<Uuid, Order> =
-                inserted.into_iter().map(|o| (o.order_id, o)).collect();
-            let mut total = 0i32;
-            for (i, id) in &winners {
-                // A winner whose key a concurrent transaction claimed stays LookUpAgain.
-                if let Some(order) = by_id.remove(id) {
-                    total += order.quantity;
-                    created_users.push(reqs[*i].user.clone());
-                    outcomes[*i] = Outcome::Done(Ok(Placed::Created(order)));
-                }
-            }
-            remaining = stock - total;
-            if total > 0 {
-                let taken = sqlx::query(
-                    "UPDATE products SET available_quantity = available_quantity - $2, updated_at = clock_timestamp() \
-                     WHERE product_id = $1 AND available_quantity >= $2",
-                )
-                .bind(product.as_str())
-                .bind(total)
-                .execute(&mut *tx)
-                .await?;
-                if taken.rows_affected() != 1 {
-                    tx.rollback().await?;
-                    return Err(DbError::Unavailable(
-                        "the guarded stock update changed no row; the batch was rolled back".into(),
-                    ));
-                }
-            }
-        }
-        tx.commit().await?;
-        // A duplicate inside the batch shares its first request's fate.
-        for (d, first) in duplicates {
-            let same_body = reqs[d].fingerprint() == reqs[first].fingerprint();
-            outcomes[d] = match &outcomes[first] {
-                _ if !same_body => Outcome::Done(Err(CheckoutError::KeyReused)),
-                Outcome::Done(Ok(Placed::Created(o) | Placed::Replayed(o))) => {
-                    Outcome::Done(Ok(Placed::Replayed(o.clone())))
-                }
-                Outcome::Done(Err(CheckoutError::OutOfStock)) => {
-                    Outcome::Done(Err(CheckoutError::OutOfStock))
-                }
-                Outcome::Done(Err(CheckoutError::ProductNotFound)) => {
-                    Outcome::Done(Err(CheckoutError::ProductNotFound))
-                }
-                Outcome::Done(Err(CheckoutError::KeyReused)) => {
-                    Outcome::Done(Err(CheckoutError::KeyReused))
-                }
-                _ => Outcome::LookUpAgain,
-            };
-        }
-        // The stock right after our commit, exact from the moment we held the row lock.
-        let route = Route {
-            as_of: self.db.wall(locked_at),
-            ..Route::primary(
-                QueryClass::StockGate,
-                Reason::PrimaryOnly,
-                self.db.now_utc(),
-            )
-        };
+    /// The stock right after our commit, exact from the moment we held the row lock.
+    fn remember(&self, product: &ProductId, stock: i32, locked_at: std::time::Instant) {
+        let route = self.db.committed_route(QueryClass::StockGate, locked_at);
         self.cache.put(
             product,
             Answer {
-                available: Some(remaining),
+                available: Some(stock),
                 route,
                 as_of: locked_at,
             },
         );
-        Ok((outcomes, created_users))
     }
 }
 
-fn p_id(batch: &[Pending]) -> String {
-    batch
-        .first()
-        .map(|p| p.req.product.to_string())
-        .unwrap_or_default()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dead_worker_is_replaced_and_what_it_held_is_answered() {
+        type Queue = mpsc::UnboundedReceiver<oneshot::Sender<u32>>;
+        let mut queues = HashMap::new();
+        let workers: std::cell::RefCell<Vec<Queue>> = Default::default();
+        let spawn = || {
+            let (tx, rx) = mpsc::unbounded_channel();
+            workers.borrow_mut().push(rx);
+            tx
+        };
+        let (held, held_rx) = oneshot::channel();
+        assert!(send_or_respawn(&mut queues, &"p", held, spawn).is_ok());
+        // The worker dies holding the order: its receiver (and the queued reply) drop.
+        drop(workers.borrow_mut().remove(0));
+        assert!(
+            held_rx.await.is_err(),
+            "the order the dead worker held learns at once"
+        );
+        let (next, _next_rx) = oneshot::channel();
+        assert!(send_or_respawn(&mut queues, &"p", next, spawn).is_ok());
+        let mut workers = workers.borrow_mut();
+        assert_eq!(workers.len(), 1, "a new worker was started");
+        assert!(
+            workers[0].try_recv().is_ok(),
+            "and the next order reached it"
+        );
+    }
 }

@@ -1,19 +1,26 @@
-//! Order placement and cancellation: the stock gate's final word.
+//! Order placement, cancellation and restocks: the stock gate's final word.
 //!
 //! An order is confirmed only by a guarded
 //! `UPDATE products SET available_quantity = available_quantity - $total WHERE … AND available_quantity >= $total`
 //! on the primary, in the same transaction as the orders' insert, and only if that UPDATE
 //! changed a row ([`coalescer`] batches concurrent orders for one product into one such
-//! transaction). The pre-check through the stock gate ([`gate_cache`], a replica ≤ 250 ms
-//! stale, or the primary) may only say "no" early; it never confirms anything. A "no" is
-//! final only after checking that the request is not a retry of an order that exists: that
-//! lookup reads the user's own data with read-your-writes, so it never loads the primary for
-//! buyers who placed nothing. Idempotency keys are unique per user (`UNIQUE (user_id,
-//! idempotency_key)`), and every statement of the order transaction is keyed by `product_id`.
+//! transaction, [`batch`] is that transaction). The pre-check through the stock gate
+//! ([`gate_cache`], a replica ≤ 250 ms stale, or the primary) may only say "no" early; it
+//! never confirms anything.
+//!
+//! **Every answer is final for its key.** Idempotency keys are unique per user
+//! (`UNIQUE (user_id, idempotency_key)` on `orders`), and both outcomes claim the key on the
+//! primary: a confirmed order by its row, a refusal by a `refused` row ([`refusals`] for the
+//! gate's early "no", the batch for its own losers). Whichever commits first owns the key, so
+//! a retry — on this instance or another, while its original is still queued or after — gets
+//! the original's outcome, and a 409 is only said once no order for that key can still commit.
+//! None of this depends on Redis. When a COMMIT's outcome is unknown the answer says so
+//! ([`CheckoutError::OutcomeUnknown`], 503); the same key resolves it.
 
+pub mod batch;
 pub mod coalescer;
 pub mod gate_cache;
-pub mod lookups;
+pub mod refusals;
 
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::metrics::Metrics;
@@ -28,6 +35,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
+
+/// The columns of an [`Order`], in its field order: the one list every query uses (a
+/// macro, so queries stay string literals).
+macro_rules! order_columns {
+    () => {
+        "order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at"
+    };
+}
+pub(crate) use order_columns;
+
+/// `orders.status` of a refusal's claim on its key: not an order.
+pub(crate) const REFUSED: &str = "refused";
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq, utoipa::ToSchema)]
 pub struct Order {
@@ -57,9 +76,14 @@ impl OrderRequest {
     pub(crate) fn fingerprint(&self) -> String {
         format!("{}:{}", self.product, self.quantity.get())
     }
+
+    /// The (user, key) this request is idempotent under.
+    pub(crate) fn key_pair(&self) -> (&str, &str) {
+        (self.user.as_str(), self.key.as_str())
+    }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Placed {
     /// A new order: stock was taken.
     Created(Order),
@@ -69,6 +93,7 @@ pub enum Placed {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckoutError {
+    /// Not enough stock; the refusal holds the key, so this key's answer stays 409.
     #[error("not enough stock")]
     OutOfStock,
     #[error("no such product")]
@@ -80,6 +105,13 @@ pub enum CheckoutError {
     /// The user placed orders faster than the configured per-user rate.
     #[error("too many orders from this user")]
     RateLimited,
+    /// The database neither confirmed nor denied the commit (the connection died during
+    /// COMMIT, or the batch was lost with its worker). A retry with the same key tells.
+    #[error("the outcome is unknown; retry with the same key")]
+    OutcomeUnknown,
+    /// The database refused this request's own row (a row-level error); nothing was written.
+    #[error("the database refused this order: {0}")]
+    Refused(String),
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -90,21 +122,30 @@ impl From<sqlx::Error> for CheckoutError {
     }
 }
 
+/// A product's stock as a restock left it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Stocked {
+    pub product_id: String,
+    pub name: String,
+    pub price_cents: i32,
+    pub available_quantity: i32,
+}
+
 #[derive(Clone)]
 pub struct Checkout {
     db: Db,
     metrics: Metrics,
     cache: Arc<GateCache>,
     coalescer: Arc<Coalescer>,
-    /// Products whose stock went up (restock, cancel) in this instance, with the primary's
-    /// position after the commit: the gate reads them only from a replica that has
-    /// replayed that far, so a stale "sold out" never outlives a restock here. Entries
+    /// Products whose stock went up (restock, cancel, import) in this instance, with the
+    /// primary's position after the commit: the gate reads them only from a replica that
+    /// has replayed that far, so a stale "sold out" never outlives a restock here. Entries
     /// are dropped once well past the gate's budget, after which any replica the gate may
     /// use holds the change anyway.
     reopened: Arc<Mutex<HashMap<ProductId, (Lsn, Instant)>>>,
     /// Per-user token buckets (orders per second), when a limit is configured.
     limiter: Option<Arc<RateLimiter>>,
-    lookups: lookups::Lookups,
+    refusals: refusals::Refusals,
 }
 
 /// How orders are batched (`STOCKGATE_ORDER_BATCH_MAX`, `STOCKGATE_ORDER_BATCH_WINDOW_US`).
@@ -126,7 +167,7 @@ impl Checkout {
             batching.window,
         );
         let limiter = (rate_per_user > 0).then(|| Arc::new(RateLimiter::new(rate_per_user)));
-        let lookups = lookups::Lookups::start(db.clone(), metrics.clone());
+        let refusals = refusals::Refusals::start(db.clone());
         Checkout {
             db,
             metrics,
@@ -134,14 +175,23 @@ impl Checkout {
             coalescer,
             reopened: Arc::default(),
             limiter,
-            lookups,
+            refusals,
         }
     }
 
-    /// Records that `product`'s stock went up just now (after the commit): this instance's
-    /// gate forgets its cached answer and reads only where the change is.
-    pub async fn reopened(&self, product: &ProductId) -> Result<(), DbError> {
-        let lsn = self.db.primary().current_lsn().await?;
+    /// The one path every increase of stock (restock, cancel, import) takes after its
+    /// commit: this instance's gate forgets its cached answer and reads only where the
+    /// change is. It cannot fail: if the primary's position cannot be read, the product is
+    /// read from the primary alone until the entry ages out (fail safe), and that is counted.
+    pub async fn reopened(&self, product: &ProductId) {
+        let lsn = match self.db.primary().current_lsn().await {
+            Ok(lsn) => lsn,
+            Err(e) => {
+                self.post_commit_failed("reopen", &e);
+                // No replica ever replays this far: the gate reads the primary.
+                Lsn::MAX
+            }
+        };
         let now = Instant::now();
         let keep = QueryClass::StockGate.policy().budget.unwrap_or_default() * 4;
         let mut map = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
@@ -151,7 +201,14 @@ impl Checkout {
         drop(map);
         // Pinned first, then forgotten: the next gate read must reach the pinned position.
         self.cache.invalidate(product);
-        Ok(())
+    }
+
+    fn post_commit_failed(&self, step: &str, e: &dyn std::fmt::Display) {
+        self.metrics
+            .post_commit_failures
+            .with_label_values(&[step])
+            .inc();
+        tracing::warn!(step, error = %e, "a step after a committed write failed; failing safe");
     }
 
     fn reopened_at(&self, product: &ProductId) -> Option<Lsn> {
@@ -175,7 +232,8 @@ impl Checkout {
             Err(CheckoutError::KeyReused) => "key_reused",
             Err(CheckoutError::ProductNotFound | CheckoutError::OrderNotFound) => "not_found",
             Err(CheckoutError::RateLimited) => "rate_limited",
-            Err(CheckoutError::Db(_)) => "error",
+            Err(CheckoutError::OutcomeUnknown) => "outcome_unknown",
+            Err(CheckoutError::Refused(_) | CheckoutError::Db(_)) => "error",
         };
         self.metrics.orders.with_label_values(&[label]).inc();
         outcome
@@ -183,13 +241,9 @@ impl Checkout {
 
     async fn place_inner(&self, req: OrderRequest) -> Result<Placed, CheckoutError> {
         let (available, _) = self.available(&req.product).await?;
-        let says_no = available.is_some_and(|a| a < req.quantity.get());
-        // A duplicate of an order in flight here joins it in the batch instead.
-        if says_no && !self.coalescer.is_in_flight(&req.user, &req.key) {
-            return match self.lookups.existing(req).await? {
-                Some(placed) => Ok(placed),
-                None => Err(CheckoutError::OutOfStock),
-            };
+        if available.is_some_and(|a| a < req.quantity.get()) {
+            // The gate's "no" becomes final only once it holds the key on the primary.
+            return self.refusals.refuse(req).await;
         }
         self.coalescer.submit(req).await
     }
@@ -235,28 +289,34 @@ impl Checkout {
     pub async fn get(&self, order_id: Uuid) -> Result<Order, CheckoutError> {
         let read = self
             .db
-            .read(QueryClass::OrderLookup, &ReadCtx::none(), |pool| async move {
-                sqlx::query_as::<_, Order>(
-                    "SELECT order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at \
-                     FROM orders WHERE order_id = $1",
-                )
-                .bind(order_id)
-                .fetch_optional(pool.exec())
-                .await
-            })
+            .read(
+                QueryClass::OrderLookup,
+                &ReadCtx::none(),
+                |pool| async move {
+                    sqlx::query_as::<_, Order>(concat!(
+                        "SELECT ",
+                        order_columns!(),
+                        " FROM orders WHERE order_id = $1 AND status <> 'refused'"
+                    ))
+                    .bind(order_id)
+                    .fetch_optional(pool.exec())
+                    .await
+                },
+            )
             .await?;
         read.value.ok_or(CheckoutError::OrderNotFound)
     }
 
     /// Cancels a confirmed order and returns its quantity to stock, exactly once: the
     /// status change and the restock are one transaction, and only a `confirmed` order
-    /// changes. A second cancel returns the order unchanged.
+    /// changes. A second cancel returns the order unchanged. It runs in its own task, so a
+    /// client that hangs up leaves the whole cancel or none.
     pub async fn cancel(&self, order: &Order) -> Result<Order, CheckoutError> {
         let this = self.clone();
         let (order_id, product_id) = (order.order_id, order.product_id.clone());
         let product =
             ProductId::parse(&order.product_id).map_err(|_| CheckoutError::OrderNotFound)?;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut tx = this.db.primary().begin().await?;
             let returned: Option<i32> = sqlx::query_scalar(
                 "UPDATE orders SET status = 'cancelled', cancelled_at = clock_timestamp() \
@@ -273,27 +333,132 @@ impl Checkout {
                     .execute(&mut *tx)
                     .await?;
             }
-            let order: Order = sqlx::query_as(
-                "SELECT order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at \
-                 FROM orders WHERE product_id = $1 AND order_id = $2",
-            )
+            let order: Order = sqlx::query_as(concat!(
+                "SELECT ",
+                order_columns!(),
+                " FROM orders WHERE product_id = $1 AND order_id = $2"
+            ))
             .bind(&product_id)
             .bind(order_id)
             .fetch_one(&mut *tx)
             .await?;
-            tx.commit().await?;
+            commit(tx).await?;
             if returned.is_some() {
-                this.reopened(&product).await?;
+                this.reopened(&product).await;
             }
             Ok(order)
-        })
-        .await
-        .map_err(|e| CheckoutError::Db(DbError::Unavailable(format!("cancel task failed: {e}"))))?
+        });
+        // A panicked task may or may not have committed; cancelling again tells.
+        task.await.map_err(|_| CheckoutError::OutcomeUnknown)?
+    }
+
+    /// Adds `quantity` to a product's stock, exactly once per `key`: the same key with the
+    /// same body answers what the first restock did and adds nothing; with another body
+    /// it is refused. Every restock is recorded in `restocks`, whose unique key is the claim.
+    pub async fn restock(
+        &self,
+        product: &ProductId,
+        quantity: i32,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<Stocked, CheckoutError> {
+        let fingerprint = format!("{product}:{quantity}");
+        let this = self.clone();
+        let (product, key) = (product.clone(), key.cloned());
+        // Its own task: a client that hangs up leaves the whole restock or none.
+        let task = tokio::spawn(async move {
+            // A second round only when a concurrent restock with this key won the claim.
+            for _ in 0..2 {
+                if let Some(key) = &key
+                    && let Some(done) = this.restocked(key, &fingerprint).await?
+                {
+                    return Ok(done);
+                }
+                let mut tx = this.db.primary().begin().await?;
+                let Some(stocked) = sqlx::query_as::<_, Stocked>(
+                    "UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
+                     WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity",
+                )
+                .bind(product.as_str())
+                .bind(quantity)
+                .fetch_optional(&mut *tx)
+                .await?
+                else {
+                    return Err(CheckoutError::ProductNotFound);
+                };
+                let claimed = sqlx::query(
+                    "INSERT INTO restocks (restock_id, product_id, quantity, idempotency_key, request_fingerprint, available_after) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING",
+                )
+                .bind(Uuid::new_v4())
+                .bind(product.as_str())
+                .bind(quantity)
+                .bind(key.as_ref().map(IdempotencyKey::as_str))
+                .bind(&fingerprint)
+                .bind(stocked.available_quantity)
+                .execute(&mut *tx)
+                .await?;
+                if claimed.rows_affected() == 0 {
+                    // A concurrent restock with this key committed first: answer as it did.
+                    tx.rollback().await?;
+                    continue;
+                }
+                commit(tx).await?;
+                this.reopened(&product).await;
+                return Ok(stocked);
+            }
+            Err(CheckoutError::OutcomeUnknown)
+        });
+        task.await.map_err(|_| CheckoutError::OutcomeUnknown)?
+    }
+
+    /// What the restock under `key` did, if there was one.
+    async fn restocked(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &str,
+    ) -> Result<Option<Stocked>, CheckoutError> {
+        let found: Option<(String, Stocked)> = sqlx::query_as::<
+            _,
+            (String, String, String, i32, i32),
+        >(
+            "SELECT r.request_fingerprint, p.product_id, p.name, p.price_cents, r.available_after \
+             FROM restocks r JOIN products p USING (product_id) WHERE r.idempotency_key = $1",
+        )
+        .bind(key.as_str())
+        .fetch_optional(self.db.primary().pool()?)
+        .await?
+        .map(|(fp, product_id, name, price_cents, available_quantity)| {
+            (
+                fp,
+                Stocked {
+                    product_id,
+                    name,
+                    price_cents,
+                    available_quantity,
+                },
+            )
+        });
+        match found {
+            None => Ok(None),
+            Some((fp, _)) if fp != fingerprint => Err(CheckoutError::KeyReused),
+            Some((_, done)) => Ok(Some(done)),
+        }
     }
 }
 
-/// An order found under a user's idempotency key, with the body it was placed with.
-#[derive(sqlx::FromRow)]
+/// Commits, telling "nothing was written" apart from "the outcome is unknown": an error
+/// on COMMIT itself may come after the server made the transaction durable.
+pub(crate) async fn commit(
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+) -> Result<(), CheckoutError> {
+    tx.commit().await.map_err(|e| {
+        tracing::warn!(error = %e, "COMMIT failed; its outcome is unknown");
+        CheckoutError::OutcomeUnknown
+    })
+}
+
+/// An order or refusal found under a user's idempotency key, with the body it was placed with.
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct Existing {
     idempotency_key: String,
     request_fingerprint: String,
@@ -301,18 +466,11 @@ pub(crate) struct Existing {
     order: Order,
 }
 
-/// The (user, key) an order request is idempotent under.
-pub(crate) fn key_of(req: &OrderRequest) -> (String, String) {
-    (req.user.as_str().to_string(), req.key.as_str().to_string())
-}
-
-/// Orders already placed under any of `reqs`' (user, key) pairs — only for `product` when
-/// given — by (user, key). One indexed query however many requests; the single lookup, the
-/// coalescer's batch and the batched "no"-path lookups all use it.
+/// Orders and refusals already recorded under any of `reqs`' (user, key) pairs, whatever
+/// their product, by (user, key). One indexed query however many requests.
 pub(crate) async fn existing_for<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     reqs: &[&OrderRequest],
-    product: Option<&ProductId>,
 ) -> Result<HashMap<(String, String), Existing>, sqlx::Error> {
     let users: Vec<&str> = reqs.iter().map(|r| r.user.as_str()).collect();
     let keys: Vec<&str> = reqs.iter().map(|r| r.key.as_str()).collect();
@@ -320,12 +478,10 @@ pub(crate) async fn existing_for<'e>(
         "SELECT o.idempotency_key, o.request_fingerprint, o.order_id, o.product_id, o.quantity, o.user_id, o.status, \
                 o.total_cents, o.created_at, o.cancelled_at \
          FROM orders o JOIN UNNEST($1::text[], $2::text[]) AS k(user_id, idempotency_key) \
-           ON o.user_id = k.user_id AND o.idempotency_key = k.idempotency_key \
-         WHERE $3::text IS NULL OR o.product_id = $3",
+           ON o.user_id = k.user_id AND o.idempotency_key = k.idempotency_key",
     )
     .bind(&users)
     .bind(&keys)
-    .bind(product.map(ProductId::as_str))
     .fetch_all(exec)
     .await?;
     Ok(found
@@ -334,24 +490,30 @@ pub(crate) async fn existing_for<'e>(
         .collect())
 }
 
+/// The answer a request gets from what its key already holds: the order again for the same
+/// body, the refusal again for a refused key, 422 for another body. `None`: the key is free.
 pub(crate) fn judge(
     req: &OrderRequest,
-    found: Option<Existing>,
+    found: Option<&Existing>,
 ) -> Result<Option<Placed>, CheckoutError> {
     match found {
         None => Ok(None),
         Some(e) if e.request_fingerprint != req.fingerprint() => Err(CheckoutError::KeyReused),
-        Some(e) => Ok(Some(Placed::Replayed(e.order))),
+        Some(e) if e.order.status == REFUSED => Err(CheckoutError::OutOfStock),
+        Some(e) => Ok(Some(Placed::Replayed(e.order.clone()))),
     }
 }
 
-/// The same lookup on the primary (after a concurrent claim of the key).
-pub(crate) async fn existing_on_primary(
+/// The key's answer read from the primary, for a key that must hold something (it made
+/// our insert conflict). Finding nothing there cannot happen — rows are never deleted —
+/// but if it did, the honest answer is "unknown, retry".
+pub(crate) async fn decided_on_primary(
     db: &Db,
     req: &OrderRequest,
-) -> Result<Option<Placed>, CheckoutError> {
-    let mut found = existing_for(db.primary().pool()?, &[req], None).await?;
-    judge(req, found.remove(&key_of(req)))
+) -> Result<Placed, CheckoutError> {
+    let found = existing_for(db.primary().pool()?, &[req]).await?;
+    let key = (req.user.as_str().to_string(), req.key.as_str().to_string());
+    judge(req, found.get(&key))?.ok_or(CheckoutError::OutcomeUnknown)
 }
 
 /// A token bucket per user: `rate` orders per second, bursts of up to `rate`.

@@ -112,6 +112,22 @@ pub struct Stated<T> {
     pub served_by: String,
 }
 
+/// The `Idempotency-Key` header, parsed; `None` when absent.
+pub fn idempotency_key(
+    headers: &axum::http::HeaderMap,
+) -> Result<Option<crate::domain::IdempotencyKey>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let text = v.to_str().map_err(|_| {
+        ApiError::invalid(
+            "INVALID_IDEMPOTENCY_KEY",
+            "Idempotency-Key must be printable ASCII",
+        )
+    })?;
+    Ok(Some(crate::domain::IdempotencyKey::parse(text)?))
+}
+
 pub fn stated<T: Serialize>(status: StatusCode, body: T, route: &Route) -> Response {
     let mut response = (
         status,
@@ -185,7 +201,7 @@ fn overload_error(metrics: &Metrics, e: BoxError) -> Response {
     } else if e.is::<tower::timeout::error::Elapsed>() {
         ApiError::unavailable(
             "TIMEOUT",
-            "the request took too long; retry shortly (orders are idempotent by key)",
+            "the request took too long and its outcome may be unknown; retry with the same Idempotency-Key to learn it",
         )
         .into_response()
     } else {

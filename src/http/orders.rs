@@ -6,7 +6,7 @@ use super::openapi::{
 use super::{ApiError, AppState, Json, Path};
 use crate::auth::Caller;
 use crate::checkout::{CheckoutError, Order, OrderRequest, Placed};
-use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
+use crate::domain::{ProductId, Quantity, UserId};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -44,6 +44,17 @@ impl From<CheckoutError> for ApiError {
                 "this Idempotency-Key was already used with a different body; use a new key for a new order",
             ),
             CheckoutError::RateLimited => ApiError::TooManyRequests,
+            CheckoutError::OutcomeUnknown => ApiError::unavailable(
+                "OUTCOME_UNKNOWN",
+                "the outcome is unknown: the database did not confirm or deny the commit; retry with the same Idempotency-Key to learn it",
+            ),
+            CheckoutError::Refused(why) => {
+                tracing::error!(%why, "the database refused an order's row");
+                ApiError::unavailable(
+                    "ORDER_NOT_WRITTEN",
+                    "the database refused this order; nothing was written",
+                )
+            }
             CheckoutError::Db(e) => e.into(),
         }
     }
@@ -81,12 +92,13 @@ struct NewOrder {
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
         (status = 404, description = "PRODUCT_NOT_FOUND", body = ErrorBody),
-        (status = 409, description = "OUT_OF_STOCK: not enough stock; nothing was written", body = ErrorBody),
+        (status = 409, description = "OUT_OF_STOCK: not enough stock; nothing was written. Final for its key: the same key and body answers 409 again", body = ErrorBody),
         (status = 413, response = PayloadTooLarge),
         (status = 422, description = "IDEMPOTENCY_KEY_REUSED (same key, different body), INVALID_IDEMPOTENCY_KEY, INVALID_QUANTITY, INVALID_PRODUCT_ID, INVALID_USER_ID, USER_ID_REQUIRED (admin without user_id)", body = ErrorBody),
         (status = 429, description = "RATE_LIMITED: over the configured per-user order rate", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait"))),
-        (status = 503, response = Unavailable),
+        (status = 503, description = "OUTCOME_UNKNOWN (retry with the same key to learn the outcome), DATABASE_UNAVAILABLE, OVERLOADED, TIMEOUT; always with Retry-After", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait"))),
     )
 )]
 
@@ -96,20 +108,12 @@ async fn place(
     headers: HeaderMap,
     Json(body): Json<NewOrder>,
 ) -> Result<Response, ApiError> {
-    let key = match headers.get("idempotency-key") {
-        None => {
-            return Err(ApiError::bad_request(
-                "IDEMPOTENCY_KEY_MISSING",
-                "the Idempotency-Key header is required",
-            ));
-        }
-        Some(v) => IdempotencyKey::parse(v.to_str().map_err(|_| {
-            ApiError::invalid(
-                "INVALID_IDEMPOTENCY_KEY",
-                "Idempotency-Key must be printable ASCII",
-            )
-        })?)?,
-    };
+    let key = super::idempotency_key(&headers)?.ok_or_else(|| {
+        ApiError::bad_request(
+            "IDEMPOTENCY_KEY_MISSING",
+            "the Idempotency-Key header is required",
+        )
+    })?;
     let product = ProductId::parse(&body.product_id)?;
     let quantity = Quantity::parse(&body.quantity)?;
     let user = match (&caller, body.user_id.as_deref()) {

@@ -6,12 +6,13 @@ use super::openapi::{
     Unprocessable,
 };
 use super::{Admin, ApiError, AppState, Json, Path, Query, stated};
+use crate::checkout::CheckoutError;
 use crate::domain::{PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
-use crate::routing::{ReadCtx, Reason, Route};
+use crate::routing::{DbError, ReadCtx, Reason, Route};
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
@@ -161,7 +162,11 @@ struct Restock {
     post,
     path = "/v1/products/{product_id}/restock",
     tag = "products",
-    params(("product_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$")),
+    params(
+        ("product_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional. The same key with the same body answers what the first restock did and adds once; with another body: 422 IDEMPOTENCY_KEY_REUSED",
+            min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$"),
+    ),
     request_body = Restock,
     security(("bearer" = [])),
     responses(
@@ -171,7 +176,7 @@ struct Restock {
         (status = 403, response = Forbidden),
         (status = 404, description = "PRODUCT_NOT_FOUND", body = ErrorBody),
         (status = 413, response = PayloadTooLarge),
-        (status = 422, description = "INVALID_QUANTITY, STOCK_LIMIT (stock would pass 2^31 - 1), INVALID_PRODUCT_ID", body = ErrorBody),
+        (status = 422, description = "INVALID_QUANTITY, STOCK_LIMIT (stock would pass 2^31 - 1), INVALID_PRODUCT_ID, INVALID_IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_REUSED", body = ErrorBody),
         (status = 503, response = Unavailable),
     )
 )]
@@ -180,6 +185,7 @@ async fn restock(
     State(state): State<AppState>,
     _: Admin,
     Path(id): Path<String>,
+    headers: HeaderMap,
     Json(body): Json<Restock>,
 ) -> Result<Response, ApiError> {
     let id = ProductId::parse(&id)?;
@@ -192,23 +198,29 @@ async fn restock(
             ));
         }
     };
-    let mut tx = state.db.primary().begin().await?;
-    let product: Option<Product> = sqlx::query_as(
-        "UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
-         WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity",
-    )
-    .bind(id.as_str())
-    .bind(add)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(|e| match ApiError::from(e) {
-        ApiError::Invalid(_) => ApiError::invalid("STOCK_LIMIT", "stock would exceed 2147483647"),
-        other => other,
-    })?;
-    let product = product
-        .ok_or_else(|| ApiError::not_found("PRODUCT_NOT_FOUND", format!("no product {id}")))?;
-    tx.commit().await?;
-    state.checkout.reopened(&id).await?;
+    let key = super::idempotency_key(&headers)?;
+    let done = state
+        .checkout
+        .restock(&id, add, key.as_ref())
+        .await
+        .map_err(|e| match e {
+            CheckoutError::ProductNotFound => {
+                ApiError::not_found("PRODUCT_NOT_FOUND", format!("no product {id}"))
+            }
+            CheckoutError::Db(DbError::Query(e)) => match ApiError::from(e) {
+                ApiError::Invalid(_) => {
+                    ApiError::invalid("STOCK_LIMIT", "stock would exceed 2147483647")
+                }
+                other => other,
+            },
+            other => other.into(),
+        })?;
+    let product = Product {
+        product_id: done.product_id,
+        name: done.name,
+        price_cents: done.price_cents,
+        available_quantity: done.available_quantity,
+    };
     let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
     Ok(stated(StatusCode::OK, product, &route))
 }

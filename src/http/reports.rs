@@ -361,7 +361,7 @@ async fn stream_csv(
     }
     let mut rows = sqlx::query_as::<_, ExportRow>(
         "SELECT order_id, product_id, user_id, quantity, total_cents, status, created_at, cancelled_at \
-         FROM orders WHERE created_at >= $1 AND created_at < $2 ORDER BY created_at, order_id",
+         FROM orders WHERE status <> 'refused' AND created_at >= $1 AND created_at < $2 ORDER BY created_at, order_id",
     )
     .bind(from)
     .bind(to)

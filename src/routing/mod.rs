@@ -448,6 +448,16 @@ impl Db {
         route
     }
 
+    /// The route of what a primary transaction read while it held its row lock (the stock
+    /// an order batch left behind): as of `locked_at`, when the lock was taken.
+    pub fn committed_route(&self, class: QueryClass, locked_at: Instant) -> Route {
+        Route {
+            as_of: self.wall(locked_at),
+            stale_by: locked_at.elapsed(),
+            ..Route::primary(class, Reason::InTransaction, self.now_utc())
+        }
+    }
+
     /// A route for reads that run inside a primary transaction the caller already holds.
     pub fn in_transaction(&self, class: QueryClass) -> Route {
         self.decided(Route::primary(class, Reason::InTransaction, self.now_utc()))

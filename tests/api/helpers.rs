@@ -270,6 +270,36 @@ impl TestApp {
         wait_for(what, timeout, cond).await
     }
 
+    /// The sum of a Prometheus metric's samples (all label sets) from `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.split(['{', ' ']).next() == Some(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Holds `products`' rows locked (as a long transaction would) until the guard is
+    /// committed or dropped: orders for them queue up behind it.
+    pub async fn lock_rows(&self, products: &[&str]) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut tx = self.primary.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM products WHERE product_id = ANY($1) ORDER BY product_id FOR NO KEY UPDATE")
+            .bind(products)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx
+    }
+
     pub async fn stock_on_primary(&self, product: &str) -> i64 {
         sqlx::query_scalar::<_, i32>(
             "SELECT available_quantity FROM products WHERE product_id = $1",
@@ -349,6 +379,8 @@ pub struct ChaosProxy {
     pub port: u16,
     cut: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
+    /// The open connections' pumps, so `sever` can close them.
+    links: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 impl ChaosProxy {
@@ -359,13 +391,15 @@ impl ChaosProxy {
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = cut.clone();
+        let links: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let open = links.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
                 let flag = flag.clone();
-                tokio::spawn(async move {
+                let link = tokio::spawn(async move {
                     let Ok(server) =
                         tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
                     else {
@@ -392,13 +426,26 @@ impl ChaosProxy {
                                 }
                             }
                         };
-                    let a = tokio::spawn(pump(cr, sw, flag.clone()));
-                    let b = tokio::spawn(pump(sr, cw, flag));
-                    let _ = tokio::join!(a, b);
+                    // Both directions in this task, so aborting it closes both sockets.
+                    tokio::join!(pump(cr, sw, flag.clone()), pump(sr, cw, flag));
                 });
+                open.lock().unwrap().push(link.abort_handle());
             }
         });
-        ChaosProxy { port, cut, task }
+        ChaosProxy {
+            port,
+            cut,
+            task,
+            links,
+        }
+    }
+
+    /// Closes every open connection at once (the peer sees the socket close, as when a
+    /// server or a link dies); new connections are served as before.
+    pub fn sever(&self) {
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
     }
 
     pub fn cut(&self) {

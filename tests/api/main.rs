@@ -11,5 +11,6 @@ mod oversell;
 mod pages;
 mod read_your_writes;
 mod reports;
+mod retries;
 mod robustness;
 mod schemathesis;

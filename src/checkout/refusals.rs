@@ -1,0 +1,180 @@
+//! The stock gate's "no", made final: before a request is told 409, its (user, key) is
+//! claimed on the primary with a `refused` row. If the key already holds something — an
+//! order committed by a batch here or on another instance, an earlier refusal, a different
+//! body — the claim conflicts and the request gets what the key holds instead. Once the
+//! refusal commits, no order for that key can commit anywhere (its insert would conflict),
+//! so the 409 stays true whatever happens to an original still queued, and the retry needs
+//! neither Redis nor a replica to learn the truth.
+//!
+//! After a sell-out every buyer passes through here, so the claims that queue up while one
+//! statement runs go together: one `INSERT … ON CONFLICT DO NOTHING` for all of them, in
+//! (user, key) order like the order batches, and one indexed read for the keys that were
+//! taken.
+
+use super::{CheckoutError, OrderRequest, Placed, decided_on_primary, existing_for, judge};
+use crate::routing::{Db, DbError, is_connection_error};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use uuid::Uuid;
+
+type Reply = oneshot::Sender<Result<Placed, CheckoutError>>;
+
+/// The most claims one statement takes.
+const MAX_BATCH: usize = 512;
+
+/// Statements in flight at once; while they run, new claims queue up for the next one.
+const IN_FLIGHT: usize = 4;
+
+#[derive(Clone)]
+pub struct Refusals {
+    tx: mpsc::UnboundedSender<(OrderRequest, Reply)>,
+}
+
+impl Refusals {
+    pub fn start(db: Db) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(worker(db, rx));
+        Refusals { tx }
+    }
+
+    /// Refuses `req` for want of stock, unless its key already holds an answer: that answer.
+    pub async fn refuse(&self, req: OrderRequest) -> Result<Placed, CheckoutError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send((req, reply))
+            .map_err(|_| DbError::Unavailable("the refusal worker stopped".into()))?;
+        // Dropped only if the claim's task died mid-statement: it may have committed.
+        rx.await.map_err(|_| CheckoutError::OutcomeUnknown)?
+    }
+}
+
+async fn worker(db: Db, mut rx: mpsc::UnboundedReceiver<(OrderRequest, Reply)>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let db = db.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let reqs: Vec<&OrderRequest> = batch.iter().map(|(r, _)| r).collect();
+            let answers = claim(&db, &reqs).await;
+            for ((_, reply), answer) in batch.into_iter().zip(answers) {
+                let _ = reply.send(answer);
+            }
+        });
+    }
+}
+
+/// Claims every free key among `reqs` with a refusal; an answer per request.
+async fn claim(db: &Db, reqs: &[&OrderRequest]) -> Vec<Result<Placed, CheckoutError>> {
+    let fail = |e: &CheckoutError| match e {
+        CheckoutError::OutcomeUnknown => CheckoutError::OutcomeUnknown,
+        other => CheckoutError::Db(DbError::Unavailable(other.to_string())),
+    };
+    let claimed = match insert(db, reqs).await {
+        Ok(claimed) => claimed,
+        Err(e) => return reqs.iter().map(|_| Err(fail(&e))).collect(),
+    };
+    // The first request of each claimed key is refused; every other one reads its key.
+    let mut first_seen: HashSet<(&str, &str)> = HashSet::new();
+    let refused: Vec<bool> = reqs
+        .iter()
+        .map(|r| claimed.contains(&r.key_pair()) && first_seen.insert(r.key_pair()))
+        .collect();
+    let rest: Vec<&OrderRequest> = reqs
+        .iter()
+        .zip(&refused)
+        .filter(|(_, refused)| !**refused)
+        .map(|(r, _)| *r)
+        .collect();
+    let held = match db.primary().pool() {
+        Ok(pool) if !rest.is_empty() => {
+            existing_for(pool, &rest).await.map_err(CheckoutError::from)
+        }
+        Ok(_) => Ok(HashMap::new()),
+        Err(e) => Err(e.into()),
+    };
+    let mut answers = Vec::with_capacity(reqs.len());
+    for (r, refused) in reqs.iter().zip(refused) {
+        answers.push(match (&held, refused) {
+            (_, true) => Err(CheckoutError::OutOfStock),
+            (Ok(held), false) => {
+                let key = (r.user.as_str().to_string(), r.key.as_str().to_string());
+                match judge(r, held.get(&key)) {
+                    Ok(Some(placed)) => Ok(placed),
+                    Ok(None) => decided_on_primary(db, r).await,
+                    Err(e) => Err(e),
+                }
+            }
+            (Err(e), false) => Err(fail(e)),
+        });
+    }
+    answers
+}
+
+/// One statement inserting a `refused` row for each distinct key, in (user, key) order.
+/// Returns the keys it claimed. It commits on its own, so a connection lost during it
+/// leaves its outcome unknown.
+async fn insert<'r>(
+    db: &Db,
+    reqs: &[&'r OrderRequest],
+) -> Result<HashSet<(&'r str, &'r str)>, CheckoutError> {
+    let mut distinct: Vec<&OrderRequest> = Vec::with_capacity(reqs.len());
+    let mut seen = HashSet::new();
+    for r in reqs {
+        if seen.insert(r.key_pair()) {
+            distinct.push(r);
+        }
+    }
+    distinct.sort_by(|a, b| a.key_pair().cmp(&b.key_pair()));
+    let ids: Vec<Uuid> = distinct.iter().map(|_| Uuid::new_v4()).collect();
+    let products: Vec<&str> = distinct.iter().map(|r| r.product.as_str()).collect();
+    let users: Vec<&str> = distinct.iter().map(|r| r.user.as_str()).collect();
+    let keys: Vec<&str> = distinct.iter().map(|r| r.key.as_str()).collect();
+    let qty: Vec<i32> = distinct.iter().map(|r| r.quantity.get()).collect();
+    let fps: Vec<String> = distinct.iter().map(|r| r.fingerprint()).collect();
+    let pool = db.primary().pool()?;
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         SELECT o.order_id, o.product_id, o.user_id, o.quantity, 0, 0, 'refused', o.idempotency_key, o.fingerprint \
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[]) \
+              WITH ORDINALITY AS o(order_id, product_id, user_id, quantity, idempotency_key, fingerprint, n) \
+         ORDER BY o.n \
+         ON CONFLICT (user_id, idempotency_key) DO NOTHING \
+         RETURNING user_id, idempotency_key",
+    )
+    .bind(&ids)
+    .bind(&products)
+    .bind(&users)
+    .bind(&qty)
+    .bind(&keys)
+    .bind(&fps)
+    .fetch_all(pool)
+    .await
+    .map_err(|e| {
+        if matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
+            // Never sent: nothing was written.
+            CheckoutError::Db(DbError::Unavailable(e.to_string()))
+        } else if is_connection_error(&e) {
+            // The statement may have committed before the connection went.
+            CheckoutError::OutcomeUnknown
+        } else {
+            CheckoutError::from(e)
+        }
+    })?;
+    let rows: HashSet<(String, String)> = rows.into_iter().collect();
+    Ok(distinct
+        .iter()
+        .map(|r| r.key_pair())
+        .filter(|(u, k)| rows.contains(&(u.to_string(), k.to_string())))
+        .collect())
+}

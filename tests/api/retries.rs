@@ -1,0 +1,433 @@
+//! Answers that stay true when acknowledgements are lost: retries on another instance while
+//! the original is still queued, reused keys, restocks retried after a lost answer, a COMMIT
+//! whose outcome is unknown, batches that would deadlock, a poisoned row.
+
+use crate::helpers::*;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const QUEUE: &str = "stockgate_order_queue_depth";
+const TXS: &str = "stockgate_order_transactions_total";
+
+/// Waits until `n` more order batches than `before` have begun and nothing is queued:
+/// those batches are waiting on a held row.
+async fn batches_waiting(app: &TestApp, before: f64, n: f64) {
+    app.wait_for(
+        "batches waiting on held rows",
+        Duration::from_secs(10),
+        || async { app.metric(TXS).await >= before + n && app.metric(QUEUE).await == 0.0 },
+    )
+    .await;
+}
+
+/// Sends an order in the background; its (status, body) arrives on the handle.
+fn order_in_background(
+    app: &TestApp,
+    user: &str,
+    key: &str,
+    product: &str,
+    qty: i64,
+) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    let req = app
+        .client
+        .post(app.url("/v1/orders"))
+        .bearer_auth(app.user_token(user))
+        .header("Idempotency-Key", key)
+        .json(&json!({"product_id": product, "quantity": qty}));
+    tokio::spawn(async move {
+        let r = req.send().await.unwrap();
+        let s = r.status();
+        (s, r.json().await.unwrap_or(Value::Null))
+    })
+}
+
+/// Waits until `app` has at least `n` orders queued (behind a held row lock).
+async fn queued(app: &TestApp, n: f64) {
+    app.wait_for(
+        &format!("{n} orders queued"),
+        Duration::from_secs(10),
+        || async { app.metric(QUEUE).await >= n },
+    )
+    .await;
+}
+
+fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("")
+}
+
+async fn key_rows(app: &TestApp, user: &str, key: &str) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT product_id, status FROM orders WHERE user_id = $1 AND idempotency_key = $2",
+    )
+    .bind(user)
+    .bind(key)
+    .fetch_all(&app.primary)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_reused_on_another_product_takes_nothing_and_refuses_no_honest_buyer() {
+    let app = spawn_app(shared_cluster()).await;
+    for round in 0..5 {
+        let (p1, p2) = (format!("reuse-a{round}"), format!("reuse-b{round}"));
+        app.create_product(&p1, 100, 100).await;
+        app.create_product(&p2, 21, 100).await;
+        let key = format!("k{round}");
+        assert_eq!(
+            app.order("ada", &key, &p1, 1).await.status(),
+            StatusCode::CREATED
+        );
+        // One early order occupies the worker on the held row; the rest form one batch,
+        // the reuser first, asking for everything that batch can have.
+        let lock = app.lock_rows(&[&p2]).await;
+        let before = app.metric(TXS).await;
+        let early = order_in_background(&app, "early", &key, &p2, 1);
+        batches_waiting(&app, before, 1.0).await;
+        let reuser = order_in_background(&app, "ada", &key, &p2, 20);
+        queued(&app, 1.0).await;
+        let honest: Vec<_> = (0..20)
+            .map(|i| order_in_background(&app, &format!("buyer-{i}"), &key, &p2, 1))
+            .collect();
+        queued(&app, 21.0).await;
+        lock.commit().await.unwrap();
+        assert_eq!(early.await.unwrap().0, StatusCode::CREATED);
+        let (s, body) = reuser.await.unwrap();
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::UNPROCESSABLE_ENTITY, "IDEMPOTENCY_KEY_REUSED"),
+            "round {round}: {body}"
+        );
+        for h in honest {
+            let (s, body) = h.await.unwrap();
+            assert_eq!(
+                s,
+                StatusCode::CREATED,
+                "round {round}: an honest buyer got {body}"
+            );
+        }
+        assert_eq!(app.stock_on_primary(&p2).await, 0, "round {round}");
+        assert_eq!(
+            key_rows(&app, "ada", &key).await,
+            vec![(p1.clone(), "confirmed".into())]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retry_on_another_instance_while_the_original_is_queued_agrees_with_it() {
+    let a = spawn_app(shared_cluster()).await;
+    let b = spawn_app_with(AppOptions {
+        database: Some(a.database.clone()),
+        ..AppOptions::new(shared_cluster())
+    })
+    .await;
+    let mut proven = 0;
+    for round in 0..20 {
+        let p = format!("retry-{round}");
+        let key = format!("k{round}");
+        a.create_product(&p, 1, 100).await;
+        // B sells the last unit, so B's gate remembers "sold out" for up to 250 ms ...
+        assert_eq!(
+            b.order("seller", &key, &p, 1).await.status(),
+            StatusCode::CREATED
+        );
+        // ... while stock comes back through A, which B does not hear of.
+        assert_eq!(a.restock(&p, 1).await.status(), StatusCode::OK);
+        let lock = a.lock_rows(&[&p]).await;
+        let before = a.metric(TXS).await;
+        let original = order_in_background(&a, "ada", &key, &p, 1);
+        batches_waiting(&a, before, 1.0).await;
+        // The buyer's answer was lost; they retry on B, whose gate says "sold out".
+        let retry = order_in_background(&b, "ada", &key, &p, 1);
+        let early = tokio::time::timeout(Duration::from_millis(500), async {
+            while !retry.is_finished() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .is_ok();
+        lock.commit().await.unwrap();
+        let (os, ob) = original.await.unwrap();
+        let (rs, rb) = retry.await.unwrap();
+        // Precondition: the retry was answered while the row was still held, i.e. by B's
+        // gate without a batch; otherwise this round proves nothing.
+        if early {
+            proven += 1;
+        }
+        assert_eq!(os, rs, "round {round}: original {ob} vs retry {rb}");
+        if os == StatusCode::CREATED {
+            assert_eq!(ob["order_id"], rb["order_id"], "round {round}");
+        }
+        let rows = key_rows(&a, "ada", &key).await;
+        let confirmed = rows.iter().filter(|(_, s)| s == "confirmed").count();
+        assert_eq!(
+            confirmed,
+            usize::from(os == StatusCode::CREATED),
+            "round {round}: {rows:?}"
+        );
+        assert_eq!(
+            a.stock_on_primary(&p).await,
+            i64::from(os != StatusCode::CREATED),
+            "round {round}"
+        );
+        if proven >= 3 {
+            break;
+        }
+    }
+    eprintln!("retry rounds answered by B's stale gate while the original was queued: {proven}");
+    assert!(
+        proven >= 1,
+        "no round reached B's stale 'sold out' while the original was queued"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_409_is_final_for_its_key_even_after_a_restock() {
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("final", 1, 100).await;
+    assert_eq!(
+        app.order("ada", "a", "final", 1).await.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        app.order("bob", "b", "final", 1).await.status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(app.restock("final", 5).await.status(), StatusCode::OK);
+    let again = app.order("bob", "b", "final", 1).await;
+    assert_eq!(
+        again.status(),
+        StatusCode::CONFLICT,
+        "the same key answers as it did"
+    );
+    let other = app.order("bob", "b", "final", 2).await;
+    assert_eq!(
+        other.status(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "another body is refused"
+    );
+    assert_eq!(
+        app.order("bob", "b2", "final", 1).await.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(app.stock_on_primary("final").await, 4);
+    let (n, units) = app.confirmed_orders("final").await;
+    assert_eq!((n, units), (2, 2));
+}
+
+async fn restock_with_key(
+    app: &TestApp,
+    product: &str,
+    key: &str,
+    qty: i64,
+) -> (StatusCode, Value) {
+    let r = app
+        .client
+        .post(app.url(&format!("/v1/products/{product}/restock")))
+        .bearer_auth(&app.admin)
+        .header("Idempotency-Key", key)
+        .json(&json!({"quantity": qty}))
+        .send()
+        .await
+        .unwrap();
+    let s = r.status();
+    (s, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restock_retried_with_its_key_adds_once_and_answers_the_same() {
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("restocked", 10, 100).await;
+    let answers: Vec<(StatusCode, Value)> = futures::stream::iter(0..20)
+        .map(|_| restock_with_key(&app, "restocked", "delivery-1", 5))
+        .buffer_unordered(20)
+        .collect()
+        .await;
+    for (s, body) in &answers {
+        assert_eq!(*s, StatusCode::OK, "{body}");
+        assert_eq!(
+            body["available_quantity"], 15,
+            "every retry answers what the first did"
+        );
+    }
+    assert_eq!(app.stock_on_primary("restocked").await, 15);
+    let (s, body) = restock_with_key(&app, "restocked", "delivery-1", 6).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "IDEMPOTENCY_KEY_REUSED")
+    );
+    // Stock sold in between does not change what the key answers, nor adds again.
+    assert_eq!(
+        app.order("ada", "x", "restocked", 3).await.status(),
+        StatusCode::CREATED
+    );
+    let (s, body) = restock_with_key(&app, "restocked", "delivery-1", 5).await;
+    assert_eq!(
+        (s, body["available_quantity"].clone()),
+        (StatusCode::OK, json!(15))
+    );
+    assert_eq!(app.stock_on_primary("restocked").await, 12);
+    // Without a key every restock adds.
+    app.restock("restocked", 1).await;
+    app.restock("restocked", 1).await;
+    assert_eq!(app.stock_on_primary("restocked").await, 14);
+    let recorded: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(SUM(quantity), 0)::int8 FROM restocks WHERE product_id = 'restocked'",
+    )
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+    assert_eq!(
+        recorded, 7,
+        "one keyed restock of 5 and two of 1 are recorded"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_whose_outcome_is_unknown_says_so_and_the_retry_finds_the_order() {
+    let cluster = shared_cluster();
+    let db = fresh_database(cluster).await;
+    let proxy = ChaosProxy::start(cluster.port(0)).await;
+    let app = spawn_app_with(AppOptions {
+        database: Some(db.clone()),
+        env: vec![(
+            "DATABASE_URL",
+            format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port),
+        )],
+        ..AppOptions::new(cluster)
+    })
+    .await;
+    app.create_product("ambiguous", 10, 100).await;
+    // COMMIT takes a while for this buyer (a deferred trigger), long enough to lose the link.
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.user_id = 'slowpoke' THEN PERFORM pg_sleep(1.5); END IF; RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON orders DEFERRABLE INITIALLY DEFERRED \
+         FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .execute(&app.primary)
+    .await
+    .unwrap();
+    let order = order_in_background(&app, "slowpoke", "k", "ambiguous", 1);
+    app.wait_for("COMMIT under way", Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND wait_event = 'PgSleep'",
+        )
+        .fetch_one(&app.primary)
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+    proxy.sever();
+    let (s, body) = order.await.unwrap();
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::SERVICE_UNAVAILABLE, "OUTCOME_UNKNOWN"),
+        "{body}"
+    );
+    // The server finished the COMMIT nobody heard: the order exists ...
+    app.wait_for("the order committed", Duration::from_secs(10), || async {
+        key_rows(&app, "slowpoke", "k").await
+            == vec![("ambiguous".to_string(), "confirmed".to_string())]
+    })
+    .await;
+    // ... and the retry with the same key says so, taking nothing more.
+    let retry = app.order("slowpoke", "k", "ambiguous", 1).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(app.stock_on_primary("ambiguous").await, 9);
+    assert_eq!(app.confirmed_orders("ambiguous").await, (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batches_claiming_the_same_keys_in_opposite_orders_never_deadlock() {
+    let app = spawn_app(shared_cluster()).await;
+    for round in 0..5 {
+        let (d1, d2) = (format!("dl-a{round}"), format!("dl-b{round}"));
+        app.create_product(&d1, 100, 100).await;
+        app.create_product(&d2, 100, 100).await;
+        let lock = app.lock_rows(&[&d1, &d2]).await;
+        let before = app.metric(TXS).await;
+        let early: Vec<_> = [&d1, &d2]
+            .iter()
+            .map(|p| order_in_background(&app, "early", &format!("e-{p}"), p, 1))
+            .collect();
+        batches_waiting(&app, before, 2.0).await;
+        let key = format!("k{round}");
+        let mut answers = Vec::new();
+        for (p, user) in [(&d1, "u1"), (&d1, "u2"), (&d2, "u2"), (&d2, "u1")] {
+            answers.push((user, order_in_background(&app, user, &key, p, 1)));
+            queued(&app, answers.len() as f64).await;
+        }
+        lock.commit().await.unwrap();
+        for e in early {
+            assert_eq!(e.await.unwrap().0, StatusCode::CREATED);
+        }
+        let mut by_user: std::collections::HashMap<&str, Vec<StatusCode>> = Default::default();
+        for (user, h) in answers {
+            let (s, body) = h.await.unwrap();
+            assert!(
+                s == StatusCode::CREATED
+                    || (s == StatusCode::UNPROCESSABLE_ENTITY
+                        && code(&body) == "IDEMPOTENCY_KEY_REUSED"),
+                "round {round}: {s} {body}"
+            );
+            by_user.entry(user).or_default().push(s);
+        }
+        for (user, mut statuses) in by_user {
+            statuses.sort();
+            assert_eq!(
+                statuses,
+                vec![StatusCode::CREATED, StatusCode::UNPROCESSABLE_ENTITY],
+                "round {round}: {user} holds one order and one refusal"
+            );
+        }
+        let taken = 200 - app.stock_on_primary(&d1).await - app.stock_on_primary(&d2).await;
+        assert_eq!(taken, 4, "round {round}: two early orders and one per user");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poisoned_row_fails_alone_and_the_rest_of_its_batch_commits() {
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("poisoned", 100, 100).await;
+    // A real fault inside the batch transaction: the database refuses one buyer's row.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.user_id = 'poison' THEN RAISE EXCEPTION 'poisoned row'; END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_poison BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+    )
+    .execute(&app.primary)
+    .await
+    .unwrap();
+    let lock = app.lock_rows(&["poisoned"]).await;
+    let before = app.metric(TXS).await;
+    let early = order_in_background(&app, "early", "e", "poisoned", 1);
+    batches_waiting(&app, before, 1.0).await;
+    let mut buyers: Vec<String> = (0..30).map(|i| format!("mate-{i}")).collect();
+    buyers.insert(13, "poison".into());
+    let rest: Vec<_> = buyers
+        .iter()
+        .map(|u| (u.clone(), order_in_background(&app, u, "k", "poisoned", 1)))
+        .collect();
+    queued(&app, 31.0).await;
+    lock.commit().await.unwrap();
+    assert_eq!(early.await.unwrap().0, StatusCode::CREATED);
+    for (user, h) in rest {
+        let (s, body) = h.await.unwrap();
+        if user == "poison" {
+            assert_eq!(
+                (s, code(&body)),
+                (StatusCode::SERVICE_UNAVAILABLE, "ORDER_NOT_WRITTEN"),
+                "{body}"
+            );
+        } else {
+            assert_eq!(s, StatusCode::CREATED, "{user}: {body}");
+        }
+    }
+    assert_eq!(app.confirmed_orders("poisoned").await, (31, 31));
+    assert_eq!(app.stock_on_primary("poisoned").await, 69);
+}
