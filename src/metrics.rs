@@ -26,6 +26,8 @@ pub struct Metrics {
     pub order_batch_size: prometheus::Histogram,
     pub order_transactions: IntCounter,
     pub order_queue_depth: prometheus::IntGauge,
+    /// Statements that claimed refused keys (each for many requests).
+    pub refusal_statements: IntCounter,
     pub import_rows: IntCounter,
     pub import_rate: Gauge,
     pub import_paused_seconds: prometheus::Counter,
@@ -114,6 +116,13 @@ impl Metrics {
         .expect("static");
         r.register(Box::new(order_queue_depth.clone()))
             .expect("metric registered once");
+        let refusal_statements = IntCounter::new(
+            "order_refusal_statements_total",
+            "Primary statements that made refusals final (each claims many keys)",
+        )
+        .expect("static");
+        r.register(Box::new(refusal_statements.clone()))
+            .expect("metric registered once");
         let import_rows =
             IntCounter::new("import_rows_total", "Rows written by bulk imports").expect("static");
         r.register(Box::new(import_rows.clone()))
@@ -185,6 +194,7 @@ impl Metrics {
             order_batch_size,
             order_transactions,
             order_queue_depth,
+            refusal_statements,
             import_rows,
             import_rate,
             import_paused_seconds,

@@ -167,7 +167,7 @@ impl Checkout {
             batching.window,
         );
         let limiter = (rate_per_user > 0).then(|| Arc::new(RateLimiter::new(rate_per_user)));
-        let refusals = refusals::Refusals::start(db.clone());
+        let refusals = refusals::Refusals::start(db.clone(), metrics.clone());
         Checkout {
             db,
             metrics,

@@ -12,6 +12,7 @@
 //! taken.
 
 use super::{CheckoutError, OrderRequest, Placed, decided_on_primary, existing_for, judge};
+use crate::metrics::Metrics;
 use crate::routing::{Db, DbError, is_connection_error};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -32,9 +33,9 @@ pub struct Refusals {
 }
 
 impl Refusals {
-    pub fn start(db: Db) -> Self {
+    pub fn start(db: Db, metrics: Metrics) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(worker(db, rx));
+        tokio::spawn(worker(db, metrics, rx));
         Refusals { tx }
     }
 
@@ -49,7 +50,7 @@ impl Refusals {
     }
 }
 
-async fn worker(db: Db, mut rx: mpsc::UnboundedReceiver<(OrderRequest, Reply)>) {
+async fn worker(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<(OrderRequest, Reply)>) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = rx.recv().await {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -63,6 +64,7 @@ async fn worker(db: Db, mut rx: mpsc::UnboundedReceiver<(OrderRequest, Reply)>) 
             }
         }
         let db = db.clone();
+        metrics.refusal_statements.inc();
         tokio::spawn(async move {
             let _permit = permit;
             let reqs: Vec<&OrderRequest> = batch.iter().map(|(r, _)| r).collect();

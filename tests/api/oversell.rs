@@ -437,27 +437,44 @@ async fn metric(app: &TestApp, name: &str) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn after_a_sell_out_rejections_are_answered_without_primary_transactions() {
+async fn after_a_sell_out_rejections_take_no_order_batch_and_are_made_final_in_bulk() {
     let app = spawn_app(shared_cluster()).await;
     sale_product(&app, "gone", 20).await;
     let (outcome, _, _) = flash_sale(&app, "gone", 100, 50, |_| 1).await;
     assert_eq!(outcome.confirmed, 20);
     let before = metric(&app, "stockgate_order_transactions_total").await;
+    let claims_before = metric(&app, "stockgate_order_refusal_statements_total").await;
     let (late, _, _) = flash_sale_tagged(&app, "gone", "late-", 500, 64, |_| 1).await;
     assert_eq!((late.confirmed, late.out_of_stock), (0, 500));
     let after = metric(&app, "stockgate_order_transactions_total").await;
-    // Fewer than 1 % of the late requests reached a primary transaction.
+    let claims = metric(&app, "stockgate_order_refusal_statements_total").await - claims_before;
+    // Fewer than 1 % of the late requests reached an order batch ...
     assert!(
         after - before < 5.0,
-        "{} primary transactions for 500 rejections",
+        "{} order batches for 500 rejections",
         after - before
     );
+    // ... and their refusals were claimed on the primary together, not one statement each.
+    eprintln!("500 rejections made final in {claims} statements");
+    assert!(
+        claims >= 1.0 && claims < 250.0,
+        "{claims} refusal statements for 500 rejections"
+    );
+    // Every rejected key now holds its refusal: a retry of it answers 409 again.
+    let refused: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders WHERE product_id = 'gone' AND status = 'refused' AND user_id LIKE 'late-%'",
+    )
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+    assert_eq!(refused, 500);
     // A buyer who did get one, retrying with the same key after the sell-out, gets their order.
-    let winner: String =
-        sqlx::query_scalar("SELECT user_id FROM orders WHERE product_id = 'gone' LIMIT 1")
-            .fetch_one(&app.primary)
-            .await
-            .unwrap();
+    let winner: String = sqlx::query_scalar(
+        "SELECT user_id FROM orders WHERE product_id = 'gone' AND status = 'confirmed' LIMIT 1",
+    )
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
     let i = winner.trim_start_matches("buyer-");
     let retry = app.order(&winner, &format!("gone-{i}"), "gone", 1).await;
     assert_eq!(
