@@ -1,24 +1,45 @@
 //! Bulk import of products from CSV, throttled against live replica staleness.
 //!
 //! The CSV has a header `product_id,name,price_cents,available_quantity` (any column order)
-//! and one product per line; each line upserts that product (a re-run of the same file
-//! rewrites nothing). The whole file is validated first: every bad line is reported with its
-//! line number, and unless `--skip-invalid` is given nothing is written. Rows are then
-//! written in batches, one transaction each (a crash or Ctrl-C never leaves half a batch).
+//! and one product per line. The whole file is validated first: every bad line is reported
+//! with its line number, and unless `--skip-invalid` is given nothing is written. Rows are
+//! then written in batches, one transaction each (a crash or Ctrl-C never leaves half a batch).
+//!
+//! **Imports keep what was sold.** A line *states* a product's count; it does not overwrite
+//! the stock. A product new to stockgate starts with the file's count. For one that exists,
+//! the stock moves by the change in the stated count — `file − stated_quantity`, the count
+//! it was last given (at creation or by an import) — and `stated_quantity` becomes the
+//! file's. Sales, cancels and restocks since then never touch `stated_quantity`, so they are
+//! kept; re-running the same file changes nothing; a recount of +5 adds 5; and re-running
+//! after Ctrl-C just continues, because the batches already in are no-ops the second time.
+//! If more was sold than a lowered count leaves, the stock stops at 0 (the CHECK forbids
+//! less) and the row is counted as clamped ([`restate`] is the whole rule).
+//!
+//! Stock that goes up must reopen the stock gate, which may be answering "sold out" from
+//! memory. In the service the job hands each batch's risen products to
+//! [`Checkout::reopened`]. The CLI runs in another process and cannot reach the servers'
+//! gates; they see the increase within the gate's 250 ms budget, when their cached answers
+//! expire (see [`Announce`]).
 //!
 //! Before every batch the engine reads the worst staleness of the replicas that are serving
 //! (not `down`) from the same freshness monitor the router uses. Over the budget it waits;
 //! batch sizes grow additively while replicas keep up and halve when they fall behind
 //! (AIMD). A `down` replica does not hold the import hostage unless `--wait-for-down`.
+//!
+//! A job's states: `running` ⇄ `waiting` (for replicas) → `done` or `failed`; a stop request
+//! (Ctrl-C, `DELETE /v1/admin/imports/{id}`) makes it `stopping` until the batch in flight
+//! commits, then `cancelled`. `done`, `failed` and `cancelled` are final and carry `ended_at`.
 
-use crate::clock::SystemClock;
+use crate::checkout::Checkout;
+use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::domain::{ProductId, ProductName};
 use crate::metrics::Metrics;
 use crate::routing::Db;
+use chrono::{DateTime, Utc};
 use clap::Args;
 use serde::Serialize;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +50,9 @@ use std::time::{Duration, Instant};
     after_help = "CSV format: a header line naming the columns product_id,name,price_cents,available_quantity \
 (any order), then one product per line, e.g.\n  product_id,name,price_cents,available_quantity\n  mug-1,Classic mug,1299,500\n\
 product_id: 1-64 of [A-Za-z0-9_.-]; price_cents and available_quantity: whole numbers 0..2147483647.\n\
-Existing products are updated (name, price, stock); re-running the same file is harmless."
+available_quantity states the product's count: a new product starts with it; an existing one's stock \
+moves by the change since the count it was last given (units sold or restocked since are kept), and its \
+name and price are updated. Re-running the same file changes nothing, also after Ctrl-C."
 )]
 pub struct ImportArgs {
     /// The CSV file to import.
@@ -61,9 +84,10 @@ pub struct Options {
 /// One valid CSV row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
-    pub product_id: String,
+    pub product_id: ProductId,
     pub name: String,
     pub price_cents: i32,
+    /// The count the file states for the product (the CSV's `available_quantity`).
     pub available_quantity: i32,
 }
 
@@ -108,7 +132,7 @@ pub fn parse_csv(input: impl std::io::Read) -> Result<(Vec<Row>, Vec<BadLine>), 
     let idx: Vec<usize> = cols.iter().filter_map(|(_, i)| *i).collect();
     let mut rows = Vec::new();
     let mut bad = Vec::new();
-    let mut seen = HashSet::new();
+    let mut seen: HashSet<ProductId> = HashSet::new();
     let mut record = csv::ByteRecord::new();
     loop {
         let line = reader.position().line();
@@ -166,7 +190,7 @@ fn parse_row(record: &csv::ByteRecord, idx: &[usize]) -> Result<Row, String> {
     let id = ProductId::parse(field(0, "product_id")?).map_err(|e| e.message)?;
     let name = ProductName::parse(field(1, "name")?).map_err(|e| e.message)?;
     Ok(Row {
-        product_id: id.to_string(),
+        product_id: id,
         name: name.as_str().to_string(),
         price_cents: number(2, "price_cents")?,
         available_quantity: number(3, "available_quantity")?,
@@ -178,7 +202,21 @@ fn parse_row(record: &csv::ByteRecord, idx: &[usize]) -> Result<Row, String> {
 pub struct Progress {
     pub status: Status,
     pub rows_total: u64,
+    /// Rows applied so far (created, changed or found unchanged).
     pub rows_done: u64,
+    /// Products new to stockgate: they start with the file's count.
+    pub rows_created: u64,
+    /// Existing products whose stated count, name or price differed: stock moved by the
+    /// change in the stated count.
+    pub rows_changed: u64,
+    /// Existing products already as the file states them: nothing written.
+    pub rows_unchanged: u64,
+    /// Changed rows whose lowered count was below what had been sold since: stock stopped
+    /// at 0 instead of going negative.
+    pub rows_clamped: u64,
+    /// The first 100 clamped products.
+    #[schema(value_type = Vec<String>)]
+    pub clamped_products: Vec<ProductId>,
     pub rows_skipped: u64,
     pub bad_lines: Vec<BadLine>,
     pub batch_size: usize,
@@ -191,17 +229,34 @@ pub struct Progress {
     pub down_replicas: Vec<String>,
     pub error: Option<String>,
     pub elapsed_ms: u64,
+    /// When the job reached `done`, `failed` or `cancelled`.
+    pub ended_at: Option<DateTime<Utc>>,
 }
 
+/// `running` ⇄ `waiting` → `done` | `failed`; a stop request → `stopping` → `cancelled`.
 #[derive(Debug, Clone, Copy, Serialize, Default, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
+    /// Writing batches.
     #[default]
     Running,
+    /// Between batches, for replicas to catch up (see `waiting`).
     Waiting,
+    /// Asked to stop: the batch in flight commits, no further batch starts.
+    Stopping,
+    /// Every row applied.
     Done,
-    Interrupted,
+    /// Stopped on request after a whole batch; re-running the same file continues.
+    Cancelled,
+    /// A batch failed and was rolled back; the batches before it are in.
     Failed,
+}
+
+impl Status {
+    /// `done`, `failed` and `cancelled` never change again.
+    pub fn is_final(self) -> bool {
+        matches!(self, Status::Done | Status::Failed | Status::Cancelled)
+    }
 }
 
 pub type SharedProgress = Arc<Mutex<Progress>>;
@@ -210,18 +265,104 @@ fn update(p: &SharedProgress, f: impl FnOnce(&mut Progress)) {
     f(&mut p.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
+/// Asks a job to stop after its current batch; `stopping` until then. A job already
+/// finished is left as it is.
+pub fn request_stop(progress: &SharedProgress, stop: &AtomicBool) {
+    // The flag first, then the status under the lock: the engine reads the flag under the
+    // same lock when it sets `running`/`waiting`, so it can never write over `stopping`.
+    stop.store(true, Ordering::SeqCst);
+    update(progress, |p| {
+        if !p.status.is_final() {
+            p.status = Status::Stopping;
+        }
+    });
+}
+
+/// How the engine ended, when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Done,
+    Cancelled,
+}
+
+/// Records the final state and when it was reached, in one step (whoever sees a final
+/// status also sees `ended_at`).
+pub fn finish(progress: &SharedProgress, result: &anyhow::Result<Ended>, at: DateTime<Utc>) {
+    update(progress, |p| {
+        p.status = match result {
+            Ok(Ended::Done) => Status::Done,
+            Ok(Ended::Cancelled) => Status::Cancelled,
+            Err(_) => Status::Failed,
+        };
+        if let Err(e) = result {
+            p.error = Some(match e.downcast_ref::<StockLimit>() {
+                Some(limit) => format!("{limit}; the batch was rolled back, earlier batches are in"),
+                None => "a batch failed and was rolled back; earlier batches are in; re-running the same file is safe".into(),
+            });
+        }
+        p.waiting = None;
+        p.ended_at = Some(at);
+    });
+}
+
+/// What a stated count does to a product that exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restated {
+    pub available: i32,
+    /// More was sold than the lowered count leaves: the stock stopped at 0.
+    pub clamped: bool,
+}
+
+/// A stated count that would take a product's stock past what the column holds.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "product {product}: stock would exceed 2147483647 ({available} + {file} stated − {stated} stated before)"
+)]
+pub struct StockLimit {
+    pub product: ProductId,
+    pub available: i32,
+    pub stated: i32,
+    pub file: i32,
+}
+
+/// The import rule. A product holding `available` units, last given `stated`, is now stated
+/// at `file`: it keeps what happened since (`available − stated`: sales, cancels, restocks)
+/// on top of the new count, and never goes below 0.
+pub fn restate(available: i32, stated: i32, file: i32) -> Option<Restated> {
+    let wanted = i64::from(available) + i64::from(file) - i64::from(stated);
+    let available = i32::try_from(wanted.max(0)).ok()?;
+    Some(Restated {
+        available,
+        clamped: wanted < 0,
+    })
+}
+
+/// Who must hear that stock went up.
+#[derive(Clone, Copy)]
+pub enum Announce<'a> {
+    /// This process serves the stock gate: each product whose stock rose reopens it
+    /// ([`Checkout::reopened`]), so a "sold out" cached here does not outlive the import.
+    Gate(&'a Checkout),
+    /// Another process (`stockgate import`): no gate here. The servers' gates cache an
+    /// answer only while it is within the 250 ms budget, so they see the rise within that.
+    Nobody,
+}
+
 const MIN_BATCH: usize = 50;
 const MAX_BATCH: usize = 20_000;
+const CLAMPED_LISTED: usize = 100;
 
-/// Writes `rows` in throttled batches. Stops between batches when `stop` is set.
+/// Writes `rows` in throttled batches. Stops between batches when `stop` is set. The final
+/// state is the caller's to record ([`finish`]), with its own clock.
 pub async fn run_engine(
     db: &Db,
     metrics: &Metrics,
+    announce: Announce<'_>,
     rows: &[Row],
     opts: Options,
     progress: &SharedProgress,
     stop: &AtomicBool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Ended> {
     let start = Instant::now();
     let budget = opts.lag_budget;
     let floor = MIN_BATCH.min(opts.batch_size.max(1));
@@ -233,9 +374,8 @@ pub async fn run_engine(
         p.lag_budget_ms = budget.as_millis() as u64;
     });
     while done < rows.len() {
-        if stop.load(Ordering::Relaxed) {
-            update(progress, |p| p.status = Status::Interrupted);
-            return Ok(());
+        if stop.load(Ordering::SeqCst) {
+            return Ok(Ended::Cancelled);
         }
         // Wait while the worst serving replica is over budget (or, if asked, one is down).
         let (worst, down) = db.worst_serving_staleness();
@@ -255,7 +395,9 @@ pub async fn run_engine(
             p.worst_staleness_ms = worst_ms;
             p.max_staleness_seen_ms = p.max_staleness_seen_ms.max(worst_ms.unwrap_or(0));
             p.down_replicas = down.clone();
-            p.status = if waiting.is_some() {
+            p.status = if stop.load(Ordering::SeqCst) {
+                Status::Stopping
+            } else if waiting.is_some() {
                 Status::Waiting
             } else {
                 Status::Running
@@ -275,7 +417,8 @@ pub async fn run_engine(
         }
         let end = (done + batch).min(rows.len());
         let t = Instant::now();
-        write_batch(db, &rows[done..end]).await?;
+        let applied = write_batch(db, &rows[done..end]).await?;
+        announce_raised(announce, &applied.raised).await;
         let written = end - done;
         done = end;
         metrics.import_rows.inc_by(written as u64);
@@ -296,19 +439,36 @@ pub async fn run_engine(
         let elapsed = start.elapsed();
         update(progress, |p| {
             p.rows_done = done as u64;
+            p.rows_created += applied.created;
+            p.rows_changed += applied.changed;
+            p.rows_unchanged += applied.unchanged;
+            p.rows_clamped += applied.clamped.len() as u64;
+            let room = CLAMPED_LISTED.saturating_sub(p.clamped_products.len());
+            p.clamped_products
+                .extend(applied.clamped.into_iter().take(room));
             p.max_staleness_seen_ms = p.max_staleness_seen_ms.max(worst_ms);
             p.batch_size = batch;
             p.rows_per_second = done as f64 / elapsed.as_secs_f64().max(1e-6);
             p.elapsed_ms = elapsed.as_millis() as u64;
         });
     }
-    update(progress, |p| {
-        p.status = Status::Done;
-        p.waiting = None;
-        p.paused_ms = paused.as_millis() as u64;
-    });
+    update(progress, |p| p.paused_ms = paused.as_millis() as u64);
     metrics.import_rate.set(0.0);
-    Ok(())
+    Ok(Ended::Done)
+}
+
+/// Reopens the gate for products whose stock rose in a committed batch. A failure here
+/// is logged, not the import's: the batch is in, and the gate's cached answer expires
+/// within its 250 ms budget anyway.
+async fn announce_raised(announce: Announce<'_>, raised: &[ProductId]) {
+    let Announce::Gate(checkout) = announce else {
+        return;
+    };
+    for product in raised {
+        if let Err(e) = checkout.reopened(product).await {
+            tracing::warn!(product_id = %product, error = %e, "import raised stock but could not reopen the gate; its cached answer expires within the gate's budget");
+        }
+    }
 }
 
 fn fmt_budget(d: Duration) -> String {
@@ -319,29 +479,144 @@ fn fmt_budget(d: Duration) -> String {
     }
 }
 
-/// One batch, one transaction. Unchanged rows are not rewritten, so a re-run of the same
-/// file writes (and replicates) nothing.
-async fn write_batch(db: &Db, rows: &[Row]) -> anyhow::Result<()> {
+/// What one batch did.
+#[derive(Debug, Default)]
+struct Applied {
+    created: u64,
+    changed: u64,
+    unchanged: u64,
+    clamped: Vec<ProductId>,
+    /// Existing products whose stock went up: the gate must hear of them.
+    raised: Vec<ProductId>,
+}
+
+/// One batch, one transaction: create the new products, then restate the existing ones
+/// whose stated count, name or price differ. Unchanged rows are neither written nor
+/// locked, so a re-run of the same file writes (and replicates) nothing.
+async fn write_batch(db: &Db, rows: &[Row]) -> anyhow::Result<Applied> {
+    // Every writer that locks many products takes them in product_id order, so two imports
+    // (or an import and a cart) cannot deadlock on each other.
+    let mut rows: Vec<&Row> = rows.iter().collect();
+    rows.sort_unstable_by(|a, b| a.product_id.as_str().cmp(b.product_id.as_str()));
+    let mut tx = db.primary().begin().await?;
+    let created = insert_new(&mut tx, &rows).await?;
+    let existing: Vec<&Row> = rows
+        .into_iter()
+        .filter(|r| !created.contains(r.product_id.as_str()))
+        .collect();
+    let differing = lock_differing(&mut tx, &existing).await?;
+    let by_id: HashMap<&str, &Row> = existing
+        .iter()
+        .map(|r| (r.product_id.as_str(), *r))
+        .collect();
+    let mut applied = Applied {
+        created: created.len() as u64,
+        changed: differing.len() as u64,
+        unchanged: (existing.len() - differing.len()) as u64,
+        ..Applied::default()
+    };
+    let mut updates = Vec::with_capacity(differing.len());
+    for (id, available, stated) in differing {
+        let Some(&row) = by_id.get(id.as_str()) else {
+            continue;
+        };
+        let file = row.available_quantity;
+        let restated = restate(available, stated, file).ok_or_else(|| StockLimit {
+            product: row.product_id.clone(),
+            available,
+            stated,
+            file,
+        })?;
+        if restated.clamped {
+            applied.clamped.push(row.product_id.clone());
+        }
+        if restated.available > available {
+            applied.raised.push(row.product_id.clone());
+        }
+        updates.push((row, restated.available));
+    }
+    update_restated(&mut tx, &updates).await?;
+    tx.commit().await?;
+    Ok(applied)
+}
+
+type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// Inserts the rows whose product does not exist yet (stock and stated count: the file's)
+/// and returns their ids. Existing products are left to [`lock_differing`].
+async fn insert_new(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<HashSet<String>> {
     let ids: Vec<&str> = rows.iter().map(|r| r.product_id.as_str()).collect();
     let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
     let prices: Vec<i32> = rows.iter().map(|r| r.price_cents).collect();
     let stock: Vec<i32> = rows.iter().map(|r| r.available_quantity).collect();
-    let mut tx = db.primary().begin().await?;
-    sqlx::query(
-        "INSERT INTO products (product_id, name, price_cents, available_quantity) \
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) \
-         ON CONFLICT (product_id) DO UPDATE SET name = EXCLUDED.name, price_cents = EXCLUDED.price_cents, \
-           available_quantity = EXCLUDED.available_quantity, updated_at = clock_timestamp() \
-         WHERE (products.name, products.price_cents, products.available_quantity) \
-           IS DISTINCT FROM (EXCLUDED.name, EXCLUDED.price_cents, EXCLUDED.available_quantity)",
+    let created: Vec<String> = sqlx::query_scalar(
+        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
+         SELECT id, name, price, stock, stock \
+         FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
+         ON CONFLICT (product_id) DO NOTHING RETURNING product_id",
     )
     .bind(&ids)
     .bind(&names)
     .bind(&prices)
     .bind(&stock)
-    .execute(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
-    tx.commit().await?;
+    Ok(created.into_iter().collect())
+}
+
+/// Locks, in product_id order, the existing products whose stated count, name or price
+/// differ from the file, and returns `(product_id, available_quantity, stated_quantity)`
+/// as they stand under the lock (sales wait until the batch commits).
+async fn lock_differing(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<Vec<(String, i32, i32)>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<&str> = rows.iter().map(|r| r.product_id.as_str()).collect();
+    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    let prices: Vec<i32> = rows.iter().map(|r| r.price_cents).collect();
+    let stated: Vec<i32> = rows.iter().map(|r| r.available_quantity).collect();
+    sqlx::query_as(
+        "SELECT p.product_id, p.available_quantity, p.stated_quantity \
+         FROM products p \
+         JOIN UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stated) \
+           ON p.product_id = f.id \
+         WHERE (p.name, p.price_cents, p.stated_quantity) IS DISTINCT FROM (f.name, f.price, f.stated) \
+         ORDER BY p.product_id \
+         FOR UPDATE OF p",
+    )
+    .bind(&ids)
+    .bind(&names)
+    .bind(&prices)
+    .bind(&stated)
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Writes the restated rows: name, price, the new stock, and the file's count as the
+/// stated one.
+async fn update_restated(tx: &mut Tx, updates: &[(&Row, i32)]) -> sqlx::Result<()> {
+    if updates.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = updates.iter().map(|(r, _)| r.product_id.as_str()).collect();
+    let names: Vec<&str> = updates.iter().map(|(r, _)| r.name.as_str()).collect();
+    let prices: Vec<i32> = updates.iter().map(|(r, _)| r.price_cents).collect();
+    let stock: Vec<i32> = updates.iter().map(|(_, s)| *s).collect();
+    let stated: Vec<i32> = updates.iter().map(|(r, _)| r.available_quantity).collect();
+    sqlx::query(
+        "UPDATE products p SET name = u.name, price_cents = u.price, available_quantity = u.stock, \
+           stated_quantity = u.stated, updated_at = clock_timestamp() \
+         FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[]) \
+           AS u(id, name, price, stock, stated) \
+         WHERE p.product_id = u.id",
+    )
+    .bind(&ids)
+    .bind(&names)
+    .bind(&prices)
+    .bind(&stock)
+    .bind(&stated)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -365,7 +640,8 @@ pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
             bad.len()
         );
     }
-    let (state, _monitor) = crate::startup::build_state(config, Arc::new(SystemClock))?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (state, _monitor) = crate::startup::build_state(config, clock.clone())?;
     // Let the monitor take its first samples so the first batch is judged on real data.
     tokio::time::sleep(config.monitor_interval * 4 + Duration::from_millis(100)).await;
     let opts = Options {
@@ -378,27 +654,76 @@ pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
     update(&progress, |p| p.rows_skipped = bad.len() as u64);
     let stop = Arc::new(AtomicBool::new(false));
     {
-        let stop = stop.clone();
+        let (stop, progress) = (stop.clone(), progress.clone());
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
                 eprintln!(
                     "\ninterrupt: stopping after the current batch (each batch is one transaction)"
                 );
-                stop.store(true, Ordering::Relaxed);
+                request_stop(&progress, &stop);
             }
         });
     }
     let reporter = tokio::spawn(report_progress(progress.clone()));
-    let result = run_engine(&state.db, &state.metrics, &rows, opts, &progress, &stop).await;
+    // Another process: the servers' gates see risen stock when their cached answers expire.
+    let result = run_engine(
+        &state.db,
+        &state.metrics,
+        Announce::Nobody,
+        &rows,
+        opts,
+        &progress,
+        &stop,
+    )
+    .await;
+    finish(&progress, &result, clock_now(&*clock));
     reporter.abort();
     let _ = reporter.await;
     let p = progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let summary = format!(
-        "{} of {} rows written in {:.1} s ({:.0} rows/s); {} skipped; waited {:.1} s for replicas; worst replica staleness seen {} ms (budget {} ms){}",
+    let summary = summary(&p);
+    match result? {
+        Ended::Cancelled => {
+            anyhow::bail!("interrupted: {summary}. Re-running the same file is safe and continues.")
+        }
+        Ended::Done => {
+            println!("{summary}");
+            Ok(())
+        }
+    }
+}
+
+/// The clock's now as a UTC instant.
+pub fn clock_now(clock: &dyn Clock) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(clock.now_ms()).unwrap_or_default()
+}
+
+/// The CLI's last line (`bench/import.sh` reads rows/s, "waited" and "staleness seen").
+fn summary(p: &Progress) -> String {
+    let clamped = match p.rows_clamped {
+        0 => String::new(),
+        n => format!(
+            "; {n} clamped at 0 (more sold than the lowered count): {}{}",
+            p.clamped_products
+                .iter()
+                .map(ProductId::as_str)
+                .collect::<Vec<_>>()
+                .join(", "),
+            if n as usize > p.clamped_products.len() {
+                ", …"
+            } else {
+                ""
+            }
+        ),
+    };
+    format!(
+        "{} of {} rows applied in {:.1} s ({:.0} rows/s): {} new, {} changed, {} unchanged{clamped}; {} skipped; waited {:.1} s for replicas; worst replica staleness seen {} ms (budget {} ms){}",
         p.rows_done,
         p.rows_total,
         p.elapsed_ms as f64 / 1000.0,
         p.rows_per_second,
+        p.rows_created,
+        p.rows_changed,
+        p.rows_unchanged,
         p.rows_skipped,
         p.paused_ms as f64 / 1000.0,
         p.max_staleness_seen_ms,
@@ -408,17 +733,7 @@ pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
         } else {
             format!("; down: {}", p.down_replicas.join(", "))
         }
-    );
-    result?;
-    match p.status {
-        Status::Interrupted => {
-            anyhow::bail!("interrupted: {summary}. Re-running the same file is safe and continues.")
-        }
-        _ => {
-            println!("{summary}");
-            Ok(())
-        }
-    }
+    )
 }
 
 async fn report_progress(progress: SharedProgress) {
@@ -485,7 +800,7 @@ mod tests {
         assert_eq!(
             rows[1],
             Row {
-                product_id: "tee".into(),
+                product_id: ProductId::parse("tee").expect("valid id"),
                 name: "Tee, black".into(),
                 price_cents: 2499,
                 available_quantity: 0
@@ -507,6 +822,49 @@ mod tests {
         assert!(bad[2].reason.contains("duplicate"));
         assert!(bad[4].reason.contains("UTF-8"));
         assert!(bad[5].reason.contains("limit"));
+    }
+
+    #[test]
+    fn a_re_run_of_the_same_count_keeps_every_sale() {
+        // Imported 10, sold 3: the same file states 10 again.
+        assert_eq!(
+            restate(7, 10, 10),
+            Some(Restated {
+                available: 7,
+                clamped: false
+            })
+        );
+    }
+
+    #[test]
+    fn a_recount_moves_stock_by_the_difference_and_keeps_restocks() {
+        // Stated 10, sold 3, restocked 4 (11 on hand); the recount says 15: +5 on top.
+        assert_eq!(restate(11, 10, 15).map(|r| r.available), Some(16));
+        // Lowered from 10 to 8 with 3 sold: 5 left.
+        assert_eq!(restate(7, 10, 8).map(|r| r.available), Some(5));
+    }
+
+    #[test]
+    fn a_count_lowered_below_what_was_sold_stops_at_zero_and_says_so() {
+        // Stated 10, sold 8 (2 left); the file now says 5: 2 - 5 would be -3.
+        assert_eq!(
+            restate(2, 10, 5),
+            Some(Restated {
+                available: 0,
+                clamped: true
+            })
+        );
+        // Exactly zero is not a clamp.
+        assert_eq!(restate(2, 10, 8).map(|r| r.clamped), Some(false));
+    }
+
+    #[test]
+    fn a_count_past_the_column_is_refused_not_wrapped() {
+        assert_eq!(restate(i32::MAX - 1, 0, 2), None);
+        assert_eq!(
+            restate(i32::MAX, i32::MAX, i32::MAX).map(|r| r.available),
+            Some(i32::MAX)
+        );
     }
 
     #[test]

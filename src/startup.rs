@@ -32,6 +32,7 @@ pub fn build_state(
     clock: Arc<dyn Clock>,
 ) -> anyhow::Result<(AppState, MonitorGuard)> {
     let metrics = Metrics::new();
+    let imports = http::Jobs::new(clock.clone());
     let ryw = match &config.redis_url {
         Some(url) => RywStore::redis(url, clock, config.ryw_ttl).context("STOCKGATE_REDIS_URL")?,
         None => RywStore::local(clock, config.ryw_ttl),
@@ -84,7 +85,7 @@ pub fn build_state(
             tokens,
             metrics,
             checkout,
-            imports: Default::default(),
+            imports,
         },
         monitor,
     ))

@@ -1,28 +1,102 @@
 //! Bulk imports for operators without shell access: the same engine as `stockgate import`,
 //! as a job. `POST /v1/admin/imports` takes the CSV as the body and returns a job id;
-//! `GET /v1/admin/imports/{id}` shows its progress.
+//! `GET /v1/admin/imports/{id}` shows its progress; `DELETE /v1/admin/imports/{id}` stops it
+//! after the batch in flight. A job lives in this instance's memory while it runs and for
+//! [`KEEP_FINISHED`] after it ends (`done`, `failed` or `cancelled`), then it is dropped
+//! and its id answers 404. The parsed CSV lives only as long as the job's task.
 
 use super::openapi::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable,
 };
 use super::{Admin, ApiError, AppState, Json, Path, Query};
-use crate::import::{self, Options, SharedProgress, Status};
+use crate::clock::{Clock, SystemClock};
+use crate::import::{self, Announce, Options, SharedProgress};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-/// Import jobs of this instance, by id.
-pub type Jobs = Arc<Mutex<HashMap<Uuid, SharedProgress>>>;
+/// How long a finished job (and its id) stays answerable.
+pub const KEEP_FINISHED: Duration = Duration::from_secs(3600);
+
+/// Import jobs of this instance, by id. Finished jobs older than [`KEEP_FINISHED`] on the
+/// clock are dropped whenever the table is used (a new job, a look-up, a stop), so the
+/// table holds at most the jobs that ran within the last hour.
+#[derive(Clone)]
+pub struct Jobs {
+    table: Arc<Mutex<HashMap<Uuid, Job>>>,
+    clock: Arc<dyn Clock>,
+}
+
+#[derive(Clone)]
+struct Job {
+    progress: SharedProgress,
+    stop: Arc<AtomicBool>,
+}
+
+impl Default for Jobs {
+    fn default() -> Self {
+        Jobs::new(Arc::new(SystemClock))
+    }
+}
+
+impl Jobs {
+    /// Jobs whose retention is judged on `clock` (tests move a manual one instead of waiting
+    /// an hour).
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Jobs {
+            table: Arc::default(),
+            clock,
+        }
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        import::clock_now(&*self.clock)
+    }
+
+    /// The table, with the expired jobs already gone.
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Job>> {
+        let now = self.now();
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        table.retain(|_, job| {
+            let ended = job
+                .progress
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .ended_at;
+            ended.is_none_or(|at| now < expires(at))
+        });
+        table
+    }
+
+    /// Jobs held: running ones and those that ended within the last hour.
+    pub fn len(&self) -> usize {
+        self.live().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn get(&self, id: Uuid) -> Option<Job> {
+        self.live().get(&id).cloned()
+    }
+}
+
+fn expires(ended: DateTime<Utc>) -> DateTime<Utc> {
+    ended + chrono::Duration::from_std(KEEP_FINISHED).unwrap_or_default()
+}
 
 /// CSV bodies may be large; everything else keeps the 64 KiB limit.
 const IMPORT_BODY_LIMIT: usize = 64 * 1024 * 1024;
@@ -33,29 +107,45 @@ pub fn router() -> Router<AppState> {
             "/v1/admin/imports",
             post(start).layer(DefaultBodyLimit::max(IMPORT_BODY_LIMIT)),
         )
-        .route("/v1/admin/imports/{job_id}", get(show))
+        .route("/v1/admin/imports/{job_id}", get(show).delete(stop))
 }
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(start, show))]
+#[openapi(paths(start, show, stop))]
 pub(super) struct Api;
 
-/// What `start` answers (built with `json!`).
-#[allow(dead_code)]
-#[derive(ToSchema)]
+/// What `start` answers.
+#[derive(Serialize, ToSchema)]
 struct ImportStarted {
     job_id: Uuid,
     /// `running`.
-    status: String,
+    status: import::Status,
 }
 
-/// What `show` answers: the job's progress plus its id.
-#[allow(dead_code)]
-#[derive(serde::Serialize, ToSchema)]
+/// What `show` and `stop` answer: the job's progress, its id, and when a finished job is
+/// dropped.
+#[derive(Serialize, ToSchema)]
 struct ImportJob {
     job_id: Uuid,
     #[serde(flatten)]
     progress: import::Progress,
+    /// `ended_at` + 1 h: from then on the job answers 404. Absent while it runs.
+    expires_at: Option<DateTime<Utc>>,
+}
+
+impl ImportJob {
+    fn of(id: Uuid, job: &Job) -> Self {
+        let progress = job
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        ImportJob {
+            job_id: id,
+            expires_at: progress.ended_at.map(expires),
+            progress,
+        }
+    }
 }
 
 /// Unknown query parameters are refused with 400.
@@ -135,36 +225,52 @@ async fn start(
         return Ok((StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response());
     }
     let id = Uuid::new_v4();
-    let progress: SharedProgress = Arc::default();
+    let job = Job {
+        progress: Arc::default(),
+        stop: Arc::default(),
+    };
     {
-        let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = job.progress.lock().unwrap_or_else(|e| e.into_inner());
         p.rows_total = rows.len() as u64;
         p.rows_skipped = bad.len() as u64;
         p.bad_lines = bad.into_iter().take(100).collect();
     }
-    state
-        .imports
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(id, progress.clone());
-    let (db, metrics) = (state.db.clone(), state.metrics.clone());
+    state.imports.live().insert(id, job.clone());
+    let (db, metrics, checkout) = (
+        state.db.clone(),
+        state.metrics.clone(),
+        state.checkout.clone(),
+    );
+    let jobs = state.imports.clone();
     tokio::spawn(async move {
-        let stop = AtomicBool::new(false);
-        if let Err(e) = import::run_engine(&db, &metrics, &rows, opts, &progress, &stop).await {
+        let result = import::run_engine(
+            &db,
+            &metrics,
+            Announce::Gate(&checkout),
+            &rows,
+            opts,
+            &job.progress,
+            &job.stop,
+        )
+        .await;
+        if let Err(e) = &result {
             tracing::warn!(job = %id, error = %e, "import failed");
-            let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
-            p.status = Status::Failed;
-            p.error = Some("a batch failed and was rolled back; earlier batches are in; re-running the same file is safe".into());
         }
+        import::finish(&job.progress, &result, jobs.now());
     });
     Ok((
         StatusCode::ACCEPTED,
-        axum::Json(json!({ "job_id": id, "status": "running" })),
+        axum::Json(ImportStarted {
+            job_id: id,
+            status: import::Status::Running,
+        }),
     )
         .into_response())
 }
 
 /// An import job's progress (admin)
+///
+/// Known while it runs and for one hour after it ends (`expires_at`); then 404.
 #[utoipa::path(
     get,
     path = "/v1/admin/imports/{job_id}",
@@ -176,7 +282,7 @@ async fn start(
         (status = 400, response = BadRequest),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
-        (status = 404, description = "IMPORT_NOT_FOUND (also for an id that is not a UUID)", body = ErrorBody),
+        (status = 404, description = "IMPORT_NOT_FOUND (also for an id that is not a UUID, or a job dropped an hour after it ended)", body = ErrorBody),
         (status = 503, response = Unavailable),
     )
 )]
@@ -184,18 +290,46 @@ async fn show(
     State(state): State<AppState>,
     _: Admin,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<ImportJob>, ApiError> {
+    let (id, job) = find(&state, &id)?;
+    Ok(Json(ImportJob::of(id, &job)))
+}
+
+/// Stop an import job (admin)
+///
+/// The batch in flight commits (each batch is one transaction); no further batch starts.
+/// A `running` or `waiting` job answers `stopping` and becomes `cancelled` once that batch
+/// is in; a job already `stopping`, `done`, `failed` or `cancelled` is answered as it is.
+/// Re-importing the same file later continues where it stopped (the rows already in are
+/// unchanged by it).
+#[utoipa::path(
+    delete,
+    path = "/v1/admin/imports/{job_id}",
+    tag = "admin",
+    params(("job_id" = Uuid, Path)),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The job: `stopping` (then `cancelled`), or its final state if it had ended", body = ImportJob),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "IMPORT_NOT_FOUND (also for an id that is not a UUID, or a job dropped an hour after it ended)", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn stop(
+    State(state): State<AppState>,
+    _: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<ImportJob>, ApiError> {
+    let (id, job) = find(&state, &id)?;
+    import::request_stop(&job.progress, &job.stop);
+    Ok(Json(ImportJob::of(id, &job)))
+}
+
+fn find(state: &AppState, id: &str) -> Result<(Uuid, Job), ApiError> {
     let not_found = || ApiError::not_found("IMPORT_NOT_FOUND", "no such import job");
-    let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
-    let progress = state
-        .imports
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&id)
-        .cloned()
-        .ok_or_else(not_found)?;
-    let p = progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut body = serde_json::to_value(p).map_err(|e| ApiError::Internal(e.into()))?;
-    body["job_id"] = json!(id);
-    Ok(Json(body))
+    let id = Uuid::parse_str(id).map_err(|_| not_found())?;
+    let job = state.imports.get(id).ok_or_else(not_found)?;
+    Ok((id, job))
 }

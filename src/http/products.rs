@@ -91,8 +91,8 @@ async fn create(
     let stock = Stock::parse(&body.available_quantity)?;
     let mut tx = state.db.primary().begin().await?;
     let created: Option<Product> = sqlx::query_as(
-        "INSERT INTO products (product_id, name, price_cents, available_quantity) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (product_id) DO NOTHING RETURNING product_id, name, price_cents, available_quantity",
+        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
+         VALUES ($1, $2, $3, $4, $4) ON CONFLICT (product_id) DO NOTHING RETURNING product_id, name, price_cents, available_quantity",
     )
     .bind(id.as_str())
     .bind(name.as_str())
