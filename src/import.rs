@@ -457,17 +457,14 @@ pub async fn run_engine(
     Ok(Ended::Done)
 }
 
-/// Reopens the gate for products whose stock rose in a committed batch. A failure here
-/// is logged, not the import's: the batch is in, and the gate's cached answer expires
-/// within its 250 ms budget anyway.
+/// Reopens the gate for products whose stock rose in a committed batch, through the one
+/// path every increase of stock takes (which fails safe on its own).
 async fn announce_raised(announce: Announce<'_>, raised: &[ProductId]) {
     let Announce::Gate(checkout) = announce else {
         return;
     };
     for product in raised {
-        if let Err(e) = checkout.reopened(product).await {
-            tracing::warn!(product_id = %product, error = %e, "import raised stock but could not reopen the gate; its cached answer expires within the gate's budget");
-        }
+        checkout.reopened(product).await;
     }
 }
 

@@ -457,7 +457,7 @@ async fn after_a_sell_out_rejections_take_no_order_batch_and_are_made_final_in_b
     // ... and their refusals were claimed on the primary together, not one statement each.
     eprintln!("500 rejections made final in {claims} statements");
     assert!(
-        claims >= 1.0 && claims < 250.0,
+        (1.0..250.0).contains(&claims),
         "{claims} refusal statements for 500 rejections"
     );
     // Every rejected key now holds its refusal: a retry of it answers 409 again.
