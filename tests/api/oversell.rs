@@ -5,6 +5,7 @@ use crate::helpers::*;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -18,9 +19,14 @@ struct Outcome {
     other: Vec<u16>,
     /// When the last confirmation arrived, relative to the start.
     last_confirmation: Option<Duration>,
+    /// The buyers answered 201.
+    confirmed_users: BTreeSet<String>,
+    /// What each buyer answered 409 had asked for.
+    refused_quantities: Vec<i64>,
 }
 
 /// An availability answer seen while the sale ran.
+#[derive(Debug)]
 struct Poll {
     sent: Duration,
     served_by: String,
@@ -28,8 +34,120 @@ struct Poll {
     stale_by_ms: u64,
 }
 
-/// Runs `buyers` distinct buyers (quantity from `qty(i)`) at `concurrency`, while four
-/// pollers watch availability. Returns the outcome and what the pollers saw.
+/// Four clients asking a product's availability over and over, from when they start until
+/// they are stopped, so a test can keep them watching across several waves of buyers.
+struct Pollers {
+    done: Arc<AtomicBool>,
+    polls: Arc<Mutex<Vec<Poll>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Pollers {
+    /// `start` is the instant every [`Poll::sent`] is measured from.
+    fn start(app: &TestApp, product: &str, start: Instant) -> Pollers {
+        let done = Arc::new(AtomicBool::new(false));
+        let polls = Arc::new(Mutex::new(Vec::new()));
+        let tasks = (0..4)
+            .map(|_| {
+                let (client, url, done, polls) = (
+                    app.client.clone(),
+                    app.url(&format!("/v1/products/{product}/availability?qty=1")),
+                    done.clone(),
+                    polls.clone(),
+                );
+                tokio::spawn(async move {
+                    while !done.load(Ordering::Relaxed) {
+                        let sent = start.elapsed();
+                        let Ok(resp) = client.get(&url).send().await else {
+                            continue;
+                        };
+                        assert_eq!(resp.status(), StatusCode::OK);
+                        let a: Value = resp.json().await.unwrap();
+                        polls.lock().await.push(Poll {
+                            sent,
+                            served_by: a["served_by"].as_str().unwrap().to_string(),
+                            available: a["available"].as_bool().unwrap(),
+                            stale_by_ms: a["stale_by_ms"].as_u64().unwrap(),
+                        });
+                    }
+                })
+            })
+            .collect();
+        Pollers { done, polls, tasks }
+    }
+
+    /// Whether an answer to a request sent after `t` has come back.
+    async fn answered_after(&self, t: Duration) -> bool {
+        self.polls.lock().await.iter().any(|p| p.sent > t)
+    }
+
+    async fn stop(self) -> Vec<Poll> {
+        self.done.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        std::mem::take(&mut *self.polls.lock().await)
+    }
+}
+
+/// Runs `buyers` distinct buyers (named `{tag}buyer-{i}`, quantity `qty(i)`) at
+/// `concurrency`; times are measured from `start`.
+async fn buy_wave(
+    app: &TestApp,
+    product: &str,
+    tag: &str,
+    buyers: usize,
+    concurrency: usize,
+    qty: impl Fn(usize) -> i64,
+    start: Instant,
+) -> Outcome {
+    // Tokens are made up front so the sale itself is only HTTP.
+    let orders: Vec<(String, String, i64)> = (0..buyers)
+        .map(|i| {
+            let user = format!("{tag}buyer-{i}");
+            (app.user_token(&user), user, qty(i))
+        })
+        .collect();
+    let results: Vec<(String, StatusCode, i64, Duration)> =
+        futures::stream::iter(orders.into_iter().enumerate())
+            .map(|(i, (token, user, q))| {
+                let (client, url) = (app.client.clone(), app.url("/v1/orders"));
+                async move {
+                    let resp = client
+                        .post(url)
+                        .bearer_auth(token)
+                        .header("Idempotency-Key", format!("{product}-{tag}{i}"))
+                        .json(&serde_json::json!({"product_id": product, "quantity": q}))
+                        .send()
+                        .await
+                        .unwrap();
+                    (user, resp.status(), q, start.elapsed())
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+    let mut outcome = Outcome::default();
+    for (user, status, q, at) in results {
+        match status {
+            StatusCode::CREATED => {
+                outcome.confirmed += 1;
+                outcome.confirmed_units += q;
+                outcome.last_confirmation = outcome.last_confirmation.max(Some(at));
+                outcome.confirmed_users.insert(user);
+            }
+            StatusCode::CONFLICT => {
+                outcome.out_of_stock += 1;
+                outcome.refused_quantities.push(q);
+            }
+            s => outcome.other.push(s.as_u16()),
+        }
+    }
+    outcome
+}
+
+/// One wave of buyers while four pollers watch availability. Returns the outcome, what the
+/// pollers saw, and the instant times are measured from.
 async fn flash_sale(
     app: &TestApp,
     product: &str,
@@ -50,75 +168,9 @@ async fn flash_sale_tagged(
     qty: impl Fn(usize) -> i64,
 ) -> (Outcome, Vec<Poll>, Instant) {
     let start = Instant::now();
-    let done = Arc::new(AtomicBool::new(false));
-    let polls = Arc::new(Mutex::new(Vec::new()));
-    let pollers: Vec<_> = (0..4)
-        .map(|_| {
-            let (client, url, done, polls) = (
-                app.client.clone(),
-                app.url(&format!("/v1/products/{product}/availability?qty=1")),
-                done.clone(),
-                polls.clone(),
-            );
-            tokio::spawn(async move {
-                while !done.load(Ordering::Relaxed) {
-                    let sent = start.elapsed();
-                    let Ok(resp) = client.get(&url).send().await else {
-                        continue;
-                    };
-                    assert_eq!(resp.status(), StatusCode::OK);
-                    let a: Value = resp.json().await.unwrap();
-                    polls.lock().await.push(Poll {
-                        sent,
-                        served_by: a["served_by"].as_str().unwrap().to_string(),
-                        available: a["available"].as_bool().unwrap(),
-                        stale_by_ms: a["stale_by_ms"].as_u64().unwrap(),
-                    });
-                }
-            })
-        })
-        .collect();
-    // Tokens are made up front so the sale itself is only HTTP.
-    let orders: Vec<(String, i64)> = (0..buyers)
-        .map(|i| (app.user_token(&format!("{tag}buyer-{i}")), qty(i)))
-        .collect();
-    let results: Vec<(StatusCode, i64, Duration)> =
-        futures::stream::iter(orders.into_iter().enumerate())
-            .map(|(i, (token, q))| {
-                let (client, url) = (app.client.clone(), app.url("/v1/orders"));
-                async move {
-                    let resp = client
-                        .post(url)
-                        .bearer_auth(token)
-                        .header("Idempotency-Key", format!("{product}-{tag}{i}"))
-                        .json(&serde_json::json!({"product_id": product, "quantity": q}))
-                        .send()
-                        .await
-                        .unwrap();
-                    (resp.status(), q, start.elapsed())
-                }
-            })
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
-    done.store(true, Ordering::Relaxed);
-    for p in pollers {
-        p.await.unwrap();
-    }
-    let mut outcome = Outcome::default();
-    for (status, q, at) in results {
-        match status {
-            StatusCode::CREATED => {
-                outcome.confirmed += 1;
-                outcome.confirmed_units += q;
-                outcome.last_confirmation = outcome.last_confirmation.max(Some(at));
-            }
-            StatusCode::CONFLICT => outcome.out_of_stock += 1,
-            s => outcome.other.push(s.as_u16()),
-        }
-    }
-    let polls = std::mem::take(&mut *polls.lock().await);
-    (outcome, polls, start)
+    let pollers = Pollers::start(app, product, start);
+    let outcome = buy_wave(app, product, tag, buyers, concurrency, qty, start).await;
+    (outcome, pollers.stop().await, start)
 }
 
 async fn sale_product(app: &TestApp, id: &str, stock: i64) {
@@ -140,59 +192,192 @@ async fn ledger_balances(app: &TestApp, product: &str, given: i64) {
     );
 }
 
+/// Whatever order the buyers arrived in, a sale with no restocks or cancels ends the same
+/// way: every refused buyer asked for more than is left (stock only fell, so each refusal
+/// saw at least what is left now), the confirmed units are exactly what is gone, and the
+/// database's confirmed buyers are exactly those answered 201. Returns the stock left.
+async fn sold_as_far_as_it_goes(app: &TestApp, product: &str, given: i64, o: &Outcome) -> i64 {
+    assert!(o.other.is_empty(), "{o:?}");
+    let left = app.stock_on_primary(product).await;
+    assert!(left >= 0);
+    if let Some(smallest) = o.refused_quantities.iter().min() {
+        assert!(
+            left < *smallest,
+            "a buyer of {smallest} was refused while {left} remain"
+        );
+    }
+    assert_eq!(o.confirmed_units, given - left, "{o:?}");
+    assert_eq!(
+        app.confirmed_orders(product).await,
+        (o.confirmed as i64, given - left)
+    );
+    let in_db: BTreeSet<String> = sqlx::query_scalar(
+        "SELECT user_id FROM orders WHERE product_id = $1 AND status = 'confirmed'",
+    )
+    .bind(product)
+    .fetch_all(&app.primary)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(in_db, o.confirmed_users, "orders in the database vs 201s");
+    left
+}
+
+/// The product's stock as replica `i` has it (`None`: it has no such row yet), read on the
+/// replica itself, not through the service.
+async fn stock_on_replica(
+    cluster: &devcluster::Cluster,
+    i: usize,
+    db: &str,
+    id: &str,
+) -> Option<i64> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&cluster.replica_url(i, db))
+        .await
+        .unwrap();
+    let stock: Option<i32> =
+        sqlx::query_scalar("SELECT available_quantity FROM products WHERE product_id = $1")
+            .bind(id)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    stock.map(i64::from)
+}
+
+/// Waits until each of `replicas` is more than `by` behind, both by the service's own
+/// measure (`/v1/admin/replicas`) and by the cluster's truth: the replica lacks a commit
+/// that `acks` saw acknowledged more than `by` ago. Writes must be flowing (`acks`), or
+/// staleness is not real. (The service's figure is an upper bound, up to a sample period
+/// above the truth, so the two cross `by` at slightly different moments.)
+async fn replicas_behind(
+    app: &TestApp,
+    cluster: &devcluster::Cluster,
+    acks: &AckLog,
+    replicas: &[usize],
+    by: Duration,
+) {
+    let by_ms = by.as_millis() as u64;
+    let behind = |i: usize| async move {
+        let name = format!("replica-{i}");
+        let says = app
+            .replica_states()
+            .await
+            .into_iter()
+            .any(|(n, _, ms)| n == name && ms.is_some_and(|ms| ms > by_ms));
+        says && {
+            let held = held_by_replica(cluster, i, &app.database).await;
+            acks.true_staleness(held, Instant::now()) > by
+        }
+    };
+    for &i in replicas {
+        app.wait_for(
+            &format!("replica-{i} more than {by:?} behind, as the service says and in truth"),
+            by + Duration::from_secs(15),
+            || behind(i),
+        )
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn flash_sale_with_both_replicas_paused_confirms_exactly_the_stock() {
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
     sale_product(&app, "flash-60", 60).await;
+    // Writes keep flowing (each acknowledgement logged), so a paused replica really falls
+    // behind, and by how much can be told from the rows it lacks.
+    let acks = AckLog::start(app.primary.clone()).await;
     // The replicas have seen "60 in stock" — and then stop, as in the incident.
     blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    assert_eq!(
+        stock_on_replica(&cluster, 1, &app.database, "flash-60").await,
+        Some(60)
+    );
+    assert_eq!(
+        stock_on_replica(&cluster, 2, &app.database, "flash-60").await,
+        Some(60)
+    );
     blocking(|| {
         cluster.pause_replay(1).unwrap();
         cluster.pause_replay(2).unwrap();
     });
-    let paused = Instant::now();
-    // Writes keep flowing, so the paused replicas really fall behind from this moment.
-    let _ticker = WalTicker::start(app.primary.clone());
-    let (outcome, polls, start) = flash_sale(&app, "flash-60", 1000, 200, |_| 1).await;
+    // Nobody buys until both are well past the gate's 250 ms budget: a gate that ignored
+    // its budget would then read "60 in stock" from them.
+    replicas_behind(&app, &cluster, &acks, &[1, 2], Duration::from_secs(1)).await;
+
+    let start = Instant::now();
+    let pollers = Pollers::start(&app, "flash-60", start);
+    let first = buy_wave(&app, "flash-60", "", 1000, 200, |_| 1, start).await;
+    assert_eq!(
+        (first.confirmed, first.out_of_stock, first.other.as_slice()),
+        (60, 940, &[][..]),
+        "{first:?}"
+    );
+    let sold_out = first.last_confirmation.unwrap();
+    // A second wave after the sell-out, with the pollers still watching: when the gate's
+    // own "sold out" ages out, a gate that trusted the replicas would reopen the sale.
+    let second = buy_wave(&app, "flash-60", "late-", 300, 100, |_| 1, start).await;
     assert_eq!(
         (
-            outcome.confirmed,
-            outcome.out_of_stock,
-            outcome.other.as_slice()
+            second.confirmed,
+            second.out_of_stock,
+            second.other.as_slice()
         ),
-        (60, 940, &[][..]),
-        "{outcome:?}"
+        (0, 300, &[][..]),
+        "{second:?}"
     );
+    let watched_until = sold_out + Duration::from_secs(1);
+    wait_for(
+        "the pollers watching a second past the sell-out",
+        Duration::from_secs(10),
+        || pollers.answered_after(watched_until),
+    )
+    .await;
+    let polls = pollers.stop().await;
+    // The pause held to the end: the replicas are further behind than the whole sale.
+    replicas_behind(
+        &app,
+        &cluster,
+        &acks,
+        &[1, 2],
+        start.elapsed() + Duration::from_secs(1),
+    )
+    .await;
+
     assert_eq!(app.stock_on_primary("flash-60").await, 0);
     assert_eq!(app.confirmed_orders("flash-60").await, (60, 60));
-    // No availability answer from a replica once they were past the gate's budget
-    // (250 ms + one 50 ms sample period + scheduling slack after the pause)…
-    let pause_to_start = start.duration_since(paused);
-    let cutoff = Duration::from_millis(250 + 50 + 50).saturating_sub(pause_to_start);
-    let bad: Vec<_> = polls
+    let over_budget: Vec<&Poll> = polls
         .iter()
-        .filter(|p| p.sent > cutoff && p.served_by != "primary")
-        .map(|p| (p.sent, p.served_by.clone()))
+        .filter(|p| p.served_by != "primary" && p.stale_by_ms > 250)
         .collect();
     assert!(
-        bad.is_empty(),
-        "replica answers after the gate budget: {bad:?}"
+        over_budget.is_empty(),
+        "replica answers over the gate's budget: {over_budget:?}"
     );
+    // Both replicas were over a second behind before the first poll, so no answer could
+    // honestly come from them.
+    let from_replicas = polls.iter().filter(|p| p.served_by != "primary").count();
+    assert_eq!(from_replicas, 0, "answers from paused replicas");
+    // Nothing says "available" after the last unit was sold (plus the gate's budget and a
+    // request's flight time).
+    let settled = sold_out + Duration::from_millis(350);
+    let after: Vec<&Poll> = polls.iter().filter(|p| p.sent > settled).collect();
+    let lies: Vec<&&Poll> = after.iter().filter(|p| p.available).collect();
+    assert!(lies.is_empty(), "available after the sell-out: {lies:?}");
     assert!(
-        polls
-            .iter()
-            .all(|p| p.served_by == "primary" || p.stale_by_ms <= 250),
-        "a replica answer over budget"
+        after.len() >= 10,
+        "only {} answers after the sell-out: the watch proved nothing",
+        after.len()
     );
-    // …and no "available" after the last unit was sold (plus the budget).
-    let sold_out = outcome.last_confirmation.unwrap() + Duration::from_millis(350);
-    let lies = polls
-        .iter()
-        .filter(|p| p.sent > sold_out && p.available)
-        .count();
-    assert_eq!(lies, 0, "availability said true after the sell-out");
-    assert!(!polls.is_empty());
+    eprintln!(
+        "paused sale: sold out at {sold_out:?}, watched until {:?}: {} polls, {} after the sell-out",
+        start.elapsed(),
+        polls.len(),
+        after.len(),
+    );
     blocking(|| {
         cluster.resume_replay(1).unwrap();
         cluster.resume_replay(2).unwrap();
@@ -229,8 +414,21 @@ async fn flash_sale_with_healthy_replicas_confirms_exactly_the_stock() {
 async fn flash_sale_with_a_delayed_replica_confirms_exactly_the_stock() {
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
-    blocking(|| cluster.set_apply_delay(1, 2000)).unwrap();
     sale_product(&app, "flash-delay", 60).await;
+    let acks = AckLog::start(app.primary.clone()).await;
+    // replica-1 holds the product before it falls behind: otherwise a read there finds no
+    // row and goes to the primary whatever the router decides.
+    wait_for(
+        "replica-1 holding flash-delay",
+        Duration::from_secs(10),
+        || async { stock_on_replica(&cluster, 1, &app.database, "flash-delay").await == Some(60) },
+    )
+    .await;
+    blocking(|| cluster.set_apply_delay(1, 2000)).unwrap();
+    // The delay is in force: replica-1 lacks commits acknowledged over a second ago (and
+    // the service measures it so), while it still says 60 for everything bought from now.
+    replicas_behind(&app, &cluster, &acks, &[1], Duration::from_secs(1)).await;
+
     let (outcome, polls, _) = flash_sale(&app, "flash-delay", 1000, 200, |_| 1).await;
     assert_eq!(
         (
@@ -242,15 +440,31 @@ async fn flash_sale_with_a_delayed_replica_confirms_exactly_the_stock() {
         "{outcome:?}"
     );
     ledger_balances(&app, "flash-delay", 60).await;
-    // The delayed replica (2 s behind) never answers the gate.
-    let from_delayed = polls
+    // Still delayed after the sale, so every poll ran while replica-1 was out of budget.
+    replicas_behind(&app, &cluster, &acks, &[1], Duration::from_secs(1)).await;
+    let from_delayed: Vec<&Poll> = polls
         .iter()
-        .filter(|p| p.sent > Duration::from_millis(500) && p.served_by == "replica-1")
-        .count();
-    assert_eq!(
-        from_delayed, 0,
-        "replica-1 is 2 s behind and must not serve the stock gate"
+        .filter(|p| p.served_by == "replica-1")
+        .collect();
+    assert!(
+        from_delayed.is_empty(),
+        "replica-1 is 2 s behind and must not serve the stock gate: {from_delayed:?}"
     );
+    let over_budget: Vec<&Poll> = polls
+        .iter()
+        .filter(|p| p.served_by != "primary" && p.stale_by_ms > 250)
+        .collect();
+    assert!(
+        over_budget.is_empty(),
+        "replica answers over the gate's budget: {over_budget:?}"
+    );
+    let settled = outcome.last_confirmation.unwrap() + Duration::from_millis(350);
+    let lies: Vec<&Poll> = polls
+        .iter()
+        .filter(|p| p.sent > settled && p.available)
+        .collect();
+    assert!(lies.is_empty(), "available after the sell-out: {lies:?}");
+    assert!(!polls.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -268,15 +482,23 @@ async fn quantities_that_do_not_divide_the_stock_never_oversell() {
         (8, 56, 0),
         "{outcome:?}"
     );
-    assert_eq!(app.stock_on_primary("sevens").await, 4);
+    assert_eq!(outcome.out_of_stock, 392, "{outcome:?}");
+    assert_eq!(
+        sold_as_far_as_it_goes(&app, "sevens", 60, &outcome).await,
+        4
+    );
 
+    // 100 buyers each of 1, 2, 3, 4 and 5 units want 1,500 of 100. Whatever the order, none
+    // is left: were a unit left, every refused buyer wanted more than that, so all 100
+    // one-unit buyers were served — which takes every unit.
     sale_product(&app, "mixed", 100).await;
     let (outcome, _, _) = flash_sale(&app, "mixed", 500, 200, |i| (i % 5) as i64 + 1).await;
-    assert!(
-        outcome.confirmed_units <= 100 && outcome.other.is_empty(),
-        "{outcome:?}"
+    assert_eq!(outcome.confirmed + outcome.out_of_stock, 500, "{outcome:?}");
+    assert_eq!(
+        sold_as_far_as_it_goes(&app, "mixed", 100, &outcome).await,
+        0
     );
-    ledger_balances(&app, "mixed", 100).await;
+    assert_eq!(outcome.confirmed_units, 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
