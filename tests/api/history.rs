@@ -721,6 +721,8 @@ struct Nemesis<'a> {
     world: Arc<World>,
     rng: Rng,
     injected: BTreeMap<Fault, usize>,
+    /// When each fault was in force, in ms since the history began, to line operations up.
+    windows: Vec<(Fault, u64, u64)>,
 }
 
 impl Nemesis<'_> {
@@ -736,6 +738,7 @@ impl Nemesis<'_> {
                 return;
             }
             let hold = self.rng.ms(800, 2500);
+            let from = self.world.start.elapsed().as_millis() as u64;
             match fault {
                 Fault::ReplicasPaused => {
                     blocking(|| {
@@ -768,6 +771,8 @@ impl Nemesis<'_> {
                 }
             }
             *self.injected.entry(*fault).or_default() += 1;
+            let to = self.world.start.elapsed().as_millis() as u64;
+            self.windows.push((*fault, from, to));
             tokio::time::sleep(self.rng.ms(500, 1500)).await;
         }
     }
@@ -1346,10 +1351,25 @@ async fn settle(pool: &PgPool) {
 }
 
 /// What a run must have exercised for its verdict to mean anything.
-fn coverage(history: &[Op], faults: &BTreeMap<Fault, usize>) -> Vec<String> {
+fn coverage(
+    history: &[Op],
+    faults: &BTreeMap<Fault, usize>,
+    windows: &[(Fault, u64, u64)],
+) -> Vec<String> {
     let seen = |f: &dyn Fn(&Op) -> bool| history.iter().any(f);
     let order = |o: &Op| matches!(o.target, Target::Order { .. });
+    // Proof that the instances really reach the primary through the proxy: an order that did
+    // not get through while it was cut (answered within the request timeout after the cut).
+    let during_cut = |o: &Op| {
+        windows
+            .iter()
+            .any(|&(f, from, to)| f == Fault::PrimaryCut && (from..to + 11_000).contains(&o.at_ms))
+    };
     let mut missing: Vec<String> = [
+        (
+            "an order stalled by a primary cut (503 or lost)",
+            seen(&|o| order(o) && during_cut(o) && !o.answer.definite()),
+        ),
         (
             "an order answered 201",
             seen(&|o| order(o) && o.answer.status() == Some(201)),
@@ -1444,6 +1464,7 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
         world: world.clone(),
         rng: Rng(master.next()),
         injected: BTreeMap::new(),
+        windows: vec![],
     };
     nemesis.run(deadline).await;
     for c in clients {
@@ -1465,11 +1486,12 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
     std::fs::write(&file, lines.join("\n")).unwrap();
     let line = summary(seed, secs, &history, &nemesis.injected, &anomalies);
     eprintln!("{line}\nfull history: {}", file.display());
-    let missing = coverage(&history, &nemesis.injected);
+    let missing = coverage(&history, &nemesis.injected, &nemesis.windows);
     assert!(
         anomalies.is_empty() && missing.is_empty(),
-        "{}\nnot exercised: {missing:?}\nprimary transactions still open: {open:#?}\n{line}\nseed {seed}; full history in {}",
+        "{}\nnot exercised: {missing:?}\nfaults (kind, from ms, to ms): {:?}\nprimary transactions still open: {open:#?}\n{line}\nseed {seed}; full history in {}",
         report(&anomalies, &history),
+        nemesis.windows,
         file.display()
     );
 }
