@@ -6,6 +6,7 @@
 mod foundation;
 mod freshness;
 mod helpers;
+mod history;
 mod import;
 mod oversell;
 mod pages;

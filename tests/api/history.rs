@@ -1,0 +1,1707 @@
+//! A Jepsen-style history check (issue 13): ~40 clients place, hang up on, retry, replay,
+//! cancel and reuse orders and restock with keys through two instances, while a nemesis pauses
+//! both replicas, restarts Redis empty, cuts the primary off and restarts an instance. Every
+//! answer any client saw is then checked against the primary's tables.
+//!
+//! `STOCKGATE_HISTORY_SEED` replays a workload's choices (the interleavings still differ);
+//! `STOCKGATE_HISTORY_SECS` sets how long the workload runs (default 30; `bench/history.sh`
+//! soaks for 600). The full history is written as JSON lines under the target directory.
+
+use crate::helpers::*;
+use devcluster::{Cluster, Redis};
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use stockgate::auth::{Caller, Tokens};
+use stockgate::domain::UserId;
+use uuid::Uuid;
+
+// ---------------------------------------------------------------------------------------------
+// The database's side of the story. All of this file's SQL is here: issue 13's branch changes
+// these tables (a `refused` order status, a `restocks` table), so this is the one place to
+// adjust.
+// ---------------------------------------------------------------------------------------------
+
+/// One row of `orders`.
+#[derive(Clone, Debug)]
+struct Row {
+    order_id: Uuid,
+    user: String,
+    key: String,
+    product: String,
+    quantity: i64,
+    /// `confirmed`, `cancelled`, or `refused` (a 409 that claimed its key; not an order).
+    status: String,
+}
+
+/// One row of `restocks` that was made under an `Idempotency-Key`.
+#[derive(Clone, Debug)]
+struct RestockRow {
+    key: String,
+    product: String,
+    quantity: i64,
+}
+
+/// What the primary holds once the history is over.
+#[derive(Clone, Debug, Default)]
+struct Snapshot {
+    stock: BTreeMap<String, i64>,
+    orders: Vec<Row>,
+    /// `None` when there is no `restocks` table (main before issue 13).
+    restocks: Option<Vec<RestockRow>>,
+}
+
+async fn snapshot(pool: &PgPool) -> Snapshot {
+    let stock = sqlx::query_as::<_, (String, i64)>(
+        "SELECT product_id, available_quantity::int8 FROM products",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let orders = sqlx::query_as::<_, (Uuid, String, String, String, i64, String)>(
+        "SELECT order_id, user_id, idempotency_key, product_id, quantity::int8, status FROM orders",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let restocks = sqlx::query_as::<_, (String, String, i64)>(
+        "SELECT idempotency_key, product_id, quantity::int8 FROM restocks \
+         WHERE idempotency_key IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await;
+    let restocks = match restocks {
+        Ok(rows) => Some(rows),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => None,
+        Err(e) => panic!("reading restocks: {e}"),
+    };
+    Snapshot {
+        stock: stock.into_iter().collect(),
+        orders: orders
+            .into_iter()
+            .map(|(order_id, user, key, product, quantity, status)| Row {
+                order_id,
+                user,
+                key,
+                product,
+                quantity,
+                status,
+            })
+            .collect(),
+        restocks: restocks.map(|rows| {
+            rows.into_iter()
+                .map(|(key, product, quantity)| RestockRow {
+                    key,
+                    product,
+                    quantity,
+                })
+                .collect()
+        }),
+    }
+}
+
+/// A digest of every order's status and every product's stock: it stops changing once no
+/// request is still working on the primary.
+async fn fingerprint(pool: &PgPool) -> String {
+    sqlx::query_scalar(
+        "SELECT md5(coalesce((SELECT string_agg(order_id::text || status, ',' ORDER BY order_id) FROM orders), '') \
+         || coalesce((SELECT string_agg(product_id || ':' || available_quantity, ',' ORDER BY product_id) FROM products), ''))",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The primary's sessions on this database that are inside a transaction: what a request
+/// that never resolves is stuck on.
+async fn open_transactions(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT format('pid %s %s wait=%s:%s xact_age=%ss query=%s', pid, state, wait_event_type, wait_event, \
+                round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 1), left(query, 100)) \
+         FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The history: every request any client sent, and what it heard back.
+// ---------------------------------------------------------------------------------------------
+
+/// What a request asked for. Two requests with equal targets are retries of each other.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Target {
+    Order {
+        user: String,
+        key: String,
+        product: String,
+        quantity: i64,
+    },
+    Cancel {
+        user: String,
+        order_id: Uuid,
+    },
+    Restock {
+        key: String,
+        product: String,
+        quantity: i64,
+    },
+}
+
+/// Why the client sent it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Kind {
+    /// A fresh key.
+    New,
+    /// A fresh key whose client drops the request after a short random delay.
+    HangUp,
+    /// The same key and body after a lost answer or a 503.
+    Retry,
+    /// The same key and body after a definite answer: it must agree.
+    Replay,
+    /// The same key with another body: it must be 422 and take nothing.
+    Reuse,
+    Cancel,
+    /// After the run, with every fault healed: until a definite answer.
+    Resolve,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+enum Answer {
+    /// No answer: the client hung up, or the connection failed.
+    Lost { lost: String },
+    Got {
+        status: u16,
+        retry_after: bool,
+        body: Value,
+    },
+}
+
+impl Answer {
+    fn status(&self) -> Option<u16> {
+        match self {
+            Answer::Got { status, .. } => Some(*status),
+            Answer::Lost { .. } => None,
+        }
+    }
+
+    /// Anything but a lost answer or a 503 settles the request (the contract: a 503 is
+    /// "unknown", retry the same key).
+    fn definite(&self) -> bool {
+        matches!(self.status(), Some(s) if s != 503)
+    }
+
+    fn body(&self) -> &Value {
+        match self {
+            Answer::Got { body, .. } => body,
+            Answer::Lost { .. } => &Value::Null,
+        }
+    }
+
+    fn code(&self) -> &str {
+        self.body()["error"]["code"].as_str().unwrap_or("")
+    }
+
+    fn order_id(&self) -> Option<Uuid> {
+        self.body()["order_id"].as_str()?.parse().ok()
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Op {
+    seq: usize,
+    at_ms: u64,
+    client: String,
+    kind: Kind,
+    instance: usize,
+    target: Target,
+    answer: Answer,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match &self.target {
+            Target::Order {
+                user,
+                key,
+                product,
+                quantity,
+            } => format!("order {user}/{key} {product}×{quantity}"),
+            Target::Cancel { user, order_id } => format!("cancel {user} {order_id}"),
+            Target::Restock {
+                key,
+                product,
+                quantity,
+            } => format!("restock {key} {product}+{quantity}"),
+        };
+        let heard = match &self.answer {
+            Answer::Lost { lost } => format!("lost ({lost})"),
+            Answer::Got {
+                status,
+                retry_after,
+                body,
+            } => {
+                let ra = if *retry_after { " Retry-After" } else { "" };
+                format!("{status}{ra} {body}")
+            }
+        };
+        write!(
+            f,
+            "#{} +{}ms {} {:?} @{} {what} → {heard}",
+            self.seq, self.at_ms, self.client, self.kind, self.instance
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The world the clients share: where the two instances are, tokens, and the log.
+// ---------------------------------------------------------------------------------------------
+
+struct World {
+    /// Base URL of instance 0 and 1; the nemesis swaps one when it restarts an instance.
+    addresses: [RwLock<String>; 2],
+    http: reqwest::Client,
+    tokens: Tokens,
+    admin: String,
+    start: Instant,
+    log: Mutex<Vec<Op>>,
+}
+
+impl World {
+    fn new(addresses: [String; 2]) -> World {
+        let tokens = Tokens::new(SECRET);
+        let admin = tokens
+            .issue(&Caller::Admin, Duration::from_secs(3 * 3600))
+            .unwrap();
+        World {
+            addresses: addresses.map(RwLock::new),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+            tokens,
+            admin,
+            start: Instant::now(),
+            log: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn user_token(&self, user: &str) -> String {
+        self.tokens
+            .issue(
+                &Caller::User(UserId::parse(user).unwrap()),
+                Duration::from_secs(3 * 3600),
+            )
+            .unwrap()
+    }
+
+    fn request(&self, instance: usize, target: &Target) -> reqwest::RequestBuilder {
+        let base = self.addresses[instance].read().unwrap().clone();
+        match target {
+            Target::Order {
+                user,
+                key,
+                product,
+                quantity,
+            } => self
+                .http
+                .post(format!("{base}/v1/orders"))
+                .bearer_auth(self.user_token(user))
+                .header("Idempotency-Key", key)
+                .json(&json!({"product_id": product, "quantity": quantity})),
+            Target::Cancel { user, order_id } => self
+                .http
+                .post(format!("{base}/v1/orders/{order_id}/cancel"))
+                .bearer_auth(self.user_token(user)),
+            Target::Restock {
+                key,
+                product,
+                quantity,
+            } => self
+                .http
+                .post(format!("{base}/v1/products/{product}/restock"))
+                .bearer_auth(&self.admin)
+                .header("Idempotency-Key", key)
+                .json(&json!({"quantity": quantity})),
+        }
+    }
+
+    /// Sends one request and records it. With `hang_up`, the client drops the request once
+    /// that much time has passed without an answer, as a closed browser tab would.
+    async fn call(
+        &self,
+        client: &str,
+        kind: Kind,
+        instance: usize,
+        target: Target,
+        hang_up: Option<Duration>,
+    ) -> Answer {
+        let request = self.request(instance, &target);
+        let exchange = async move {
+            let resp = request.send().await?;
+            let status = resp.status().as_u16();
+            let retry_after = resp.headers().contains_key(reqwest::header::RETRY_AFTER);
+            let text = resp.text().await?;
+            let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            Ok::<_, reqwest::Error>(Answer::Got {
+                status,
+                retry_after,
+                body,
+            })
+        };
+        let outcome = match hang_up {
+            Some(after) => tokio::time::timeout(after, exchange)
+                .await
+                .map_err(|_| format!("hung up after {} ms", after.as_millis())),
+            None => Ok(exchange.await),
+        };
+        let answer = match outcome {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => Answer::Lost {
+                lost: format!("transport: {e}"),
+            },
+            Err(hung_up) => Answer::Lost { lost: hung_up },
+        };
+        let mut log = self.log.lock().unwrap();
+        let op = Op {
+            seq: log.len(),
+            at_ms: self.start.elapsed().as_millis() as u64,
+            client: client.to_string(),
+            kind,
+            instance,
+            target,
+            answer: answer.clone(),
+        };
+        log.push(op);
+        answer
+    }
+
+    fn history(&self) -> Vec<Op> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workload.
+// ---------------------------------------------------------------------------------------------
+
+/// splitmix64: a seeded, dependency-free source of choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(self.between(lo, hi))
+    }
+    fn instance(&mut self) -> usize {
+        self.below(2) as usize
+    }
+}
+
+const PRODUCTS: [&str; 3] = ["scarce-a", "scarce-b", "scarce-c"];
+const INITIAL_STOCK: i64 = 40;
+const SHOPPERS: usize = 38;
+const RESTOCKERS: usize = 2;
+
+/// What a client believes about one of its keys.
+#[derive(Clone, Copy, PartialEq)]
+enum Belief {
+    Unsure,
+    Created(Uuid),
+    Refused,
+}
+
+struct Held {
+    target: Target,
+    belief: Belief,
+}
+
+/// A buyer: one user, its own keys.
+struct Shopper {
+    name: String,
+    rng: Rng,
+    world: Arc<World>,
+    keys: Vec<Held>,
+    cancelled: BTreeSet<Uuid>,
+    unsure_cancels: Vec<Uuid>,
+}
+
+impl Shopper {
+    async fn run(mut self, deadline: Instant) {
+        while Instant::now() < deadline {
+            // Think time keeps ~40 clients to a few hundred requests/s on a shared machine.
+            tokio::time::sleep(self.rng.ms(20, 200)).await;
+            match self.rng.below(100) {
+                0..45 => self.new_order().await,
+                45..60 => self.retry_unsure().await,
+                60..70 => self.cancel().await,
+                70..80 => self.reuse().await,
+                80..90 => self.replay().await,
+                _ => self.retry_cancel().await,
+            }
+        }
+    }
+
+    async fn send(&mut self, kind: Kind, i: usize, hang_up: Option<Duration>) -> Answer {
+        let instance = self.rng.instance();
+        let target = self.keys[i].target.clone();
+        let answer = self
+            .world
+            .call(&self.name, kind, instance, target, hang_up)
+            .await;
+        let belief = &mut self.keys[i].belief;
+        match answer.status() {
+            Some(201) if *belief == Belief::Unsure => {
+                *belief = answer.order_id().map_or(Belief::Unsure, Belief::Created)
+            }
+            Some(409) if *belief == Belief::Unsure => *belief = Belief::Refused,
+            _ => {}
+        }
+        answer
+    }
+
+    async fn new_order(&mut self) {
+        let target = Target::Order {
+            user: self.name.clone(),
+            key: format!("k{}", self.keys.len()),
+            product: PRODUCTS[self.rng.below(3) as usize].to_string(),
+            quantity: self.rng.between(1, 3) as i64,
+        };
+        self.keys.push(Held {
+            target,
+            belief: Belief::Unsure,
+        });
+        let i = self.keys.len() - 1;
+        if self.rng.chance(30) {
+            let after = self.rng.ms(1, 40);
+            if let Answer::Lost { .. } = self.send(Kind::HangUp, i, Some(after)).await {
+                tokio::time::sleep(self.rng.ms(0, 50)).await;
+                self.send(Kind::Retry, i, None).await;
+            }
+        } else {
+            self.send(Kind::New, i, None).await;
+        }
+    }
+
+    fn pick(&mut self, want: impl Fn(&Held) -> bool) -> Option<usize> {
+        let candidates: Vec<usize> = (0..self.keys.len())
+            .filter(|&i| want(&self.keys[i]))
+            .collect();
+        (!candidates.is_empty())
+            .then(|| candidates[self.rng.below(candidates.len() as u64) as usize])
+    }
+
+    async fn retry_unsure(&mut self) {
+        match self.pick(|h| h.belief == Belief::Unsure) {
+            Some(i) => {
+                self.send(Kind::Retry, i, None).await;
+            }
+            None => self.new_order().await,
+        }
+    }
+
+    async fn replay(&mut self) {
+        if let Some(i) = self.pick(|h| h.belief != Belief::Unsure) {
+            self.send(Kind::Replay, i, None).await;
+        }
+    }
+
+    /// The same key with another product or quantity than it was first sent with.
+    async fn reuse(&mut self) {
+        let Some(i) = self.pick(|h| h.belief != Belief::Unsure) else {
+            return;
+        };
+        let Target::Order {
+            user,
+            key,
+            product,
+            quantity,
+        } = self.keys[i].target.clone()
+        else {
+            unreachable!("shoppers hold order keys")
+        };
+        let (product, quantity) = if self.rng.chance(50) {
+            let next = (PRODUCTS.iter().position(|p| *p == product).unwrap() + 1) % 3;
+            (PRODUCTS[next].to_string(), quantity)
+        } else {
+            (product, quantity % 3 + 1)
+        };
+        let target = Target::Order {
+            user,
+            key,
+            product,
+            quantity,
+        };
+        let instance = self.rng.instance();
+        self.world
+            .call(&self.name, Kind::Reuse, instance, target, None)
+            .await;
+    }
+
+    async fn cancel(&mut self) {
+        let cancelled = self.cancelled.clone();
+        let Some(i) =
+            self.pick(|h| matches!(h.belief, Belief::Created(id) if !cancelled.contains(&id)))
+        else {
+            return;
+        };
+        let Belief::Created(order_id) = self.keys[i].belief else {
+            unreachable!()
+        };
+        self.cancelled.insert(order_id);
+        self.send_cancel(order_id).await;
+    }
+
+    async fn retry_cancel(&mut self) {
+        if let Some(order_id) = self.unsure_cancels.pop() {
+            self.send_cancel(order_id).await;
+        }
+    }
+
+    async fn send_cancel(&mut self, order_id: Uuid) {
+        let target = Target::Cancel {
+            user: self.name.clone(),
+            order_id,
+        };
+        let instance = self.rng.instance();
+        let answer = self
+            .world
+            .call(&self.name, Kind::Cancel, instance, target, None)
+            .await;
+        if !answer.definite() {
+            self.unsure_cancels.push(order_id);
+        }
+    }
+}
+
+/// An admin adding a few units now and then, under keys, retrying what it did not hear.
+struct Restocker {
+    name: String,
+    rng: Rng,
+    world: Arc<World>,
+    sent: usize,
+    unsure: Vec<Target>,
+}
+
+impl Restocker {
+    async fn run(mut self, deadline: Instant) {
+        while Instant::now() < deadline {
+            tokio::time::sleep(self.rng.ms(150, 400)).await;
+            if !self.unsure.is_empty() && self.rng.chance(40) {
+                let target = self.unsure.remove(0);
+                self.send(Kind::Retry, target, None).await;
+                continue;
+            }
+            let target = Target::Restock {
+                key: format!("{}-{}", self.name, self.sent),
+                product: PRODUCTS[self.rng.below(3) as usize].to_string(),
+                quantity: self.rng.between(1, 5) as i64,
+            };
+            self.sent += 1;
+            if self.rng.chance(25) {
+                let after = self.rng.ms(1, 40);
+                let heard = self.send(Kind::HangUp, target.clone(), Some(after)).await;
+                if !heard {
+                    self.unsure.retain(|t| *t != target);
+                    self.send(Kind::Retry, target, None).await;
+                }
+            } else {
+                self.send(Kind::New, target, None).await;
+            }
+        }
+    }
+
+    /// Returns whether the answer was definite; remembers the target if it was not.
+    async fn send(&mut self, kind: Kind, target: Target, hang_up: Option<Duration>) -> bool {
+        let instance = self.rng.instance();
+        let answer = self
+            .world
+            .call(&self.name, kind, instance, target.clone(), hang_up)
+            .await;
+        if !answer.definite() {
+            self.unsure.push(target);
+        }
+        answer.definite()
+    }
+}
+
+/// After the run: every request without a definite answer is retried, alternating instances
+/// and honouring `Retry-After`, until it gets one (or `within` passes; the checker then names
+/// it).
+async fn resolve(world: &Arc<World>, within: Duration) {
+    let history = world.history();
+    let mut settled: HashMap<&Target, bool> = HashMap::new();
+    for op in &history {
+        *settled.entry(&op.target).or_default() |= op.answer.definite();
+    }
+    let open: Vec<Target> = settled
+        .into_iter()
+        .filter(|(_, done)| !done)
+        .map(|(t, _)| t.clone())
+        .collect();
+    let until = Instant::now() + within;
+    futures::stream::iter(open)
+        .map(|target| async move {
+            for attempt in 0usize.. {
+                let answer = world
+                    .call("resolver", Kind::Resolve, attempt % 2, target.clone(), None)
+                    .await;
+                if answer.definite() || Instant::now() > until {
+                    return;
+                }
+                tokio::time::sleep(retry_pause(&answer)).await;
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// What `Retry-After` asks for, capped at a second so resolution stays brisk.
+fn retry_pause(answer: &Answer) -> Duration {
+    match answer {
+        Answer::Got {
+            retry_after: true, ..
+        } => Duration::from_secs(1),
+        _ => Duration::from_millis(100),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The nemesis.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    ReplicasPaused,
+    RedisRestartedEmpty,
+    PrimaryCut,
+    InstanceRestarted,
+}
+
+const FAULTS: [Fault; 4] = [
+    Fault::ReplicasPaused,
+    Fault::RedisRestartedEmpty,
+    Fault::PrimaryCut,
+    Fault::InstanceRestarted,
+];
+
+/// Everything the faults act on. Each fault heals itself before the next one starts.
+struct Nemesis<'a> {
+    cluster: &'a Cluster,
+    database: String,
+    redis: Redis,
+    proxy: ChaosProxy,
+    apps: [Option<TestApp>; 2],
+    world: Arc<World>,
+    rng: Rng,
+    injected: BTreeMap<Fault, usize>,
+    /// When each fault was in force, in ms since the history began, to line operations up.
+    windows: Vec<(Fault, u64, u64)>,
+}
+
+impl Nemesis<'_> {
+    /// An instance of the deployment: the shared database, reached through the chaos proxy,
+    /// the private Redis, both replicas.
+    async fn spawn_instance(&self) -> TestApp {
+        spawn_instance(self.cluster, &self.database, &self.redis, &self.proxy).await
+    }
+
+    async fn run(&mut self, deadline: Instant) {
+        for fault in FAULTS.iter().cycle() {
+            if Instant::now() >= deadline {
+                return;
+            }
+            let hold = self.rng.ms(800, 2500);
+            let from = self.world.start.elapsed().as_millis() as u64;
+            match fault {
+                Fault::ReplicasPaused => {
+                    blocking(|| {
+                        self.cluster.pause_replay(1).unwrap();
+                        self.cluster.pause_replay(2).unwrap();
+                    });
+                    tokio::time::sleep(hold).await;
+                    blocking(|| {
+                        self.cluster.resume_replay(1).unwrap();
+                        self.cluster.resume_replay(2).unwrap();
+                    });
+                }
+                Fault::RedisRestartedEmpty => {
+                    blocking(|| self.redis.stop()).unwrap();
+                    tokio::time::sleep(hold).await;
+                    blocking(|| self.redis.start()).unwrap();
+                }
+                Fault::PrimaryCut => {
+                    self.proxy.cut();
+                    tokio::time::sleep(hold).await;
+                    self.proxy.heal();
+                }
+                Fault::InstanceRestarted => {
+                    let slot = self.rng.instance();
+                    // Dropping it shuts it down: it drains what it has in flight.
+                    self.apps[slot] = None;
+                    let app = self.spawn_instance().await;
+                    *self.world.addresses[slot].write().unwrap() = app.address.clone();
+                    self.apps[slot] = Some(app);
+                }
+            }
+            *self.injected.entry(*fault).or_default() += 1;
+            let to = self.world.start.elapsed().as_millis() as u64;
+            self.windows.push((*fault, from, to));
+            tokio::time::sleep(self.rng.ms(500, 1500)).await;
+        }
+    }
+}
+
+async fn spawn_instance(cluster: &Cluster, db: &str, redis: &Redis, proxy: &ChaosProxy) -> TestApp {
+    spawn_app_with(AppOptions {
+        database: Some(db.to_string()),
+        redis_url: Some(redis.url()),
+        env: vec![(
+            "DATABASE_URL",
+            format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port),
+        )],
+        ..AppOptions::new(cluster)
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checker: a pure function of the history and the database.
+// ---------------------------------------------------------------------------------------------
+
+/// What an anomaly is about; it selects the operations printed with it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Subject {
+    Key { user: String, key: String },
+    Order(Uuid),
+    Restock(String),
+    Product(String),
+    Database,
+}
+
+#[derive(Clone, Debug)]
+struct Anomaly {
+    /// What kind of lie, for the tally.
+    class: &'static str,
+    subject: Subject,
+    what: String,
+}
+
+impl Subject {
+    fn of(target: &Target) -> Subject {
+        match target {
+            Target::Order { user, key, .. } => Subject::Key {
+                user: user.clone(),
+                key: key.clone(),
+            },
+            Target::Cancel { order_id, .. } => Subject::Order(*order_id),
+            Target::Restock { key, .. } => Subject::Restock(key.clone()),
+        }
+    }
+
+    fn concerns(&self, op: &Op) -> bool {
+        match (self, &op.target) {
+            (Subject::Order(id), Target::Cancel { order_id, .. }) => id == order_id,
+            (Subject::Order(id), _) => op.answer.order_id() == Some(*id),
+            (Subject::Product(p), Target::Order { product, .. })
+            | (Subject::Product(p), Target::Restock { product, .. }) => p == product,
+            (Subject::Database, _) => false,
+            (subject, target) => *subject == Subject::of(target),
+        }
+    }
+}
+
+struct Checker<'a> {
+    initial: &'a BTreeMap<String, i64>,
+    db: &'a Snapshot,
+    found: Vec<Anomaly>,
+}
+
+fn check(initial: &BTreeMap<String, i64>, history: &[Op], db: &Snapshot) -> Vec<Anomaly> {
+    let mut c = Checker {
+        initial,
+        db,
+        found: vec![],
+    };
+    c.statuses(history);
+    let mut keys: BTreeMap<(String, String), Vec<&Op>> = BTreeMap::new();
+    let mut cancels: BTreeMap<Uuid, Vec<&Op>> = BTreeMap::new();
+    let mut restocks: BTreeMap<String, Vec<&Op>> = BTreeMap::new();
+    for op in history {
+        match &op.target {
+            Target::Order { user, key, .. } => keys
+                .entry((user.clone(), key.clone()))
+                .or_default()
+                .push(op),
+            Target::Cancel { order_id, .. } => cancels.entry(*order_id).or_default().push(op),
+            Target::Restock { key, .. } => restocks.entry(key.clone()).or_default().push(op),
+        }
+    }
+    let rows: HashMap<(&str, &str), &Row> = db
+        .orders
+        .iter()
+        .map(|r| ((r.user.as_str(), r.key.as_str()), r))
+        .collect();
+    for ((user, key), ops) in &keys {
+        c.order_key(
+            user,
+            key,
+            ops,
+            rows.get(&(user.as_str(), key.as_str())).copied(),
+        );
+    }
+    c.unasked_rows(&keys, &cancels);
+    c.cancels(&cancels);
+    let restocked = c.restocks(&restocks);
+    c.conservation(&restocked);
+    c.found
+}
+
+impl Checker<'_> {
+    fn flag(&mut self, class: &'static str, subject: Subject, what: impl Into<String>) {
+        self.found.push(Anomaly {
+            class,
+            subject,
+            what: what.into(),
+        });
+    }
+
+    /// No 500 ever; no 5xx but 503, and a 503 always says when to retry; each endpoint
+    /// answers only what the contract lets it.
+    fn statuses(&mut self, history: &[Op]) {
+        for op in history {
+            let Some(status) = op.answer.status() else {
+                continue;
+            };
+            let code = op.answer.code();
+            let wrong = match (&op.target, status) {
+                (_, 503)
+                    if !matches!(
+                        op.answer,
+                        Answer::Got {
+                            retry_after: true,
+                            ..
+                        }
+                    ) =>
+                {
+                    Some("503 without Retry-After")
+                }
+                (_, 500..) if status != 503 => Some("a 5xx other than 503"),
+                (Target::Order { .. }, 409) if code != "OUT_OF_STOCK" => {
+                    Some("409 not OUT_OF_STOCK")
+                }
+                (Target::Order { .. }, 422) if code != "IDEMPOTENCY_KEY_REUSED" => {
+                    Some("422 not IDEMPOTENCY_KEY_REUSED")
+                }
+                (Target::Order { .. }, 201 | 409 | 422 | 503) => None,
+                (Target::Cancel { .. } | Target::Restock { .. }, 200 | 503) => None,
+                _ => Some("a status this request may not get"),
+            };
+            if let Some(wrong) = wrong {
+                self.flag(
+                    wrong,
+                    Subject::of(&op.target),
+                    format!("#{}: {wrong}", op.seq),
+                );
+            }
+        }
+    }
+
+    /// Every answer for one (user, key) against the others and against its row.
+    fn order_key(&mut self, user: &str, key: &str, ops: &[&Op], row: Option<&Row>) {
+        let subject = Subject::Key {
+            user: user.into(),
+            key: key.into(),
+        };
+        // The first request under a key is its original: shoppers reuse only answered keys.
+        let original = &ops[0].target;
+        let Target::Order {
+            product, quantity, ..
+        } = original
+        else {
+            unreachable!()
+        };
+        let (same, reused): (Vec<&Op>, Vec<&Op>) =
+            ops.iter().partition(|op| op.target == *original);
+        let definite: Vec<&Op> = same
+            .iter()
+            .copied()
+            .filter(|o| o.answer.definite())
+            .collect();
+        let ids: BTreeSet<Uuid> = definite
+            .iter()
+            .filter_map(|o| o.answer.order_id())
+            .collect();
+        let refused = definite.iter().any(|o| o.answer.status() == Some(409));
+        if definite.is_empty() {
+            self.flag(
+                "unresolved",
+                subject.clone(),
+                "no definite answer, even after resolution",
+            );
+        }
+        if ids.len() > 1 {
+            self.flag(
+                "two orders for one key",
+                subject.clone(),
+                format!("answered {} different orders: {ids:?}", ids.len()),
+            );
+        }
+        if !ids.is_empty() && refused {
+            // Which came first tells the two lies apart: a 409 that was not final, or a retry
+            // told 409 about a confirmed order.
+            let (class, what) = match definite[0].answer.status() {
+                Some(409) => ("409 not final (a later 201)", "answered 409, then 201"),
+                _ => ("201 then 409", "answered 201, then 409 to a retry"),
+            };
+            self.flag(class, subject.clone(), what);
+        }
+        if definite.iter().any(|o| o.answer.status() == Some(422)) {
+            self.flag(
+                "own body answered 422",
+                subject.clone(),
+                "its own body was answered 422",
+            );
+        }
+        for o in definite.iter().filter(|o| o.answer.status() == Some(201)) {
+            let b = o.answer.body();
+            if b["order_id"].as_str().is_none()
+                || b["product_id"] != json!(product)
+                || b["quantity"] != json!(quantity)
+                || b["user_id"] != json!(user)
+            {
+                self.flag(
+                    "201 does not describe the request",
+                    subject.clone(),
+                    format!("#{}: the 201 does not describe the request", o.seq),
+                );
+            }
+        }
+        match (ids.first(), row) {
+            (Some(id), None) => self.flag(
+                "201 without a row",
+                subject.clone(),
+                format!("answered order {id}, but no row holds the key"),
+            ),
+            (Some(id), Some(r))
+                if r.order_id != *id
+                    || r.product != *product
+                    || r.quantity != *quantity
+                    || !is_order(r) =>
+            {
+                self.flag(
+                    "201 names another row",
+                    subject.clone(),
+                    format!("answered order {id} ({product}×{quantity}), but the key holds {r:?}"),
+                )
+            }
+            // A row with a reused body is the reuse's lie, flagged below.
+            (None, Some(r))
+                if refused && is_order(r) && r.product == *product && r.quantity == *quantity =>
+            {
+                self.flag(
+                    "409 but the key holds an order",
+                    subject.clone(),
+                    format!(
+                        "answered 409 OUT_OF_STOCK, but the key holds order {} ({})",
+                        r.order_id, r.status
+                    ),
+                )
+            }
+            _ => {}
+        }
+        self.reused(&subject, product, *quantity, &reused, row);
+    }
+
+    /// A reused key (another body) is answered 422 and takes nothing.
+    fn reused(
+        &mut self,
+        subject: &Subject,
+        product: &str,
+        quantity: i64,
+        reused: &[&Op],
+        row: Option<&Row>,
+    ) {
+        let mut bodies: BTreeMap<String, bool> = BTreeMap::new();
+        for o in reused {
+            let Target::Order {
+                product, quantity, ..
+            } = &o.target
+            else {
+                unreachable!()
+            };
+            *bodies.entry(format!("{product}×{quantity}")).or_default() |= o.answer.definite();
+            if o.answer.definite() && o.answer.status() != Some(422) {
+                self.flag(
+                    "reused key not answered 422",
+                    subject.clone(),
+                    format!(
+                        "#{}: reused with another body, answered {:?}; want 422",
+                        o.seq,
+                        o.answer.status()
+                    ),
+                );
+            }
+        }
+        for (body, done) in bodies {
+            if !done {
+                self.flag(
+                    "unresolved",
+                    subject.clone(),
+                    format!("reuse {body}: no definite answer, even after resolution"),
+                );
+            }
+        }
+        if let Some(r) =
+            row.filter(|r| !reused.is_empty() && (r.product != product || r.quantity != quantity))
+        {
+            self.flag(
+                "reused key's body took the row",
+                subject.clone(),
+                format!("the key's row holds a reused body: {r:?}"),
+            );
+        }
+    }
+
+    /// Rows nobody asked for: a key no client sent, a cancel no client asked for.
+    fn unasked_rows(
+        &mut self,
+        keys: &BTreeMap<(String, String), Vec<&Op>>,
+        cancels: &BTreeMap<Uuid, Vec<&Op>>,
+    ) {
+        for r in &self.db.orders {
+            if !keys.contains_key(&(r.user.clone(), r.key.clone())) {
+                self.flag(
+                    "a row nobody asked for",
+                    Subject::Order(r.order_id),
+                    format!("a row under a key nobody sent: {r:?}"),
+                );
+            }
+            if r.status == "cancelled" && !cancels.contains_key(&r.order_id) {
+                self.flag(
+                    "a cancel nobody asked for",
+                    Subject::Order(r.order_id),
+                    "cancelled, but nobody cancelled it",
+                );
+            }
+            if !["confirmed", "cancelled", "refused"].contains(&r.status.as_str()) {
+                self.flag(
+                    "bad row status",
+                    Subject::Order(r.order_id),
+                    format!("status {}", r.status),
+                );
+            }
+        }
+    }
+
+    /// A cancel answered 200 is cancelled in the database.
+    fn cancels(&mut self, cancels: &BTreeMap<Uuid, Vec<&Op>>) {
+        for (id, ops) in cancels {
+            let subject = Subject::Order(*id);
+            if !ops.iter().any(|o| o.answer.definite()) {
+                self.flag(
+                    "unresolved",
+                    subject.clone(),
+                    "cancel: no definite answer, even after resolution",
+                );
+            }
+            let said_cancelled = ops.iter().any(|o| o.answer.status() == Some(200));
+            let row = self.db.orders.iter().find(|r| r.order_id == *id);
+            if said_cancelled && row.map(|r| r.status.as_str()) != Some("cancelled") {
+                self.flag(
+                    "cancel 200 not applied",
+                    subject,
+                    format!("cancel answered 200, but the row is {row:?}"),
+                );
+            }
+        }
+    }
+
+    /// Each restock key answered 200 was applied exactly once, and every retry answered the
+    /// same. Returns the units each product was given, as the admins saw it.
+    fn restocks(&mut self, restocks: &BTreeMap<String, Vec<&Op>>) -> BTreeMap<String, i64> {
+        let mut given: BTreeMap<String, i64> = BTreeMap::new();
+        if self.db.restocks.is_none() {
+            self.flag(
+                "no restocks table",
+                Subject::Database,
+                "no restocks table: a restock cannot be checked exactly-once",
+            );
+        }
+        let table = self.db.restocks.clone().unwrap_or_default();
+        for (key, ops) in restocks {
+            let subject = Subject::Restock(key.clone());
+            let Target::Restock {
+                product, quantity, ..
+            } = &ops[0].target
+            else {
+                unreachable!()
+            };
+            let results: BTreeSet<String> = ops
+                .iter()
+                .filter(|o| o.answer.status() == Some(200))
+                .map(|o| {
+                    format!(
+                        "{}:{}",
+                        o.answer.body()["product_id"],
+                        o.answer.body()["available_quantity"]
+                    )
+                })
+                .collect();
+            if !ops.iter().any(|o| o.answer.definite()) {
+                self.flag(
+                    "unresolved",
+                    subject.clone(),
+                    "no definite answer, even after resolution",
+                );
+            }
+            if results.len() > 1 {
+                self.flag(
+                    "restock retries answered differently",
+                    subject.clone(),
+                    format!("the same key answered different results: {results:?}"),
+                );
+            }
+            if results.is_empty() {
+                continue;
+            }
+            *given.entry(product.clone()).or_default() += quantity;
+            let applied: Vec<&RestockRow> = table.iter().filter(|r| r.key == *key).collect();
+            if self.db.restocks.is_some()
+                && (applied.len() != 1
+                    || applied[0].product != *product
+                    || applied[0].quantity != *quantity)
+            {
+                self.flag("restock not applied exactly once", subject, format!("answered 200 for {product}+{quantity}; the restocks table holds {applied:?}"));
+            }
+        }
+        for r in table.iter().filter(|r| !restocks.contains_key(&r.key)) {
+            self.flag(
+                "a restock nobody asked for",
+                Subject::Restock(r.key.clone()),
+                format!("a restock under a key nobody sent: {r:?}"),
+            );
+        }
+        given
+    }
+
+    /// initial + restocks − confirmed = final, per product, and never negative (cancelled
+    /// orders gave their units back; refused rows never took any).
+    fn conservation(&mut self, restocked: &BTreeMap<String, i64>) {
+        for (product, initial) in self.initial {
+            let confirmed: i64 = self
+                .db
+                .orders
+                .iter()
+                .filter(|r| r.product == *product && r.status == "confirmed")
+                .map(|r| r.quantity)
+                .sum();
+            let added = restocked.get(product).copied().unwrap_or(0);
+            let want = initial + added - confirmed;
+            let stock = self.db.stock.get(product).copied().unwrap_or(i64::MIN);
+            if stock != want || stock < 0 {
+                self.flag("stock not conserved", 
+                    Subject::Product(product.clone()),
+                    format!("stock {stock}; want {initial} initial + {added} restocked − {confirmed} confirmed = {want}"),
+                );
+            }
+        }
+    }
+}
+
+fn is_order(r: &Row) -> bool {
+    r.status == "confirmed" || r.status == "cancelled"
+}
+
+/// How many anomalies of each class: the first thing to read in a failing history.
+fn tally(anomalies: &[Anomaly]) -> BTreeMap<&'static str, usize> {
+    let mut by: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for a in anomalies {
+        *by.entry(a.class).or_default() += 1;
+    }
+    by
+}
+
+/// A few anomalies of each class, each with every operation it concerns (capped; the
+/// history file has them all).
+fn report(anomalies: &[Anomaly], history: &[Op]) -> String {
+    const PER_CLASS: usize = 3;
+    const OPS: usize = 60;
+    let mut out = String::new();
+    for (class, n) in tally(anomalies) {
+        out += &format!("\n=== {class}: {n} ===\n");
+        for a in anomalies
+            .iter()
+            .filter(|a| a.class == class)
+            .take(PER_CLASS)
+        {
+            out += &format!("✗ {:?}: {}\n", a.subject, a.what);
+            let ops: Vec<&Op> = history.iter().filter(|o| a.subject.concerns(o)).collect();
+            for op in ops.iter().take(OPS) {
+                out += &format!("    {op}\n");
+            }
+            if ops.len() > OPS {
+                out += &format!("    … {} more operations\n", ops.len() - OPS);
+            }
+        }
+    }
+    out
+}
+
+/// Operations, faults injected by kind, anomalies by class, in one line.
+fn summary(
+    seed: u64,
+    secs: u64,
+    history: &[Op],
+    faults: &BTreeMap<Fault, usize>,
+    anomalies: &[Anomaly],
+) -> String {
+    let mut by: BTreeMap<String, usize> = BTreeMap::new();
+    for op in history {
+        let what = match op.target {
+            Target::Order { .. } => "order",
+            Target::Cancel { .. } => "cancel",
+            Target::Restock { .. } => "restock",
+        };
+        let heard = op
+            .answer
+            .status()
+            .map_or("lost".to_string(), |s| s.to_string());
+        *by.entry(format!("{what} {heard}")).or_default() += 1;
+    }
+    let list = |items: Vec<String>| items.join(", ");
+    let by = list(by.iter().map(|(k, n)| format!("{k}×{n}")).collect());
+    let total: usize = faults.values().sum();
+    let faults = list(faults.iter().map(|(f, n)| format!("{f:?}×{n}")).collect());
+    let lies = list(
+        tally(anomalies)
+            .iter()
+            .map(|(c, n)| format!("{c}×{n}"))
+            .collect(),
+    );
+    format!(
+        "history seed={seed} secs={secs}: {} operations ({by}); {total} faults injected ({faults}); {} anomalies ({lies})",
+        history.len(),
+        anomalies.len()
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test.
+// ---------------------------------------------------------------------------------------------
+
+fn settings() -> (u64, u64) {
+    let seed = std::env::var("STOCKGATE_HISTORY_SEED")
+        .ok()
+        .map(|s| s.parse().expect("STOCKGATE_HISTORY_SEED is a u64"))
+        .unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            t.as_nanos() as u64 ^ u64::from(std::process::id())
+        });
+    let secs = std::env::var("STOCKGATE_HISTORY_SECS")
+        .ok()
+        .map(|s| s.parse().expect("STOCKGATE_HISTORY_SECS is whole seconds"))
+        .unwrap_or(30);
+    (seed, secs)
+}
+
+/// Polls until no request is still changing the primary: the digest holds for a second.
+async fn settle(pool: &PgPool) {
+    let start = Instant::now();
+    let (mut last, mut since) = (fingerprint(pool).await, Instant::now());
+    while since.elapsed() < Duration::from_secs(1) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the database never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = fingerprint(pool).await;
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+}
+
+/// What a run must have exercised for its verdict to mean anything.
+fn coverage(
+    history: &[Op],
+    faults: &BTreeMap<Fault, usize>,
+    windows: &[(Fault, u64, u64)],
+) -> Vec<String> {
+    let seen = |f: &dyn Fn(&Op) -> bool| history.iter().any(f);
+    let order = |o: &Op| matches!(o.target, Target::Order { .. });
+    // Proof that the instances really reach the primary through the proxy: an order that did
+    // not get through while it was cut (answered within the request timeout after the cut).
+    let during_cut = |o: &Op| {
+        windows
+            .iter()
+            .any(|&(f, from, to)| f == Fault::PrimaryCut && (from..to + 11_000).contains(&o.at_ms))
+    };
+    let mut missing: Vec<String> = [
+        (
+            "an order stalled by a primary cut (503 or lost)",
+            seen(&|o| order(o) && during_cut(o) && !o.answer.definite()),
+        ),
+        (
+            "an order answered 201",
+            seen(&|o| order(o) && o.answer.status() == Some(201)),
+        ),
+        (
+            "an order answered 409",
+            seen(&|o| order(o) && o.answer.status() == Some(409)),
+        ),
+        (
+            "a reused key answered",
+            seen(&|o| o.kind == Kind::Reuse && o.answer.definite()),
+        ),
+        (
+            "an answer lost to a hang-up",
+            seen(&|o| o.kind == Kind::HangUp && o.answer.status().is_none()),
+        ),
+        (
+            "a replay of an answered key",
+            seen(&|o| o.kind == Kind::Replay),
+        ),
+        (
+            "a cancel answered 200",
+            seen(&|o| matches!(o.target, Target::Cancel { .. }) && o.answer.status() == Some(200)),
+        ),
+        (
+            "a restock answered 200",
+            seen(&|o| matches!(o.target, Target::Restock { .. }) && o.answer.status() == Some(200)),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, ok)| !ok)
+    .map(|(what, _)| what.to_string())
+    .collect();
+    for f in FAULTS {
+        if faults.get(&f).copied().unwrap_or(0) == 0 {
+            missing.push(format!("fault {f:?} injected"));
+        }
+    }
+    missing
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_instance_restarts_is_the_truth()
+ {
+    let (seed, secs) = settings();
+    eprintln!(
+        "history: seed={seed} secs={secs} (STOCKGATE_HISTORY_SEED={seed} replays the choices)"
+    );
+    let cluster = private_cluster();
+    let redis = Redis::temporary().expect("a private Redis");
+    let database = fresh_database(&cluster).await;
+    let proxy = ChaosProxy::start(cluster.port(0)).await;
+    let a = spawn_instance(&cluster, &database, &redis, &proxy).await;
+    let b = spawn_instance(&cluster, &database, &redis, &proxy).await;
+    let mut initial = BTreeMap::new();
+    for p in PRODUCTS {
+        assert_eq!(a.create_product(p, INITIAL_STOCK, 500).await.status(), 201);
+        initial.insert(p.to_string(), INITIAL_STOCK);
+    }
+    let checker_pool = a.primary.clone();
+    let world = Arc::new(World::new([a.address.clone(), b.address.clone()]));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut master = Rng(seed);
+    let mut clients = vec![];
+    for c in 0..SHOPPERS {
+        let shopper = Shopper {
+            name: format!("shopper-{c:02}"),
+            rng: Rng(master.next()),
+            world: world.clone(),
+            keys: vec![],
+            cancelled: BTreeSet::new(),
+            unsure_cancels: vec![],
+        };
+        clients.push(tokio::spawn(shopper.run(deadline)));
+    }
+    for c in 0..RESTOCKERS {
+        let restocker = Restocker {
+            name: format!("restocker-{c}"),
+            rng: Rng(master.next()),
+            world: world.clone(),
+            sent: 0,
+            unsure: vec![],
+        };
+        clients.push(tokio::spawn(restocker.run(deadline)));
+    }
+    let mut nemesis = Nemesis {
+        cluster: &cluster,
+        database: database.clone(),
+        redis,
+        proxy,
+        apps: [Some(a), Some(b)],
+        world: world.clone(),
+        rng: Rng(master.next()),
+        injected: BTreeMap::new(),
+        windows: vec![],
+    };
+    nemesis.run(deadline).await;
+    for c in clients {
+        c.await.unwrap();
+    }
+    // Every fault has healed itself; now every open request gets a definite answer.
+    resolve(&world, Duration::from_secs(60)).await;
+    settle(&checker_pool).await;
+    let db = snapshot(&checker_pool).await;
+    let open = open_transactions(&checker_pool).await;
+    let history = world.history();
+    let anomalies = check(&initial, &history, &db);
+    let file =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("history-{seed}.jsonl"));
+    let lines: Vec<String> = history
+        .iter()
+        .map(|o| serde_json::to_string(o).unwrap())
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let line = summary(seed, secs, &history, &nemesis.injected, &anomalies);
+    eprintln!("{line}\nfull history: {}", file.display());
+    let missing = coverage(&history, &nemesis.injected, &nemesis.windows);
+    assert!(
+        anomalies.is_empty() && missing.is_empty(),
+        "{}\nnot exercised: {missing:?}\nfaults (kind, from ms, to ms): {:?}\nprimary transactions still open: {open:#?}\n{line}\nseed {seed}; full history in {}",
+        report(&anomalies, &history),
+        nemesis.windows,
+        file.display()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checker's own tests: it must be able to fail. Made-up histories, no cluster.
+// ---------------------------------------------------------------------------------------------
+
+fn order(seq: usize, kind: Kind, key: &str, product: &str, quantity: i64, answer: Answer) -> Op {
+    Op {
+        seq,
+        at_ms: seq as u64,
+        client: "ada".into(),
+        kind,
+        instance: seq % 2,
+        target: Target::Order {
+            user: "ada".into(),
+            key: key.into(),
+            product: product.into(),
+            quantity,
+        },
+        answer,
+    }
+}
+
+fn got(status: u16, body: Value) -> Answer {
+    Answer::Got {
+        status,
+        retry_after: status == 503,
+        body,
+    }
+}
+
+fn created(id: Uuid, product: &str, quantity: i64) -> Answer {
+    got(
+        201,
+        json!({"order_id": id, "product_id": product, "quantity": quantity, "user_id": "ada", "status": "confirmed"}),
+    )
+}
+
+fn out_of_stock() -> Answer {
+    got(
+        409,
+        json!({"error": {"code": "OUT_OF_STOCK", "message": "…"}}),
+    )
+}
+
+fn row(id: Uuid, key: &str, product: &str, quantity: i64, status: &str) -> Row {
+    Row {
+        order_id: id,
+        user: "ada".into(),
+        key: key.into(),
+        product: product.into(),
+        quantity,
+        status: status.into(),
+    }
+}
+
+/// p: 10 initial; ada's k1 took 2 (a hang-up, then its retry found the order); k2 was refused.
+fn clean() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
+    let id = Uuid::new_v4();
+    let history = vec![
+        order(
+            0,
+            Kind::HangUp,
+            "k1",
+            "p",
+            2,
+            Answer::Lost {
+                lost: "hung up".into(),
+            },
+        ),
+        order(1, Kind::Retry, "k1", "p", 2, created(id, "p", 2)),
+        order(2, Kind::New, "k2", "p", 9, out_of_stock()),
+        order(
+            3,
+            Kind::Reuse,
+            "k1",
+            "p",
+            3,
+            got(422, json!({"error": {"code": "IDEMPOTENCY_KEY_REUSED"}})),
+        ),
+    ];
+    let db = Snapshot {
+        stock: BTreeMap::from([("p".to_string(), 8)]),
+        orders: vec![
+            row(id, "k1", "p", 2, "confirmed"),
+            row(Uuid::new_v4(), "k2", "p", 9, "refused"),
+        ],
+        restocks: Some(vec![]),
+    };
+    (BTreeMap::from([("p".to_string(), 10)]), history, db)
+}
+
+#[test]
+fn history_checker_passes_a_truthful_history() {
+    let (initial, history, db) = clean();
+    let found = check(&initial, &history, &db);
+    assert!(found.is_empty(), "{}", report(&found, &history));
+}
+
+#[test]
+fn history_checker_flags_a_409_whose_original_committed_later() {
+    let (initial, mut history, mut db) = clean();
+    // k2's original was still queued when its retry was told 409; then it committed.
+    db.orders[1].status = "confirmed".into();
+    db.orders[1].quantity = 1;
+    history[2] = order(2, Kind::Retry, "k2", "p", 1, out_of_stock());
+    db.stock.insert("p".into(), 7);
+    let found = check(&initial, &history, &db);
+    assert!(
+        found.iter().any(|a| a
+            .what
+            .contains("answered 409 OUT_OF_STOCK, but the key holds order")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn history_checker_flags_a_restock_retry_that_added_twice() {
+    let (initial, mut history, mut db) = clean();
+    let restock = |seq, kind, answer| Op {
+        seq,
+        at_ms: 0,
+        client: "admin".into(),
+        kind,
+        instance: 0,
+        target: Target::Restock {
+            key: "r1".into(),
+            product: "p".into(),
+            quantity: 5,
+        },
+        answer,
+    };
+    history.push(restock(
+        4,
+        Kind::New,
+        got(503, json!({"error": {"code": "UNAVAILABLE"}})),
+    ));
+    history.push(restock(
+        5,
+        Kind::Retry,
+        got(200, json!({"product_id": "p", "available_quantity": 18})),
+    ));
+    db.stock.insert("p".into(), 18);
+    db.restocks = None;
+    let found = check(&initial, &history, &db);
+    assert!(
+        found
+            .iter()
+            .any(|a| a.subject == Subject::Product("p".into())),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|a| a.subject == Subject::Database),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn history_checker_flags_two_orders_for_one_key_and_a_bare_503() {
+    let (initial, mut history, db) = clean();
+    history.push(order(
+        4,
+        Kind::Replay,
+        "k1",
+        "p",
+        2,
+        created(Uuid::new_v4(), "p", 2),
+    ));
+    history.push(order(
+        5,
+        Kind::Replay,
+        "k1",
+        "p",
+        2,
+        Answer::Got {
+            status: 503,
+            retry_after: false,
+            body: Value::Null,
+        },
+    ));
+    let found = check(&initial, &history, &db);
+    assert!(
+        found.iter().any(|a| a.what.contains("different orders")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|a| a.what.contains("503 without Retry-After")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn history_checker_flags_a_reused_key_that_took_stock() {
+    let (initial, mut history, mut db) = clean();
+    // k2 was refused; its reuse with a smaller quantity then created an order.
+    let id = Uuid::new_v4();
+    history.push(order(4, Kind::Reuse, "k2", "p", 1, created(id, "p", 1)));
+    db.orders[1] = row(id, "k2", "p", 1, "confirmed");
+    db.stock.insert("p".into(), 7);
+    let found = check(&initial, &history, &db);
+    assert!(
+        found.iter().any(|a| a.what.contains("want 422")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|a| a.what.contains("reused body")),
+        "{found:?}"
+    );
+}
