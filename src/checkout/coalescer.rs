@@ -45,6 +45,11 @@ const IDLE: Duration = Duration::from_secs(5);
 /// How many times a batch is rerun after a deadlock or serialization failure.
 const RERUNS: usize = 3;
 
+/// The longest a batch may take before its requests are told "unknown". The database's
+/// own timeouts (lock 10 s, statement 30 s) cannot fire when the link itself goes silent,
+/// and a worker stuck on a dead link would stall its product for good.
+const BATCH_LIMIT: Duration = Duration::from_secs(12);
+
 pub struct Coalescer {
     db: Db,
     metrics: Metrics,
@@ -173,7 +178,12 @@ impl Coalescer {
         let mut attempt = 0;
         loop {
             self.metrics.order_transactions.inc();
-            let result = batch::run(&self.db, product, reqs).await;
+            let result = tokio::time::timeout(BATCH_LIMIT, batch::run(&self.db, product, reqs))
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::warn!(%product, "order batch got no answer in time; its outcome is unknown");
+                    Err(Failed::Unknown)
+                });
             attempt += 1;
             match &result {
                 Err(Failed::NothingWritten(DbError::Query(sqlx::Error::Database(e))))

@@ -27,6 +27,9 @@ const MAX_BATCH: usize = 512;
 /// Statements in flight at once; while they run, new claims queue up for the next one.
 const IN_FLIGHT: usize = 4;
 
+/// The longest a claim statement may take before its requests are told "unknown".
+const STATEMENT_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Clone)]
 pub struct Refusals {
     tx: mpsc::UnboundedSender<(OrderRequest, Reply)>,
@@ -145,7 +148,7 @@ async fn insert<'r>(
     let qty: Vec<i32> = distinct.iter().map(|r| r.quantity.get()).collect();
     let fps: Vec<String> = distinct.iter().map(|r| r.fingerprint()).collect();
     let pool = db.primary().pool()?;
-    let rows: Vec<(String, String)> = sqlx::query_as(
+    let statement = sqlx::query_as(
         "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
          SELECT o.order_id, o.product_id, o.user_id, o.quantity, 0, 0, 'refused', o.idempotency_key, o.fingerprint \
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[]) \
@@ -160,19 +163,23 @@ async fn insert<'r>(
     .bind(&qty)
     .bind(&keys)
     .bind(&fps)
-    .fetch_all(pool)
-    .await
-    .map_err(|e| {
-        if matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
-            // Never sent: nothing was written.
-            CheckoutError::Db(DbError::Unavailable(e.to_string()))
-        } else if is_connection_error(&e) {
-            // The statement may have committed before the connection went.
-            CheckoutError::OutcomeUnknown
-        } else {
-            CheckoutError::from(e)
-        }
-    })?;
+    .fetch_all(pool);
+    // A silent link must not hold every buyer of a sold-out product: past the limit the
+    // statement's outcome is unknown.
+    let rows: Vec<(String, String)> = tokio::time::timeout(STATEMENT_LIMIT, statement)
+        .await
+        .map_err(|_| CheckoutError::OutcomeUnknown)?
+        .map_err(|e| {
+            if matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
+                // Never sent: nothing was written.
+                CheckoutError::Db(DbError::Unavailable(e.to_string()))
+            } else if is_connection_error(&e) {
+                // The statement may have committed before the connection went.
+                CheckoutError::OutcomeUnknown
+            } else {
+                CheckoutError::from(e)
+            }
+        })?;
     let rows: HashSet<(String, String)> = rows.into_iter().collect();
     Ok(distinct
         .iter()

@@ -193,7 +193,13 @@ struct Inner {
 pub fn primary_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     Ok(PgConnectOptions::from_str(url)?
         .application_name("stockgate")
-        .options([("statement_timeout", "30s"), ("lock_timeout", "10s")]))
+        // A client that stops listening mid-transaction (a partition, a crash) must not hold
+        // a hot row's lock for ever: the server ends such a session after 10 s idle.
+        .options([
+            ("statement_timeout", "30s"),
+            ("lock_timeout", "10s"),
+            ("idle_in_transaction_session_timeout", "10s"),
+        ]))
 }
 
 /// Replica connect options: every session read-only, so even a bug cannot write there.
