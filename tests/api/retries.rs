@@ -345,6 +345,16 @@ async fn a_commit_whose_outcome_is_unknown_says_so_and_the_retry_finds_the_order
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batches_claiming_the_same_keys_in_opposite_orders_never_deadlock() {
     let app = spawn_app(shared_cluster()).await;
+    // Each of these users' rows takes a moment to insert, so two batches that claim their
+    // keys are surely inside their inserts at the same time.
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.user_id IN ('u1', 'u2') THEN PERFORM pg_sleep(0.2); END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER slow_insert BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION slow_insert();",
+    )
+    .execute(&app.primary)
+    .await
+    .unwrap();
     for round in 0..5 {
         let (d1, d2) = (format!("dl-a{round}"), format!("dl-b{round}"));
         app.create_product(&d1, 100, 100).await;
