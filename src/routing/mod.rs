@@ -312,7 +312,10 @@ impl Db {
                     pool: PgPoolOptions::new()
                         .max_connections(s.replica_pool_size)
                         .min_connections(0)
-                        .acquire_timeout(s.timeouts.point)
+                        // Shorter than a point read's timeout, so a pool that is merely
+                        // full (exports hold connections outside the slots) is seen as
+                        // such before the read's own timeout would blame the replica.
+                        .acquire_timeout(s.timeouts.point / 2)
                         .connect_lazy_with(replica_options_with(
                             url,
                             s.timeouts.longest() + Duration::from_secs(1),
