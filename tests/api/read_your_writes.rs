@@ -694,3 +694,49 @@ async fn a_reader_whose_clock_runs_ahead_does_not_expire_a_position_early() {
         "the position was written a moment ago, whatever the reader's clock says"
     );
 }
+
+/// A committed write is never turned into an error: when the primary's position cannot be
+/// read after the commit (primary gone a moment later, pool saturated), the user is pinned
+/// to the primary for one TTL instead, and the failure is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_position_cannot_be_read_pins_the_user_to_the_primary_instead_of_failing() {
+    use stockgate::routing::{Db, Settings, Timeouts};
+    let metrics = stockgate::metrics::Metrics::new();
+    let store = RywStore::local(ManualClock::new(), Duration::from_secs(60));
+    // A primary nobody listens on: the post-commit position read fails.
+    let port = devcluster::free_port_block(1).unwrap();
+    let db = Db::new(
+        Settings {
+            primary_url: format!("postgres://postgres@127.0.0.1:{port}/gone"),
+            replica_urls: vec![],
+            primary_pool_size: 1,
+            replica_pool_size: 1,
+            timeouts: Timeouts::default(),
+            primary_timeout: Duration::from_millis(200),
+            thresholds: Default::default(),
+            monitor_interval: Duration::from_millis(25),
+        },
+        metrics.clone(),
+        store.clone(),
+    )
+    .unwrap();
+    let user = UserId::parse("pinned").unwrap();
+    assert_eq!(store.get(&user).await.unwrap(), None, "precondition");
+    assert_eq!(
+        db.note_write(&user).await,
+        None,
+        "no position, and no error"
+    );
+    assert_eq!(
+        store.get(&user).await.unwrap(),
+        Some(stockgate::ryw::PRIMARY_ONLY),
+        "the user's reads go to the primary"
+    );
+    assert_eq!(
+        metrics
+            .ryw_store_failures
+            .with_label_values(&["position"])
+            .get(),
+        1
+    );
+}
