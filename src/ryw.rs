@@ -8,13 +8,14 @@
 //! Expiry runs on one clock per store: Redis's own `PX` for the shared store (no writer's
 //! wall clock is compared with a reader's), the injected monotonic [`Clock`] in process.
 //!
-//! A Redis that restarts empty forgets positions that still matter. So the store carries an
-//! *epoch* key that an empty Redis lacks, read in the same round trip as the positions. The
-//! first instance to find it missing installs a new one together with a `pin-all` key that
-//! lives one TTL (Redis's `PX`): while it exists every user's reads go to the primary, on
-//! every instance, including ones started after the restart. An instance that sees the
-//! epoch change under it pins everyone locally for one TTL as well (belt and braces, should
-//! the `pin-all` key be evicted).
+//! A Redis that restarts — empty, or from a dump older than the latest positions — forgets
+//! positions that still matter. So the store carries an *epoch* naming the server run that
+//! issued it (`run_id:random`), read in the same round trip (one script) as the positions.
+//! The first read that finds it missing or issued by another run replaces it and sets a
+//! `pin-all` key that lives one TTL (Redis's `PX`): while it exists every user's reads go to
+//! the primary, on every instance, including ones started after the restart. An instance
+//! that sees the epoch change under it pins everyone locally for one TTL as well (belt and
+//! braces, should the `pin-all` key be evicted).
 
 use crate::clock::Clock;
 use crate::domain::UserId;
@@ -60,7 +61,7 @@ pub struct RedisStore {
     conn: ConnectionManager,
     timeout: Duration,
     advance: redis::Script,
-    install: redis::Script,
+    read: redis::Script,
     /// The epoch this instance last saw, and until when it pins everyone after a change.
     epoch: Mutex<EpochState>,
     /// After a failure, calls fail at once until this moment (one probe every
@@ -110,41 +111,29 @@ impl RedisStore {
         outcome
     }
 
-    /// Reads the epoch, the pin-all flag and `users`' positions in one round trip, and
-    /// returns the furthest position they must be read at ([`PRIMARY_ONLY`] while pinned).
+    /// Reads the epoch, the pin-all flag and `users`' positions in one round trip (one
+    /// script, which also replaces an epoch the running server did not issue), and returns
+    /// the furthest position they must be read at ([`PRIMARY_ONLY`] while pinned).
     async fn positions(&self, users: &[&UserId]) -> Result<Option<Lsn>, StoreUnavailable> {
         let mut conn = self.conn.clone();
-        let mut cmd = redis::cmd("MGET");
-        cmd.arg(EPOCH_KEY).arg(PIN_ALL_KEY);
+        let mut invocation = self.read.key(EPOCH_KEY);
+        invocation.key(PIN_ALL_KEY);
         for u in users {
-            cmd.arg(key(u));
+            invocation.key(key(u));
         }
+        invocation
+            .arg(uuid::Uuid::new_v4().simple().to_string())
+            .arg(self.ttl.as_millis() as u64);
         let raw = self
-            .call(cmd.query_async::<Vec<Option<String>>>(&mut conn))
+            .call(invocation.invoke_async::<Vec<Option<String>>>(&mut conn))
             .await?;
         let mut raw = raw.into_iter();
-        let epoch = raw.next().flatten();
-        let pin_all = raw.next().flatten().is_some();
-        let epoch = match epoch {
-            Some(e) => e,
-            None => {
-                // An empty (restarted, flushed) store: install a new epoch and pin everyone
-                // for one TTL, on Redis's clock, for every instance to see.
-                let fresh = uuid::Uuid::new_v4().simple().to_string();
-                let mut invocation = self.install.key(EPOCH_KEY);
-                invocation
-                    .key(PIN_ALL_KEY)
-                    .arg(&fresh)
-                    .arg(self.ttl.as_millis() as u64);
-                let installed = self
-                    .call(invocation.invoke_async::<String>(&mut conn))
-                    .await?;
-                tracing::warn!(epoch = %installed, "read-your-writes store came back empty: every user reads the primary for one TTL");
-                self.observe_epoch(installed, true);
-                return Ok(Some(PRIMARY_ONLY));
-            }
-        };
-        let locally_pinned = self.observe_epoch(epoch, false);
+        let epoch = raw
+            .next()
+            .flatten()
+            .ok_or_else(|| StoreUnavailable("no epoch in the answer".into()))?;
+        let pin_all = raw.next().flatten().as_deref() == Some("1");
+        let locally_pinned = self.observe_epoch(epoch);
         if pin_all || locally_pinned {
             return Ok(Some(PRIMARY_ONLY));
         }
@@ -158,13 +147,14 @@ impl RedisStore {
         Ok(max)
     }
 
-    /// Remembers `epoch`; a change from the one seen before (or `installed` by us) pins
-    /// everyone here for one TTL. Returns whether this instance is pinning everyone now.
-    fn observe_epoch(&self, epoch: String, installed: bool) -> bool {
+    /// Remembers `epoch`; a change from the one seen before pins everyone here for one
+    /// TTL (belt and braces: the store's own `pin-all` key says the same for everyone).
+    /// Returns whether this instance is pinning everyone now.
+    fn observe_epoch(&self, epoch: String) -> bool {
         let now = self.clock.now();
         let mut st = self.epoch.lock().unwrap_or_else(|p| p.into_inner());
-        let changed = st.known.as_ref().is_some_and(|k| *k != epoch);
-        if installed || changed {
+        if st.known.as_ref().is_some_and(|k| *k != epoch) {
+            tracing::warn!(%epoch, "read-your-writes store restarted or lost its data: every user reads the primary for one TTL");
             st.pin_all_until = Some(now + self.ttl);
         }
         st.known = Some(epoch);
@@ -187,13 +177,25 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 "#;
 
-/// Installs a new epoch if none exists, and with it the pin-all window; returns the epoch
-/// in force (another instance may have won the race).
-const INSTALL: &str = r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+/// Reads the epoch, the pin-all flag and each user's position. The epoch names the server
+/// run that issued it (`run_id:random`): a missing epoch (an empty store) or one issued by
+/// another run (a restart, even from a dump that lacks the latest positions) is replaced,
+/// and the pin-all window opened for one TTL on Redis's clock, atomically.
+const READ: &str = r#"
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local epoch = redis.call('GET', KEYS[1])
+local pinned = redis.call('EXISTS', KEYS[2]) == 1
+if (not epoch) or string.sub(epoch, 1, #run + 1) ~= (run .. ':') then
+  epoch = run .. ':' .. ARGV[1]
+  redis.call('SET', KEYS[1], epoch)
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  pinned = true
 end
-return redis.call('GET', KEYS[1])
+local out = {epoch, pinned and '1' or '0'}
+for i = 3, #KEYS do
+  out[#out + 1] = redis.call('GET', KEYS[i])
+end
+return out
 "#;
 
 impl RywStore {
@@ -227,7 +229,7 @@ impl RywStore {
             conn,
             timeout,
             advance: redis::Script::new(ADVANCE),
-            install: redis::Script::new(INSTALL),
+            read: redis::Script::new(READ),
             epoch: Mutex::default(),
             down_until: Mutex::new(None),
         })))

@@ -11,28 +11,25 @@ use stockgate::clock::ManualClock;
 use stockgate::domain::UserId;
 use stockgate::ryw::RywStore;
 
-/// A private Redis that has been in service: it holds the store's epoch, as any Redis that
-/// has served stockgate for a while does. (A Redis found without one makes every instance
-/// read the primary for one TTL, which would hide what these tests look at.)
+/// A private Redis that has been in service: it holds an epoch issued by its running
+/// server, as any Redis that has served stockgate for a while does. (A Redis found without
+/// one makes every instance read the primary for one TTL, which would hide what these tests
+/// look at.)
 fn redis_in_service() -> devcluster::Redis {
     let redis = devcluster::Redis::temporary().unwrap();
-    install_epoch(&redis);
+    let info = redis_cli(&redis, &["INFO", "server"]);
+    let run_id = info
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let epoch = format!("{run_id}:in-service");
+    assert_eq!(
+        redis_cli(&redis, &["SET", "stockgate:ryw:epoch", &epoch]),
+        "OK"
+    );
     redis
-}
-
-fn install_epoch(redis: &devcluster::Redis) {
-    let out = std::process::Command::new("redis-cli")
-        .args([
-            "-p",
-            &redis.port.to_string(),
-            "SET",
-            "stockgate:ryw:epoch",
-            "in-service",
-            "NX",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
 }
 
 async fn put_profile(app: &TestApp, user: &str, name: &str) -> reqwest::Response {
@@ -467,14 +464,19 @@ async fn a_write_saved_while_redis_was_down_is_seen_on_another_instance_after_it
     let cluster = private_cluster();
     let redis = redis_in_service();
     let dump = redis_dump(&redis);
+    // A short window: each restart below pins everyone for one TTL, and part 2 needs
+    // replicas serving again first.
+    let ttl = ("STOCKGATE_RYW_TTL_MS", "6000".to_string());
     let a = spawn_app_with(AppOptions {
         redis_url: Some(redis.url()),
+        env: vec![ttl.clone()],
         ..AppOptions::new(&cluster)
     })
     .await;
     let b = spawn_app_with(AppOptions {
         redis_url: Some(redis.url()),
         database: Some(a.database.clone()),
+        env: vec![ttl],
         ..AppOptions::new(&cluster)
     })
     .await;
@@ -505,6 +507,7 @@ async fn a_write_saved_while_redis_was_down_is_seen_on_another_instance_after_it
     .await;
 
     // 1. A dump of Redis, Redis killed, the save, Redis restarted from the dump.
+    let epoch_before = redis_cli(&redis, &["GET", "stockgate:ryw:epoch"]);
     let dumped = redis_cli(&redis, &["SAVE"]);
     assert_eq!(dumped, "OK");
     blocking(|| {
@@ -533,7 +536,7 @@ async fn a_write_saved_while_redis_was_down_is_seen_on_another_instance_after_it
     // the replicas lack the write.
     assert_eq!(
         redis_cli(&redis, &["GET", "stockgate:ryw:epoch"]),
-        "in-service"
+        epoch_before
     );
     for i in 1..=2 {
         assert_eq!(
@@ -608,6 +611,17 @@ async fn a_write_saved_while_redis_was_down_is_seen_on_another_instance_after_it
 /// instance must still not serve that user from a replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_position_lost_in_a_redis_restart_still_keeps_the_user_off_stale_replicas() {
+    position_lost_in_a_restart(false).await;
+}
+
+/// The same when Redis restarts from a dump taken before the write: its data is back (the
+/// epoch included), the position is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_position_newer_than_redis_dump_still_keeps_the_user_off_stale_replicas() {
+    position_lost_in_a_restart(true).await;
+}
+
+async fn position_lost_in_a_restart(from_dump: bool) {
     let cluster = private_cluster();
     let redis = redis_in_service();
     let a = spawn_app_with(AppOptions {
@@ -641,6 +655,9 @@ async fn a_position_lost_in_a_redis_restart_still_keeps_the_user_off_stale_repli
         cluster.pause_replay(2).unwrap();
     });
     let paused = std::time::Instant::now();
+    if from_dump {
+        assert_eq!(redis_cli(&redis, &["SAVE"]), "OK");
+    }
     assert_eq!(
         put_settings(&a, &user, json!({"v": "new"})).await.status(),
         StatusCode::OK
@@ -653,6 +670,14 @@ async fn a_position_lost_in_a_redis_restart_still_keeps_the_user_off_stale_repli
         store_healthy(&b)
     })
     .await;
+    // Precondition: Redis came back as intended — with the dump's data (the epoch and the
+    // user's older position), or empty.
+    let keys = redis_cli(&redis, &["DBSIZE"]);
+    if from_dump {
+        assert_ne!(keys, "0", "restored from the dump");
+    } else {
+        assert_eq!(keys, "0", "restarted empty");
+    }
     let (status, body, reason) = get_settings(&b, &user).await;
     // Precondition: a replica was still within the read's 5 s budget, so only the lost
     // position's replacement keeps this read off it.
