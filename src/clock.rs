@@ -2,44 +2,53 @@
 //!
 //! Staleness is measured on the monotonic clock ([`std::time::Instant`]) and turned into
 //! wall-clock `as_of` values through one [`TimeBase`] taken at start, so every figure the
-//! service prints comes from one clock. Rules with windows (the read-your-writes TTL) ask a
-//! [`Clock`], which tests replace with a [`ManualClock`] to move time instead of sleeping.
+//! service prints comes from one clock. Rules with windows (the in-process read-your-writes
+//! TTL, the store-epoch pin) ask a [`Clock`] — monotonic too, so an NTP step or a skewed
+//! peer can never end a window early — which tests replace with a [`ManualClock`] to move
+//! time instead of sleeping. Redis-held windows are Redis's own `PX` expiry: one clock.
 
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Wall-clock milliseconds for windowed rules.
+/// A monotonic clock for windowed rules.
 pub trait Clock: Send + Sync + std::fmt::Debug {
-    fn now_ms(&self) -> i64;
+    fn now(&self) -> Instant;
 }
 
 #[derive(Debug, Default)]
 pub struct SystemClock;
 
 impl Clock for SystemClock {
-    fn now_ms(&self) -> i64 {
-        Utc::now().timestamp_millis()
+    fn now(&self) -> Instant {
+        Instant::now()
     }
 }
 
-/// A clock that moves only when told to.
+/// A clock that moves only when told to (from the instant it was made).
 #[derive(Debug)]
-pub struct ManualClock(AtomicI64);
+pub struct ManualClock {
+    start: Instant,
+    offset_ns: AtomicU64,
+}
 
 impl ManualClock {
     pub fn new() -> Arc<Self> {
-        Arc::new(ManualClock(AtomicI64::new(Utc::now().timestamp_millis())))
+        Arc::new(ManualClock {
+            start: Instant::now(),
+            offset_ns: AtomicU64::new(0),
+        })
     }
     pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
+        self.offset_ns
+            .fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
-    fn now_ms(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
+    fn now(&self) -> Instant {
+        self.start + Duration::from_nanos(self.offset_ns.load(Ordering::SeqCst))
     }
 }
 

@@ -9,7 +9,10 @@
 //! | `STOCKGATE_TOKEN_SECRET` | signs bearer tokens (at least 16 bytes) | required for `serve` and `token` |
 //! | `STOCKGATE_MONITOR_INTERVAL_MS` | freshness sample period | `25` |
 //! | `STOCKGATE_EVICT_AFTER_MS` | staleness at which a replica becomes `lagging` | `5000` |
-//! | `STOCKGATE_REPLICA_TIMEOUT_MS` | client-side timeout for a replica query or connect | `500` |
+//! | `STOCKGATE_REPLICA_TIMEOUT_MS` | client-side timeout of a point read on a replica (gate, product page, own data) and of a freshness sample; missing it marks the replica down | `500` |
+//! | `STOCKGATE_DASHBOARD_TIMEOUT_MS` | timeout of a dashboard read on a replica (missing it routes the read again; never marks the replica down) | `5000` |
+//! | `STOCKGATE_REPORT_TIMEOUT_MS` | timeout of a revenue-report read on a replica (likewise) | `60000` |
+//! | `STOCKGATE_EXPORT_TIMEOUT_MS` | how long one export may stream | `600000` |
 //! | `STOCKGATE_PRIMARY_POOL_SIZE` | connections to the primary | `16` |
 //! | `STOCKGATE_REPLICA_POOL_SIZE` | connections to each replica | `16` |
 //! | `STOCKGATE_RYW_TTL_MS` | how long a user's write pins their reads (must exceed every read-your-writes budget) | `60000` |
@@ -41,6 +44,9 @@ pub struct Config {
     pub monitor_interval: Duration,
     pub evict_after: Duration,
     pub replica_timeout: Duration,
+    pub dashboard_timeout: Duration,
+    pub report_timeout: Duration,
+    pub export_timeout: Duration,
     pub primary_pool_size: u32,
     pub replica_pool_size: u32,
     pub ryw_ttl: Duration,
@@ -122,6 +128,9 @@ impl Config {
             monitor_interval: ms("STOCKGATE_MONITOR_INTERVAL_MS", 25, 5)?,
             evict_after: ms("STOCKGATE_EVICT_AFTER_MS", 5_000, 100)?,
             replica_timeout: ms("STOCKGATE_REPLICA_TIMEOUT_MS", 500, 10)?,
+            dashboard_timeout: ms("STOCKGATE_DASHBOARD_TIMEOUT_MS", 5_000, 10)?,
+            report_timeout: ms("STOCKGATE_REPORT_TIMEOUT_MS", 60_000, 10)?,
+            export_timeout: ms("STOCKGATE_EXPORT_TIMEOUT_MS", 600_000, 10)?,
             primary_pool_size: number(&get, "STOCKGATE_PRIMARY_POOL_SIZE", 16, 1, 1000)? as u32,
             replica_pool_size: number(&get, "STOCKGATE_REPLICA_POOL_SIZE", 16, 1, 1000)? as u32,
             ryw_ttl: ms("STOCKGATE_RYW_TTL_MS", 60_000, 1)?,
@@ -222,6 +231,28 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
         assert!(c.replica_urls.is_empty());
         assert!(c.require_database_url().is_err());
+    }
+
+    #[test]
+    fn each_long_class_has_its_own_replica_timeout() {
+        let c = config(&[]).expect("valid");
+        assert_eq!(
+            (
+                c.replica_timeout,
+                c.dashboard_timeout,
+                c.report_timeout,
+                c.export_timeout
+            ),
+            (
+                Duration::from_millis(500),
+                Duration::from_secs(5),
+                Duration::from_secs(60),
+                Duration::from_secs(600)
+            )
+        );
+        let c = config(&[("STOCKGATE_REPORT_TIMEOUT_MS", "120000")]).expect("valid");
+        assert_eq!(c.report_timeout, Duration::from_secs(120));
+        assert!(config(&[("STOCKGATE_DASHBOARD_TIMEOUT_MS", "soon")]).is_err());
     }
 
     #[test]

@@ -4,6 +4,18 @@
 //!
 //! Positions only move forward (two devices writing at once cannot lower it), and every
 //! failure is reported to the caller, which then reads from the primary: fail closed.
+//!
+//! Expiry runs on one clock per store: Redis's own `PX` for the shared store (no writer's
+//! wall clock is compared with a reader's), the injected monotonic [`Clock`] in process.
+//!
+//! A Redis that restarts — empty, or from a dump older than the latest positions — forgets
+//! positions that still matter. So the store carries an *epoch* naming the server run that
+//! issued it (`run_id:random`), read in the same round trip (one script) as the positions.
+//! The first read that finds it missing or issued by another run replaces it and sets a
+//! `pin-all` key that lives one TTL (Redis's `PX`): while it exists every user's reads go to
+//! the primary, on every instance, including ones started after the restart. An instance
+//! that sees the epoch change under it pins everyone locally for one TTL as well (belt and
+//! braces, should the `pin-all` key be evicted).
 
 use crate::clock::Clock;
 use crate::domain::UserId;
@@ -11,7 +23,10 @@ use crate::routing::freshness::Lsn;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A position no replica can reach: a user recorded at it reads only the primary.
+pub const PRIMARY_ONLY: Lsn = i64::MAX as Lsn;
 
 #[derive(Debug, thiserror::Error)]
 #[error("read-your-writes store unavailable: {0}")]
@@ -23,11 +38,11 @@ pub enum RywStore {
     Redis(Arc<RedisStore>),
 }
 
-/// A position and when it was written (clock ms).
+/// A position and when it was written (on the store's monotonic clock).
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     lsn: Lsn,
-    written_ms: i64,
+    written: Instant,
 }
 
 pub struct Local {
@@ -45,14 +60,26 @@ pub struct RedisStore {
     local: Local,
     conn: ConnectionManager,
     timeout: Duration,
-    script: redis::Script,
+    advance: redis::Script,
+    read: redis::Script,
+    /// The epoch this instance last saw, and until when it pins everyone after a change.
+    epoch: Mutex<EpochState>,
     /// After a failure, calls fail at once until this moment (one probe every
     /// `BACKOFF`), so an outage costs requests microseconds, not a timeout each.
-    down_until: Mutex<Option<std::time::Instant>>,
+    down_until: Mutex<Option<Instant>>,
+}
+
+#[derive(Default)]
+struct EpochState {
+    known: Option<String>,
+    pin_all_until: Option<Instant>,
 }
 
 /// How long a failed Redis is left alone before the next call tries it again.
 const BACKOFF: Duration = Duration::from_millis(500);
+
+const EPOCH_KEY: &str = "stockgate:ryw:epoch";
+const PIN_ALL_KEY: &str = "stockgate:ryw:pin-all";
 
 impl RedisStore {
     /// Runs one Redis call with the client timeout, behind the outage breaker.
@@ -60,7 +87,7 @@ impl RedisStore {
         &self,
         f: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreUnavailable> {
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         {
             let mut down = self.down_until.lock().unwrap_or_else(|p| p.into_inner());
             match *down {
@@ -79,25 +106,96 @@ impl RedisStore {
         };
         *self.down_until.lock().unwrap_or_else(|p| p.into_inner()) = match &outcome {
             Ok(_) => None,
-            Err(_) => Some(std::time::Instant::now() + BACKOFF),
+            Err(_) => Some(Instant::now() + BACKOFF),
         };
         outcome
     }
+
+    /// Reads the epoch, the pin-all flag and `users`' positions in one round trip (one
+    /// script, which also replaces an epoch the running server did not issue), and returns
+    /// the furthest position they must be read at ([`PRIMARY_ONLY`] while pinned).
+    async fn positions(&self, users: &[&UserId]) -> Result<Option<Lsn>, StoreUnavailable> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.read.key(EPOCH_KEY);
+        invocation.key(PIN_ALL_KEY);
+        for u in users {
+            invocation.key(key(u));
+        }
+        invocation
+            .arg(uuid::Uuid::new_v4().simple().to_string())
+            .arg(self.ttl.as_millis() as u64);
+        let raw = self
+            .call(invocation.invoke_async::<Vec<Option<String>>>(&mut conn))
+            .await?;
+        let mut raw = raw.into_iter();
+        let epoch = raw
+            .next()
+            .flatten()
+            .ok_or_else(|| StoreUnavailable("no epoch in the answer".into()))?;
+        let pin_all = raw.next().flatten().as_deref() == Some("1");
+        let locally_pinned = self.observe_epoch(epoch);
+        if pin_all || locally_pinned {
+            return Ok(Some(PRIMARY_ONLY));
+        }
+        let mut max = users.iter().filter_map(|u| self.local.get(u)).max();
+        for v in raw.flatten() {
+            let lsn: Lsn = v
+                .parse()
+                .map_err(|_| StoreUnavailable(format!("unreadable entry {v:?}")))?;
+            max = max.max(Some(lsn));
+        }
+        Ok(max)
+    }
+
+    /// Remembers `epoch`; a change from the one seen before pins everyone here for one
+    /// TTL (belt and braces: the store's own `pin-all` key says the same for everyone).
+    /// Returns whether this instance is pinning everyone now.
+    fn observe_epoch(&self, epoch: String) -> bool {
+        let now = self.clock.now();
+        let mut st = self.epoch.lock().unwrap_or_else(|p| p.into_inner());
+        if st.known.as_ref().is_some_and(|k| *k != epoch) {
+            tracing::warn!(%epoch, "read-your-writes store restarted or lost its data: every user reads the primary for one TTL");
+            st.pin_all_until = Some(now + self.ttl);
+        }
+        st.known = Some(epoch);
+        st.pin_all_until.is_some_and(|until| now < until)
+    }
 }
 
-/// Sets `lsn:written_ms` only if it moves the position forward; refreshes the expiry
-/// either way. Atomic in Redis, so concurrent writers cannot lower the position.
+/// Sets the position only if it moves it forward; refreshes the expiry either way. Atomic in
+/// Redis, so concurrent writers cannot lower the position. `PX` is the only expiry.
 const ADVANCE: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  local c = tonumber(string.match(cur, '^(%d+):'))
+  local c = tonumber(cur)
   if c and c > tonumber(ARGV[1]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return 0
   end
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
+"#;
+
+/// Reads the epoch, the pin-all flag and each user's position. The epoch names the server
+/// run that issued it (`run_id:random`): a missing epoch (an empty store) or one issued by
+/// another run (a restart, even from a dump that lacks the latest positions) is replaced,
+/// and the pin-all window opened for one TTL on Redis's clock, atomically.
+const READ: &str = r#"
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local epoch = redis.call('GET', KEYS[1])
+local pinned = redis.call('EXISTS', KEYS[2]) == 1
+if (not epoch) or string.sub(epoch, 1, #run + 1) ~= (run .. ':') then
+  epoch = run .. ':' .. ARGV[1]
+  redis.call('SET', KEYS[1], epoch)
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  pinned = true
+end
+local out = {epoch, pinned and '1' or '0'}
+for i = 3, #KEYS do
+  out[#out + 1] = redis.call('GET', KEYS[i])
+end
+return out
 "#;
 
 impl RywStore {
@@ -130,7 +228,9 @@ impl RywStore {
             local,
             conn,
             timeout,
-            script: redis::Script::new(ADVANCE),
+            advance: redis::Script::new(ADVANCE),
+            read: redis::Script::new(READ),
+            epoch: Mutex::default(),
             down_until: Mutex::new(None),
         })))
     }
@@ -149,27 +249,10 @@ impl RywStore {
         }
     }
 
-    /// Records that `user` wrote, and the primary was at `lsn` after the commit.
+    /// Records that `user` wrote, and the primary was at `lsn` after the commit. This
+    /// instance remembers it even when the shared store fails.
     pub async fn advance(&self, user: &UserId, lsn: Lsn) -> Result<(), StoreUnavailable> {
-        match self {
-            RywStore::Local(s) => {
-                s.advance(user, lsn);
-                Ok(())
-            }
-            RywStore::Redis(s) => {
-                s.local.advance(user, lsn);
-                let mut conn = s.conn.clone();
-                let now = s.clock.now_ms();
-                // Redis keeps the key a little longer than the TTL; expiry is decided by
-                // our clock on read, so tests can move time.
-                let px = s.ttl.as_millis() as u64 + 5_000;
-                let mut invocation = s.script.key(key(user));
-                invocation.arg(lsn).arg(now).arg(px);
-                s.call(invocation.invoke_async::<i64>(&mut conn))
-                    .await
-                    .map(|_| ())
-            }
-        }
+        self.advance_many(&[user], lsn).await
     }
 
     /// Records that each of `users` wrote, all at `lsn` (one order batch): one round trip.
@@ -182,13 +265,12 @@ impl RywStore {
             RywStore::Redis(s) => {
                 users.iter().for_each(|u| s.local.advance(u, lsn));
                 let mut conn = s.conn.clone();
-                let now = s.clock.now_ms();
-                let px = s.ttl.as_millis() as u64 + 5_000;
+                let px = s.ttl.as_millis() as u64;
                 let mut pipe = redis::pipe();
-                pipe.load_script(&s.script).ignore();
+                pipe.load_script(&s.advance).ignore();
                 for u in users {
-                    let mut invocation = s.script.key(key(u));
-                    invocation.arg(lsn).arg(now).arg(px);
+                    let mut invocation = s.advance.key(key(u));
+                    invocation.arg(lsn).arg(px);
                     pipe.invoke_script(&invocation).ignore();
                 }
                 s.call(pipe.query_async::<()>(&mut conn)).await
@@ -196,57 +278,17 @@ impl RywStore {
         }
     }
 
-    /// The position `user` must be read at, if they wrote within the TTL.
+    /// The position `user` must be read at, if they wrote within the TTL
+    /// ([`PRIMARY_ONLY`] while the store cannot vouch for the window).
     pub async fn get(&self, user: &UserId) -> Result<Option<Lsn>, StoreUnavailable> {
-        match self {
-            RywStore::Local(s) => Ok(s.get(user)),
-            RywStore::Redis(s) => {
-                let mut conn = s.conn.clone();
-                let mut cmd = redis::cmd("GET");
-                cmd.arg(key(user));
-                let raw = s.call(cmd.query_async::<Option<String>>(&mut conn)).await?;
-                let shared = match raw {
-                    None => None,
-                    Some(v) => Some(
-                        parse_entry(&v)
-                            .ok_or_else(|| StoreUnavailable(format!("unreadable entry {v:?}")))?,
-                    ),
-                };
-                let shared = shared
-                    .filter(|e| live(e, s.clock.now_ms(), s.ttl))
-                    .map(|e| e.lsn);
-                Ok(shared.max(s.local.get(user)))
-            }
-        }
+        self.get_max(&[user]).await
     }
 
     /// The furthest position any of `users` must be read at (one round trip for all).
     pub async fn get_max(&self, users: &[&UserId]) -> Result<Option<Lsn>, StoreUnavailable> {
         match self {
             RywStore::Local(s) => Ok(users.iter().filter_map(|u| s.get(u)).max()),
-            RywStore::Redis(s) => {
-                if users.is_empty() {
-                    return Ok(None);
-                }
-                let mut conn = s.conn.clone();
-                let mut cmd = redis::cmd("MGET");
-                for u in users {
-                    cmd.arg(key(u));
-                }
-                let raw = s
-                    .call(cmd.query_async::<Vec<Option<String>>>(&mut conn))
-                    .await?;
-                let now = s.clock.now_ms();
-                let mut max = users.iter().filter_map(|u| s.local.get(u)).max();
-                for v in raw.into_iter().flatten() {
-                    let e = parse_entry(&v)
-                        .ok_or_else(|| StoreUnavailable(format!("unreadable entry {v:?}")))?;
-                    if live(&e, now, s.ttl) {
-                        max = max.max(Some(e.lsn));
-                    }
-                }
-                Ok(max)
-            }
+            RywStore::Redis(s) => s.positions(users).await,
         }
     }
 
@@ -265,42 +307,35 @@ impl RywStore {
 
 impl Local {
     fn advance(&self, user: &UserId, lsn: Lsn) {
-        let now = self.clock.now_ms();
+        let now = self.clock.now();
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let e = map.entry(user.clone()).or_insert(Entry {
-            lsn,
-            written_ms: now,
-        });
+        let e = map
+            .entry(user.clone())
+            .or_insert(Entry { lsn, written: now });
         e.lsn = e.lsn.max(lsn);
-        e.written_ms = now;
+        e.written = now;
         // Keep the map bounded: drop expired entries now and then.
         if map.len() > 100_000 {
-            map.retain(|_, e| live(e, now, self.ttl));
+            let ttl = self.ttl;
+            map.retain(|_, e| live(e, now, ttl));
         }
     }
 
     fn get(&self, user: &UserId) -> Option<Lsn> {
+        let now = self.clock.now();
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.get(user)
-            .filter(|e| live(e, self.clock.now_ms(), self.ttl))
+            .filter(|e| live(e, now, self.ttl))
             .map(|e| e.lsn)
     }
 }
 
-fn live(e: &Entry, now_ms: i64, ttl: Duration) -> bool {
-    now_ms - e.written_ms <= ttl.as_millis() as i64
+fn live(e: &Entry, now: Instant, ttl: Duration) -> bool {
+    now.saturating_duration_since(e.written) <= ttl
 }
 
 fn key(user: &UserId) -> String {
     format!("stockgate:ryw:{user}")
-}
-
-fn parse_entry(v: &str) -> Option<Entry> {
-    let (lsn, ms) = v.split_once(':')?;
-    Some(Entry {
-        lsn: lsn.parse().ok()?,
-        written_ms: ms.parse().ok()?,
-    })
 }
 
 #[cfg(test)]

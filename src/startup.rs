@@ -54,12 +54,18 @@ pub fn build_state(
             replica_urls: config.replica_urls.clone(),
             primary_pool_size: config.primary_pool_size,
             replica_pool_size: config.replica_pool_size,
-            replica_timeout: config.replica_timeout,
+            timeouts: routing::Timeouts {
+                point: config.replica_timeout,
+                dashboard: config.dashboard_timeout,
+                report: config.report_timeout,
+                export: config.export_timeout,
+            },
             primary_timeout: config.primary_timeout,
             thresholds: Thresholds {
                 evict_after: config.evict_after,
                 ..Thresholds::default()
             },
+            monitor_interval: config.monitor_interval,
         },
         metrics.clone(),
         ryw,

@@ -1,13 +1,15 @@
 //! The stock gate's bounded-staleness micro-cache. An availability answer is reused while
 //! `now − as_of` is within the gate's 250 ms budget — the same bound a replica must meet —
-//! and keeps the `as_of` of the read that produced it, so a cached answer is exactly as
-//! honest as a replica one. Concurrent misses for one product share one database read
+//! and keeps the `as_of` of the read that produced it (the replica's state when the query
+//! was sent, not when it came back), so a cached answer is exactly as honest as a replica
+//! one and expires by that same `as_of`. Concurrent misses for one product share one database read
 //! (single-flight). The coalescer stores the primary's post-commit stock here, which makes a
 //! sold-out product answer from memory until its answer ages out, is restocked, or a cancel
 //! reopens it.
 
 use crate::domain::ProductId;
 use crate::routing::Route;
+use crate::routing::route::ceil_ms;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,6 +29,7 @@ impl Answer {
     pub fn restated(&self, now: Instant) -> Answer {
         let mut a = self.clone();
         a.route.stale_by = now.saturating_duration_since(self.as_of);
+        a.route.as_of_instant = Some(self.as_of);
         a
     }
 }
@@ -51,7 +54,9 @@ impl GateCache {
     }
 
     /// A fresh-enough answer for `product`, reading through `fetch` on a miss. Callers
-    /// that miss together wait for one read.
+    /// that miss together wait for one read. A cached answer is served only while its
+    /// staleness, stated at the moment it is served, is within the budget; a fetched one is
+    /// served as the router stated it when it came back (within the budget for a replica).
     pub async fn get_or_fetch<F, Fut, E>(&self, product: &ProductId, fetch: F) -> Result<Answer, E>
     where
         F: FnOnce() -> Fut,
@@ -59,8 +64,9 @@ impl GateCache {
     {
         let now = Instant::now();
         let floor = self.floor(product);
+        let budget_ms = ceil_ms(self.budget);
         let usable = |a: &Answer| {
-            now.saturating_duration_since(a.as_of) <= self.budget
+            ceil_ms(now.saturating_duration_since(a.as_of)) <= budget_ms
                 && floor.is_none_or(|f| a.as_of >= f)
         };
         let slot = {
@@ -86,8 +92,12 @@ impl GateCache {
                 }
             }
         };
+        if let Some(cached) = slot.get() {
+            // Judged usable at `now`, and stated at that same `now`.
+            return Ok(cached.restated(now));
+        }
         let answer = slot.get_or_try_init(fetch).await?;
-        Ok(answer.restated(Instant::now()))
+        Ok(answer.clone())
     }
 
     /// Stores an authoritative answer (the primary's stock right after a commit), unless a

@@ -272,9 +272,13 @@ impl Checkout {
                         }
                     })
                     .await?;
-                let as_of = Instant::now()
-                    .checked_sub(read.route.stale_by)
-                    .unwrap_or_else(Instant::now);
+                // The replica's state when the query was sent (the router's stamp), not
+                // "now minus the staleness at routing", which loses the query's latency.
+                let as_of = read.route.as_of_instant.unwrap_or_else(|| {
+                    Instant::now()
+                        .checked_sub(read.route.stale_by)
+                        .unwrap_or_else(Instant::now)
+                });
                 Ok::<_, DbError>(Answer {
                     available: read.value,
                     route: read.route,

@@ -204,7 +204,7 @@ async fn dashboard(State(state): State<AppState>, _: Admin) -> Result<Response, 
     responses(
         (status = 200, description = "A paragraph that states the day's revenue, as of when, and by whom it was served",
             content_type = "text/plain", body = String,
-            example = "Revenue for 2026-11-29 (UTC): 1234.56 from 42 confirmed orders.\nData as of 16:57:03 UTC, 3 minutes before this was produced at 17:00:03 UTC (served by replica-2).\nOrders committed after 16:57:03.123 UTC are not included.\n"),
+            example = "Revenue for 2026-11-29 (UTC): 1234.56 from 42 confirmed orders.\nData as of 16:57:03 UTC, 3 minutes before this was produced at 17:00:03 UTC (served by replica-2).\nIt includes every order committed before 16:57:03.123 UTC; later orders may also be included.\n"),
         (status = 400, description = "INVALID_QUERY: a bad `date` or `snapshot`, or an unknown parameter", body = ErrorBody),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
@@ -226,7 +226,7 @@ fn revenue_text(r: &Revenue, route: &Route, produced: DateTime<Utc>) -> String {
     format!(
         "Revenue for {} (UTC): {amount} from {} confirmed orders.\n\
          Data as of {} UTC, {} before this was produced at {} UTC (served by {}).\n\
-         Orders committed after {} UTC are not included.\n",
+         It includes every order committed before {} UTC; later orders may also be included.\n",
         r.date,
         r.order_count,
         route.as_of.format("%H:%M:%S"),
@@ -325,7 +325,22 @@ async fn export_orders(
     let (replica, route) = state.db.route(QueryClass::Export, &ReadCtx::none()).await?;
     let pool = state.db.pool_for(replica);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
-    tokio::spawn(stream_csv(pool, from, to, tx));
+    let limit = state.db.class_timeout(QueryClass::Export);
+    tokio::spawn(async move {
+        let err = tx.clone();
+        // One bound for the whole stream, its own class's (not a point read's).
+        if tokio::time::timeout(limit, stream_csv(pool, from, to, tx))
+            .await
+            .is_err()
+        {
+            tracing::warn!(?limit, "export stopped at its timeout");
+            let _ = err
+                .send(Err(std::io::Error::other(
+                    "export took longer than its timeout",
+                )))
+                .await;
+        }
+    });
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     let mut response = (StatusCode::OK, body).into_response();
     let h = response.headers_mut();
@@ -439,6 +454,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("Data as of 16:57:03 UTC, 3 minutes before this was produced at 17:00:03 UTC (served by replica-2)"), "{text}");
+        // `as_of` is a lower bound: the text must not claim later orders are missing.
+        assert!(
+            text.contains("It includes every order committed before 16:57:03.000 UTC; later orders may also be included."),
+            "{text}"
+        );
+        assert!(!text.contains("not included"), "{text}");
     }
 
     #[test]

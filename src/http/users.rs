@@ -2,7 +2,9 @@
 //!
 //! After a write commits, the primary's WAL position is recorded for the user (in the
 //! shared store and in an `X-Consistency-Token` response header). Later reads, from any
-//! device and any instance, use a replica only if it has replayed that far.
+//! device and any instance, use a replica only if it has replayed that far. A committed
+//! write is always answered 200: what could not be recorded is made safe by
+//! [`crate::routing::Db::note_write`] instead (a pin to the primary, or a wait).
 
 use super::openapi::{BadRequest, ErrorBody, PayloadTooLarge, Stated, Unauthorized, Unavailable};
 use super::{ApiError, AppState, Json, Path, stated};
@@ -56,8 +58,12 @@ fn carried_lsn(headers: &HeaderMap) -> Option<u64> {
         .and_then(parse_lsn)
 }
 
-fn with_token(mut response: Response, lsn: u64) -> Response {
-    if let Ok(v) = HeaderValue::from_str(&format_lsn(lsn)) {
+/// Adds the write's position as `X-Consistency-Token`, when it could be read (when it could
+/// not, the user is pinned to the primary instead and there is no token to carry).
+fn with_token(mut response: Response, lsn: Option<u64>) -> Response {
+    if let Some(lsn) = lsn
+        && let Ok(v) = HeaderValue::from_str(&format_lsn(lsn))
+    {
         response
             .headers_mut()
             .insert(HeaderName::from_static(CONSISTENCY_TOKEN), v);
@@ -181,7 +187,8 @@ async fn put_settings(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    let lsn = state.db.note_write(&user).await?;
+    // Committed: from here on nothing may turn this into an error.
+    let lsn = state.db.note_write(&user).await;
     let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
     Ok(with_token(
         stated(
@@ -321,7 +328,8 @@ async fn put_profile(
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    let lsn = state.db.note_write(&user).await?;
+    // Committed: from here on nothing may turn this into an error.
+    let lsn = state.db.note_write(&user).await;
     let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
     Ok(with_token(stated(StatusCode::OK, profile, &route), lsn))
 }

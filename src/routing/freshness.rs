@@ -138,10 +138,16 @@ impl Freshness {
         let covered_at = newest_covered.checked_sub(1).map(|k| self.primary[k].0);
         let th = self.thresholds;
         let r = &mut self.replicas[i];
+        let went_back = r.replay_lsn.is_some_and(|prev| replay_lsn < prev);
         r.replay_lsn = Some(replay_lsn);
-        r.as_of = match (r.as_of, covered_at) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
+        // Judged by its current position: a standby that restarted at an earlier recovery
+        // point has an earlier `as_of`, however fresh it looked before. Moving forward, a
+        // position older than every retained sample keeps the `as_of` it had (it cannot
+        // have lost what it held).
+        r.as_of = match covered_at {
+            Some(t) => Some(t),
+            None if went_back => None,
+            None => r.as_of,
         };
         r.last_sample = Some(at);
         r.last_error = None;
@@ -289,13 +295,33 @@ mod tests {
     }
 
     #[test]
-    fn as_of_never_moves_backwards() {
+    fn a_replica_that_restarts_behind_is_judged_by_where_it_is_now() {
         let (mut f, t0) = tracker();
         f.record_primary(t0, 10);
         f.record_primary(t0 + 50 * MS, 20);
         f.record_replica(0, t0 + 60 * MS, 20);
-        f.record_replica(0, t0 + 70 * MS, 10);
-        assert_eq!(f.view(0, t0 + 70 * MS).as_of, Some(t0 + 50 * MS));
+        assert_eq!(f.view(0, t0 + 60 * MS).as_of, Some(t0 + 50 * MS));
+        // The standby crash-restarts and reopens at an earlier recovery point (10), while
+        // the primary writes on.
+        for k in 1..=10u32 {
+            f.record_primary(t0 + 50 * MS + 30 * MS * k, 20 + u64::from(k));
+        }
+        let now = t0 + 400 * MS;
+        f.record_replica(0, now, 10);
+        let v = f.view(0, now);
+        assert_eq!(v.as_of, Some(t0), "as_of goes back with the position");
+        assert_eq!(v.staleness, Some(400 * MS));
+        assert!(
+            !f.eligible(0, now, Some(250 * MS)),
+            "no longer fit for the gate"
+        );
+        // Behind every retained sample: no `as_of` at all, fit for nothing with a budget.
+        let mut g = Freshness::new(1, Thresholds::default());
+        g.record_primary(t0, 100);
+        g.record_replica(0, t0, 100);
+        g.record_replica(0, t0 + MS, 50);
+        assert_eq!(g.view(0, t0 + MS).as_of, None);
+        assert!(!g.eligible(0, t0 + MS, Some(300_000 * MS)));
     }
 
     #[test]

@@ -7,6 +7,12 @@
 //! receives a [`ReadPool`], which exposes an executor and nothing that can begin a
 //! transaction. A routing decision reads the monitor's state from memory: no extra round
 //! trip on the request path.
+//!
+//! A replica answer states the replica's `as_of` as the monitor knew it when the query was
+//! *sent*, and its staleness when the answer came back; an answer that came back older than
+//! its class's budget is not served (the read is routed again). Each class has its own
+//! timeout; only connect errors, point-read timeouts and failed monitor samples count
+//! against a replica — a slow report or a full local pool never evicts one.
 
 pub mod freshness;
 pub mod monitor;
@@ -16,7 +22,7 @@ pub mod route;
 use crate::clock::TimeBase;
 use crate::domain::UserId;
 use crate::metrics::Metrics;
-use crate::ryw::RywStore;
+use crate::ryw::{PRIMARY_ONLY, RywStore};
 use freshness::{Freshness, Lsn, ReplicaState, ReplicaView};
 use policy::{QueryClass, Target, WhenNoFreshReplica};
 pub use route::{Reason, Route};
@@ -27,6 +33,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
 
 /// A database failure as the router sees it.
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +135,72 @@ struct Replica {
     name: String,
     pool: PgPool,
     in_flight: AtomicUsize,
+    /// One permit per pool connection: waiting for one is local congestion, timed apart
+    /// from the query so it is never mistaken for a slow replica.
+    slots: Semaphore,
+}
+
+/// Counts a read on a replica for as long as it lives: a request dropped mid-read (client
+/// gone, timeout) gives its count back, so the least-busy preference cannot be skewed by
+/// leaked counts.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How long a replica read of each kind may take (`STOCKGATE_*_TIMEOUT_MS`).
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Point reads (gate, product page, own data) and the monitor's samples.
+    pub point: Duration,
+    pub dashboard: Duration,
+    pub report: Duration,
+    pub export: Duration,
+}
+
+impl Timeouts {
+    /// The class's timeout, and whether missing it is held against the replica: only a
+    /// point read is small enough that slowness says something about the server.
+    pub fn for_class(&self, class: QueryClass) -> (Duration, bool) {
+        match class {
+            QueryClass::Dashboard => (self.dashboard, false),
+            QueryClass::RevenueReport => (self.report, false),
+            QueryClass::Export => (self.export, false),
+            QueryClass::StockGate
+            | QueryClass::ProductPage
+            | QueryClass::OwnData
+            | QueryClass::OrderLookup
+            | QueryClass::Primary => (self.point, true),
+        }
+    }
+
+    fn longest(&self) -> Duration {
+        self.point
+            .max(self.dashboard)
+            .max(self.report)
+            .max(self.export)
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            point: Duration::from_millis(500),
+            dashboard: Duration::from_secs(5),
+            report: Duration::from_secs(60),
+            export: Duration::from_secs(600),
+        }
+    }
 }
 
 /// Per-request context a routing decision may need.
@@ -163,10 +236,13 @@ pub struct Settings {
     pub replica_urls: Vec<String>,
     pub primary_pool_size: u32,
     pub replica_pool_size: u32,
-    pub replica_timeout: Duration,
+    /// Per-class replica timeouts; `point` also bounds the monitor's samples.
+    pub timeouts: Timeouts,
     /// How long a request waits for a primary connection before answering 503.
     pub primary_timeout: Duration,
     pub thresholds: freshness::Thresholds,
+    /// The monitor's sample period (a margin when waiting out a budget).
+    pub monitor_interval: Duration,
 }
 
 /// The router: pools, freshness and policy.
@@ -185,7 +261,9 @@ struct Inner {
     metrics: Metrics,
     ryw: RywStore,
     replica_timeout: Duration,
+    timeouts: Timeouts,
     primary_timeout: Duration,
+    monitor_interval: Duration,
     round_robin: AtomicUsize,
 }
 
@@ -204,11 +282,21 @@ pub fn primary_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
 
 /// Replica connect options: every session read-only, so even a bug cannot write there.
 pub fn replica_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    replica_options_with(url, Duration::from_secs(30))
+}
+
+/// Replica options whose server-side statement timeout is `statement_timeout` (the longest
+/// class timeout, so the server never cuts a report its class still allows).
+pub fn replica_options_with(
+    url: &str,
+    statement_timeout: Duration,
+) -> Result<PgConnectOptions, sqlx::Error> {
+    let ms = format!("{}ms", statement_timeout.as_millis());
     Ok(PgConnectOptions::from_str(url)?
         .application_name("stockgate")
         .options([
             ("default_transaction_read_only", "on"),
-            ("statement_timeout", "30s"),
+            ("statement_timeout", ms.as_str()),
         ]))
 }
 
@@ -230,9 +318,16 @@ impl Db {
                     pool: PgPoolOptions::new()
                         .max_connections(s.replica_pool_size)
                         .min_connections(0)
-                        .acquire_timeout(s.replica_timeout)
-                        .connect_lazy_with(replica_options(url)?),
+                        // Shorter than a point read's timeout, so a pool that is merely
+                        // full (exports hold connections outside the slots) is seen as
+                        // such before the read's own timeout would blame the replica.
+                        .acquire_timeout(s.timeouts.point / 2)
+                        .connect_lazy_with(replica_options_with(
+                            url,
+                            s.timeouts.longest() + Duration::from_secs(1),
+                        )?),
                     in_flight: AtomicUsize::new(0),
+                    slots: Semaphore::new(s.replica_pool_size as usize),
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
@@ -253,8 +348,10 @@ impl Db {
                 time: TimeBase::now(),
                 metrics,
                 ryw,
-                replica_timeout: s.replica_timeout,
+                replica_timeout: s.timeouts.point,
+                timeouts: s.timeouts,
                 primary_timeout: s.primary_timeout,
+                monitor_interval: s.monitor_interval,
                 round_robin: AtomicUsize::new(0),
             }),
         })
@@ -364,23 +461,20 @@ impl Db {
         class: QueryClass,
         ctx: &ReadCtx,
     ) -> Result<(Option<usize>, Route), DbError> {
+        match self.min_lsn_for(class, ctx).await {
+            Ok(min_lsn) => self.decide(class, min_lsn, &[]),
+            Err(route) => Ok((None, route)),
+        }
+    }
+
+    /// The position a read must be served at (read-your-writes and a carried token), or a
+    /// primary route when the store cannot say (fail closed).
+    async fn min_lsn_for(&self, class: QueryClass, ctx: &ReadCtx) -> Result<Option<Lsn>, Route> {
         let policy = class.policy();
-        let now = Instant::now();
-        let now_utc = self.inner.time.wall(now);
-        if policy.target == Target::Primary {
-            return Ok((
-                None,
-                self.decided(Route::primary(class, Reason::PrimaryOnly, now_utc)),
-            ));
-        }
-        if self.inner.replicas.is_empty() {
-            return Ok((
-                None,
-                self.decided(Route::primary(class, Reason::NoReplicas, now_utc)),
-            ));
-        }
         let mut min_lsn = ctx.min_lsn;
-        if policy.read_your_writes
+        if policy.target == Target::Replica
+            && policy.read_your_writes
+            && !self.inner.replicas.is_empty()
             && let Some(user) = &ctx.user
         {
             match self.inner.ryw.get(user).await {
@@ -392,13 +486,33 @@ impl Db {
                         .with_label_values(&["get"])
                         .inc();
                     tracing::warn!(error = %e, user = %user, "read-your-writes store unavailable; reading the primary");
-                    return Ok((
-                        None,
-                        self.decided(Route::primary(class, Reason::RywStoreUnavailable, now_utc)),
-                    ));
+                    return Err(
+                        self.decided(self.primary_route(class, Reason::RywStoreUnavailable))
+                    );
                 }
             }
         }
+        Ok(min_lsn)
+    }
+
+    /// A primary route whose `as_of` is now (before the query is sent).
+    fn primary_route(&self, class: QueryClass, reason: Reason) -> Route {
+        let now = Instant::now();
+        Route {
+            as_of_instant: Some(now),
+            ..Route::primary(class, reason, self.inner.time.wall(now))
+        }
+    }
+
+    /// Where a read of `class` at `min_lsn` goes, skipping the replicas in `excluded`.
+    fn decide(
+        &self,
+        class: QueryClass,
+        min_lsn: Option<Lsn>,
+        excluded: &[usize],
+    ) -> Result<(Option<usize>, Route), DbError> {
+        let policy = class.policy();
+        let now = Instant::now();
         let choice = {
             let f = self.freshness_read();
             let loads: Vec<usize> = self
@@ -408,7 +522,9 @@ impl Db {
                 .map(|r| r.in_flight.load(Ordering::Relaxed))
                 .collect();
             let start = self.inner.round_robin.fetch_add(1, Ordering::Relaxed);
-            choose(policy, &f, now, min_lsn, &loads, start)
+            choose_among(policy, &f, now, min_lsn, &loads, start, |i| {
+                excluded.contains(&i)
+            })
         };
         match choice {
             Choice::Replica(i, as_of) => {
@@ -418,6 +534,7 @@ impl Db {
                     reason: Reason::FreshReplica,
                     as_of: self.inner.time.wall(as_of),
                     stale_by: now.saturating_duration_since(as_of),
+                    as_of_instant: Some(as_of),
                 };
                 Ok((Some(i), self.decided(route)))
             }
@@ -429,9 +546,7 @@ impl Db {
                     .inc();
                 Err(DbError::NoFreshReplica(class))
             }
-            Choice::Primary(reason) => {
-                Ok((None, self.decided(Route::primary(class, reason, now_utc))))
-            }
+            Choice::Primary(reason) => Ok((None, self.decided(self.primary_route(class, reason)))),
         }
     }
 
@@ -466,12 +581,18 @@ impl Db {
 
     /// A route for reads that run inside a primary transaction the caller already holds.
     pub fn in_transaction(&self, class: QueryClass) -> Route {
-        self.decided(Route::primary(class, Reason::InTransaction, self.now_utc()))
+        self.decided(self.primary_route(class, Reason::InTransaction))
     }
 
-    /// Runs a read of `class` where the policy sends it. A replica that fails or is slower
-    /// than its timeout is marked `down` at once and the read is retried once on the
-    /// primary.
+    /// The timeout of a class's replica reads (exports use it for the whole stream).
+    pub fn class_timeout(&self, class: QueryClass) -> Duration {
+        self.inner.timeouts.for_class(class).0
+    }
+
+    /// Runs a read of `class` where the policy sends it. A replica that fails, misses its
+    /// class's timeout, has no free connection here, or answers older than the class's
+    /// budget is skipped and the read routed again (another fresh replica, else the
+    /// primary). Only connect errors and point-read timeouts mark a replica `down`.
     pub async fn read<T, F, Fut>(
         &self,
         class: QueryClass,
@@ -482,37 +603,112 @@ impl Db {
         F: Fn(ReadPool) -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        let (replica, route) = self.route(class, ctx).await?;
-        let Some(i) = replica else {
-            let value = f(ReadPool(self.inner.primary.pool.clone())).await?;
-            return Ok(Routed { value, route });
+        let min_lsn = match self.min_lsn_for(class, ctx).await {
+            Ok(m) => m,
+            Err(route) => return self.on_primary(route, &f).await,
         };
+        let mut excluded: Vec<usize> = Vec::new();
+        let mut failed: Option<Reason> = None;
+        loop {
+            let decided = match self.decide(class, min_lsn, &excluded) {
+                // A class that refuses the primary still gets it after a replica failed
+                // mid-read, as before: the request was already admitted to a replica.
+                Err(DbError::NoFreshReplica(_)) if failed.is_some() => None,
+                Err(e) => return Err(e),
+                Ok(d) => Some(d),
+            };
+            let (replica, route) = match (decided, failed) {
+                (Some((Some(i), route)), _) => (i, route),
+                (Some((None, route)), None) => return self.on_primary(route, &f).await,
+                // The primary after a replica attempt: say why (the attempt, not freshness).
+                (Some((None, route)), Some(reason)) => {
+                    return self.on_primary(Route { reason, ..route }, &f).await;
+                }
+                (None, reason) => {
+                    let reason = reason.unwrap_or(Reason::ReplicaFailed);
+                    let route = self.decided(self.primary_route(class, reason));
+                    return self.on_primary(route, &f).await;
+                }
+            };
+            excluded.push(replica);
+            match self.on_replica(replica, route, &f).await {
+                Ok(routed) => return Ok(routed),
+                Err(reason) => failed = Some(reason),
+            }
+        }
+    }
+
+    async fn on_primary<T, F, Fut>(&self, route: Route, f: &F) -> Result<Routed<T>, DbError>
+    where
+        F: Fn(ReadPool) -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        let value = f(ReadPool(self.inner.primary.pool.clone())).await?;
+        Ok(Routed {
+            value,
+            route: route.restated(Instant::now()),
+        })
+    }
+
+    /// One attempt on replica `i`; `Err` says why the read must be routed again.
+    async fn on_replica<T, F, Fut>(
+        &self,
+        i: usize,
+        route: Route,
+        f: &F,
+    ) -> Result<Routed<T>, Reason>
+    where
+        F: Fn(ReadPool) -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
         let r = &self.inner.replicas[i];
-        r.in_flight.fetch_add(1, Ordering::Relaxed);
-        let outcome =
-            tokio::time::timeout(self.inner.replica_timeout, f(ReadPool(r.pool.clone()))).await;
-        r.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let class = route.class;
+        let (timeout, counts) = self.inner.timeouts.for_class(class);
+        let budget = class.policy().budget;
+        // A free connection of our own pool: waiting for one says nothing about the replica.
+        let Ok(Ok(_slot)) = tokio::time::timeout(timeout, r.slots.acquire()).await else {
+            tracing::debug!(replica = %r.name, %class, "no free connection to the replica here; routing again");
+            return Err(Reason::ReplicaBusy);
+        };
+        let _counted = InFlight::enter(&r.in_flight);
+        // The replica's state as the monitor knows it now, when the query is sent: the
+        // answer holds at least that (the replica only moves forward while it runs).
+        let Some(as_of) = self.freshness_read().as_of(i) else {
+            return Err(Reason::ReplicaFailed);
+        };
+        let mut route = Route {
+            as_of: self.inner.time.wall(as_of),
+            as_of_instant: Some(as_of),
+            ..route
+        };
+        let outcome = tokio::time::timeout(timeout, f(ReadPool(r.pool.clone()))).await;
         let error = match outcome {
-            Ok(Ok(value)) => return Ok(Routed { value, route }),
+            Ok(Ok(value)) => {
+                route = route.restated(Instant::now());
+                if budget.is_some_and(|b| route.stale_by_ms() > b.as_millis() as u64) {
+                    tracing::debug!(replica = %r.name, %class, stale_by_ms = route.stale_by_ms(), "answer came back over budget; routing again");
+                    return Err(Reason::OverBudget);
+                }
+                return Ok(Routed { value, route });
+            }
+            // Our own pool had no connection in time (e.g. held by exports): local.
+            Ok(Err(sqlx::Error::PoolTimedOut)) => return Err(Reason::ReplicaBusy),
             Ok(Err(e)) if is_connection_error(&e) => {
                 self.mark_down(i, e.to_string());
                 e.to_string()
             }
             // Any other error on a replica (e.g. a query cancelled by a recovery conflict)
-            // is retried on the primary without judging the replica.
+            // is retried without judging the replica.
             Ok(Err(e)) => e.to_string(),
-            Err(_) => {
-                self.mark_down(
-                    i,
-                    format!("no answer within {:?}", self.inner.replica_timeout),
-                );
+            Err(_) if counts => {
+                self.mark_down(i, format!("no answer within {timeout:?}"));
                 "timed out".into()
             }
+            // A long class's timeout: the query was slow, not the server.
+            Err(_) => format!("{class} read took over {timeout:?}"),
         };
-        tracing::warn!(replica = %r.name, class = %class, %error, "replica read failed; retrying on the primary");
-        let route = self.decided(Route::primary(class, Reason::ReplicaFailed, self.now_utc()));
-        let value = f(ReadPool(self.inner.primary.pool.clone())).await?;
-        Ok(Routed { value, route })
+        tracing::warn!(replica = %r.name, class = %class, %error, "replica read failed; routing again");
+        Err(Reason::ReplicaFailed)
     }
 
     /// Like [`Db::read`], for a lookup that may find nothing: "not found" on a replica is
@@ -532,9 +728,8 @@ impl Db {
         if read.value.is_some() || read.route.is_primary() {
             return Ok(read);
         }
-        let route = self.decided(Route::primary(class, Reason::NotOnReplica, self.now_utc()));
-        let value = f(ReadPool(self.inner.primary.pool.clone())).await?;
-        Ok(Routed { value, route })
+        let route = self.decided(self.primary_route(class, Reason::NotOnReplica));
+        self.on_primary(route, &f).await
     }
 
     /// The pool a route chose, for reads that stream (exports) and cannot be retried.
@@ -584,19 +779,73 @@ impl Db {
     }
 
     /// Records a user's write for read-your-writes: the primary's position after the
-    /// commit. Returns the position (for `X-Consistency-Token`); a store failure is counted
-    /// and logged, never fails the write.
-    pub async fn note_write(&self, user: &UserId) -> Result<Lsn, DbError> {
-        let lsn = self.inner.primary.current_lsn().await?;
-        if let Err(e) = self.inner.ryw.advance(user, lsn).await {
+    /// commit. Never turns the committed write into an error: if the position cannot be
+    /// read, the user is recorded at [`PRIMARY_ONLY`] (their reads go to the primary for one
+    /// TTL); if the shared store cannot record it, this instance remembers it and the write
+    /// is acknowledged only once no replica that lacks it can still serve the user's reads
+    /// anywhere (each has replayed it, or is past the read-your-writes budget since the
+    /// commit). Returns the position for `X-Consistency-Token`, when known.
+    pub async fn note_write(&self, user: &UserId) -> Option<Lsn> {
+        let committed = Instant::now();
+        let lsn = match tokio::time::timeout(
+            self.inner.primary_timeout,
+            self.inner.primary.current_lsn(),
+        )
+        .await
+        {
+            Ok(Ok(lsn)) => Some(lsn),
+            Ok(Err(e)) => {
+                self.count_position_failure(user, &e.to_string());
+                None
+            }
+            Err(_) => {
+                self.count_position_failure(user, "timed out");
+                None
+            }
+        };
+        let pin = lsn.unwrap_or(PRIMARY_ONLY);
+        if let Err(e) = self.inner.ryw.advance(user, pin).await {
             self.inner
                 .metrics
                 .ryw_store_failures
                 .with_label_values(&["advance"])
                 .inc();
-            tracing::warn!(error = %e, user = %user, "could not record a write for read-your-writes");
+            tracing::warn!(error = %e, user = %user, "could not record a write for read-your-writes; waiting until no replica without it can serve the user");
+            let waited = self.wait_out_replicas_behind(pin, committed).await;
+            tracing::info!(user = %user, ?waited, "write acknowledged without the shared store");
         }
-        Ok(lsn)
+        lsn
+    }
+
+    fn count_position_failure(&self, user: &UserId, error: &str) {
+        self.inner
+            .metrics
+            .ryw_store_failures
+            .with_label_values(&["position"])
+            .inc();
+        tracing::warn!(%error, user = %user, "could not read the primary's position after a committed write; pinning the user to the primary");
+    }
+
+    /// Waits until every replica has replayed `lsn` (as this instance's monitor sees it) or
+    /// can no longer be within the read-your-writes budget of any reader: a replica lacking
+    /// a write acknowledged at `committed` has an `as_of` before it on every instance, so
+    /// once `budget` (plus two monitor periods of margin) has passed, no router uses it for
+    /// that user's data. Returns how long it waited.
+    async fn wait_out_replicas_behind(&self, lsn: Lsn, committed: Instant) -> Duration {
+        let budget = QueryClass::OwnData.policy().budget.unwrap_or_default();
+        let deadline = committed + budget + 2 * self.inner.monitor_interval;
+        let period = self.inner.monitor_interval.max(Duration::from_millis(5));
+        loop {
+            let all_have_it = {
+                let f = self.freshness_read();
+                (0..self.inner.replicas.len()).all(|i| f.replay_lsn(i).is_some_and(|r| r >= lsn))
+            };
+            let now = Instant::now();
+            if all_have_it || now >= deadline {
+                return now.saturating_duration_since(committed);
+            }
+            tokio::time::sleep(period.min(deadline - now)).await;
+        }
     }
 }
 
@@ -622,6 +871,19 @@ pub fn choose(
     loads: &[usize],
     start: usize,
 ) -> Choice {
+    choose_among(policy, f, now, min_lsn, loads, start, |_| false)
+}
+
+/// [`choose`], never picking a replica for which `skip` holds (already tried this read).
+pub fn choose_among(
+    policy: &policy::Policy,
+    f: &Freshness,
+    now: Instant,
+    min_lsn: Option<Lsn>,
+    loads: &[usize],
+    start: usize,
+    skip: impl Fn(usize) -> bool,
+) -> Choice {
     if policy.target == Target::Primary {
         return Choice::Primary(Reason::PrimaryOnly);
     }
@@ -632,7 +894,7 @@ pub fn choose(
     let mut behind_min_lsn = false;
     for k in 0..loads.len() {
         let i = (start + k) % loads.len();
-        if !f.eligible(i, now, policy.budget) {
+        if skip(i) || !f.eligible(i, now, policy.budget) {
             continue;
         }
         if let Some(min) = min_lsn

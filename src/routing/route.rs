@@ -1,10 +1,14 @@
 //! A routing decision as a value: where a read went, why, and as of when.
+//!
+//! `stale_by` is restated at the moment an answer is produced ([`Route::restated`]) and
+//! rounded *up* to whole milliseconds, while `as_of` is printed truncated to milliseconds:
+//! so a printed `stale_by_ms` is never below `now - as_of` as a reader computes it.
 
 use super::policy::QueryClass;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Why a read went where it went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -24,8 +28,13 @@ pub enum Reason {
     ReadYourWrites,
     /// The read-your-writes store could not be read: fail closed to the primary.
     RywStoreUnavailable,
-    /// The chosen replica failed mid-read; retried once on the primary.
+    /// The chosen replica failed mid-read (or missed its timeout); retried elsewhere.
     ReplicaFailed,
+    /// Every connection of our own pool to the replica was busy: local congestion, not a
+    /// replica failure; retried elsewhere.
+    ReplicaBusy,
+    /// The replica's answer came back older than the class's budget; retried elsewhere.
+    OverBudget,
     /// The replica had no such row (it may be newer than the replica): asked the primary.
     NotOnReplica,
 }
@@ -41,6 +50,8 @@ impl Reason {
             Reason::ReadYourWrites => "read_your_writes",
             Reason::RywStoreUnavailable => "ryw_store_unavailable",
             Reason::ReplicaFailed => "replica_failed",
+            Reason::ReplicaBusy => "replica_busy",
+            Reason::OverBudget => "over_budget",
             Reason::NotOnReplica => "not_on_replica",
         }
     }
@@ -55,13 +66,22 @@ pub struct Route {
     pub reason: Reason,
     /// Every commit acknowledged before this moment is included in the answer.
     pub as_of: DateTime<Utc>,
-    /// `now − as_of` when the route was taken.
+    /// `now − as_of` when the answer was produced.
     #[serde(serialize_with = "ser_ms")]
     pub stale_by: Duration,
+    /// `as_of` on the monotonic clock, when the router knows it: lets the answer's
+    /// staleness be restated at the moment it is produced.
+    #[serde(skip)]
+    pub as_of_instant: Option<Instant>,
 }
 
 fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(d.as_millis() as u64)
+    s.serialize_u64(ceil_ms(*d))
+}
+
+/// Whole milliseconds, rounded up: a stated staleness may overstate, never understate.
+pub fn ceil_ms(d: Duration) -> u64 {
+    d.as_nanos().div_ceil(1_000_000) as u64
 }
 
 impl Route {
@@ -72,7 +92,17 @@ impl Route {
             reason,
             as_of: now,
             stale_by: Duration::ZERO,
+            as_of_instant: None,
         }
+    }
+
+    /// The same answer as it should be stated at `now`: same `as_of`, staleness measured
+    /// afresh (a route without a monotonic `as_of` keeps what it has).
+    pub fn restated(mut self, now: Instant) -> Route {
+        if let Some(at) = self.as_of_instant {
+            self.stale_by = now.saturating_duration_since(at);
+        }
+        self
     }
 
     pub fn is_primary(&self) -> bool {
@@ -80,7 +110,7 @@ impl Route {
     }
 
     pub fn stale_by_ms(&self) -> u64 {
-        self.stale_by.as_millis() as u64
+        ceil_ms(self.stale_by)
     }
 
     pub fn as_of_rfc3339(&self) -> String {
@@ -120,5 +150,17 @@ mod tests {
             "stock_gate -> replica-2 (fresh_replica, 12 ms stale)"
         );
         assert!(!r.is_primary());
+    }
+
+    #[test]
+    fn stated_staleness_rounds_up_so_it_never_understates() {
+        assert_eq!(ceil_ms(Duration::from_micros(12_001)), 13);
+        assert_eq!(ceil_ms(Duration::from_millis(12)), 12);
+        assert_eq!(ceil_ms(Duration::ZERO), 0);
+        let at = Instant::now();
+        let mut r = Route::primary(QueryClass::StockGate, Reason::PrimaryOnly, Utc::now());
+        r.as_of_instant = Some(at);
+        let later = r.restated(at + Duration::from_micros(250_400));
+        assert_eq!(later.stale_by_ms(), 251);
     }
 }

@@ -1,10 +1,16 @@
 //! Replica freshness that cannot lie, and a router that reads only from fresh enough
 //! replicas. Every lag here is real: replay paused, apply delay, a stopped or frozen server.
+//! Every answer's `as_of` and `stale_by_ms` are judged against acknowledged commits; slow
+//! reports, a full local pool and cancelled reads must not skew where reads go.
 
 use crate::helpers::*;
 use reqwest::StatusCode;
 use serde_json::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use stockgate::routing::policy::QueryClass;
+use stockgate::routing::{ReadCtx, Reason};
 
 async fn gate(app: &TestApp, product: &str) -> Value {
     let resp = app.availability(product, 1).await;
@@ -275,6 +281,262 @@ async fn a_frozen_replica_is_down_requests_keep_succeeding_and_it_comes_back_aft
         "replica-1 healthy after thaw",
         Duration::from_secs(15),
         || async { app.replica_state("replica-1").await == "healthy" },
+    )
+    .await;
+}
+
+/// The gate's 250 ms promise checked from outside against its own words. Replicas apply
+/// WAL 120 ms late, orders flow through instance B, availability is polled through A. Every
+/// answer is judged against the orders acknowledged to the test: it must include every
+/// order acknowledged before its `as_of`, state a `stale_by_ms` no smaller than
+/// `now − as_of` when it was asked, and (from a replica) be no older than 250 ms by its
+/// own `as_of`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_gate_answer_holds_what_its_as_of_promises_and_states_its_age_honestly() {
+    const STOCK: i64 = 1_000_000;
+    const BUDGET_MS: i64 = 250;
+    let cluster = private_cluster();
+    let a = spawn_app(&cluster).await;
+    let b = spawn_app_with(AppOptions {
+        database: Some(a.database.clone()),
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    assert_eq!(
+        a.create_product("flow", STOCK, 100).await.status(),
+        StatusCode::CREATED
+    );
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    blocking(|| {
+        cluster.set_apply_delay(1, 120).unwrap();
+        cluster.set_apply_delay(2, 120).unwrap();
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    // Receipt instants of confirmed orders: each was acknowledged no later than that.
+    let acks: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let b = Arc::new(b);
+    let buyers: Vec<_> = (0..2)
+        .map(|w| {
+            let (b, acks, stop) = (b.clone(), acks.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let key = uuid::Uuid::new_v4().to_string();
+                    let resp = b.order(&format!("buyer{w}"), &key, "flow", 1).await;
+                    assert_eq!(resp.status(), StatusCode::CREATED);
+                    acks.lock().unwrap().push(Instant::now());
+                }
+            })
+        })
+        .collect();
+    // Precondition: the delay shows as staleness (WAL is moving and replicas are behind).
+    a.wait_for(
+        "replicas ~120 ms behind",
+        Duration::from_secs(10),
+        || async {
+            a.replica_states()
+                .await
+                .iter()
+                .any(|(_, _, st)| st.unwrap_or(0) >= 100)
+        },
+    )
+    .await;
+    let a = Arc::new(a);
+    let pollers: Vec<_> = (0..3)
+        .map(|_| {
+            let (a, stop) = (a.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut seen = vec![];
+                while !stop.load(Ordering::Relaxed) {
+                    let sent = Instant::now();
+                    let resp = a.availability("flow", 1).await;
+                    assert_eq!(resp.status(), StatusCode::OK);
+                    seen.push((sent, resp.json::<Value>().await.unwrap()));
+                }
+                seen
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = vec![];
+    for p in pollers {
+        answers.extend(p.await.unwrap());
+    }
+    for w in buyers {
+        w.await.unwrap();
+    }
+    let acks: Vec<_> = acks
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| a.state.db.wall(*t))
+        .collect();
+    let (mut from_replica, mut over_budget, mut overstated_stock) = (0, 0, 0);
+    let mut largest_understatement = 0i64;
+    let mut oldest_replica_ms = 0i64;
+    for (sent, body) in &answers {
+        let as_of = chrono::DateTime::parse_from_rfc3339(body["as_of"].as_str().unwrap())
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        // On the service's own clock: the moment the request was sent, before the answer
+        // was produced, so `age` is a lower bound of `now − as_of` when it was.
+        let age = (a.state.db.wall(*sent) - as_of).num_milliseconds();
+        let stated = body["stale_by_ms"].as_i64().unwrap();
+        largest_understatement = largest_understatement.max(age - stated);
+        if body["served_by"] != "primary" {
+            from_replica += 1;
+            oldest_replica_ms = oldest_replica_ms.max(age.max(stated));
+            if age > BUDGET_MS || stated > BUDGET_MS {
+                over_budget += 1;
+            }
+        }
+        let acked_before = acks.iter().filter(|t| **t < as_of).count() as i64;
+        if body["available_quantity"].as_i64().unwrap() > STOCK - acked_before {
+            overstated_stock += 1;
+        }
+    }
+    eprintln!(
+        "gate answers checked: {} ({from_replica} from replicas) against {} acknowledged orders; \
+         over budget: {over_budget}; largest stale_by_ms understatement: {largest_understatement} ms; \
+         oldest replica answer: {oldest_replica_ms} ms; stock overstated: {overstated_stock}",
+        answers.len(),
+        acks.len()
+    );
+    blocking(|| {
+        cluster.set_apply_delay(1, 0).unwrap();
+        cluster.set_apply_delay(2, 0).unwrap();
+    });
+    // Preconditions: replicas answered a real share while behind, and orders kept flowing.
+    assert!(
+        from_replica >= 100 && acks.len() >= 100,
+        "too little traffic to judge"
+    );
+    assert_eq!(over_budget, 0, "replica answers older than 250 ms");
+    assert_eq!(largest_understatement, 0, "stale_by_ms below now − as_of");
+    assert_eq!(
+        overstated_stock, 0,
+        "answers missing orders acknowledged before their as_of"
+    );
+}
+
+async fn sleep_on_replica(
+    app: &TestApp,
+    class: QueryClass,
+    seconds: f64,
+) -> Result<stockgate::routing::Route, stockgate::routing::DbError> {
+    app.state
+        .db
+        .read(class, &ReadCtx::none(), |pool| async move {
+            sqlx::query_scalar::<_, i32>("SELECT 1 FROM pg_sleep($1)")
+                .bind(seconds)
+                .fetch_one(pool.exec())
+                .await
+        })
+        .await
+        .map(|r| r.route)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_report_neither_evicts_its_replica_nor_falls_back_to_the_primary() {
+    let app = spawn_app_with(AppOptions {
+        env: vec![("STOCKGATE_REPLICA_TIMEOUT_MS", "300".into())],
+        ..AppOptions::new(shared_cluster())
+    })
+    .await;
+    // A big day: the report takes a second, far over a point read's 300 ms.
+    let route = sleep_on_replica(&app, QueryClass::RevenueReport, 1.0)
+        .await
+        .unwrap();
+    assert!(route.served_by.starts_with("replica-"), "{route}");
+    assert_eq!(route.reason, Reason::FreshReplica, "{route}");
+    for (name, state, _) in app.replica_states().await {
+        assert_eq!(state, "healthy", "{name} after a slow report");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_local_pool_is_congestion_not_a_replica_failure() {
+    let app = spawn_app_with(AppOptions {
+        env: vec![
+            ("STOCKGATE_REPLICA_POOL_SIZE", "1".into()),
+            ("STOCKGATE_REPLICA_TIMEOUT_MS", "300".into()),
+        ],
+        ..AppOptions::new(shared_cluster())
+    })
+    .await;
+    let app = Arc::new(app);
+    let busy = |n: usize| {
+        let app = app.clone();
+        async move {
+            app.state
+                .db
+                .replica_status()
+                .iter()
+                .filter(|r| r.in_flight == 1)
+                .count()
+                == n
+        }
+    };
+    // Each replica's one connection held by a two-second report (the second report goes
+    // to the less busy replica).
+    let mut holders = vec![];
+    for n in 1..=2 {
+        let held = app.clone();
+        holders.push(tokio::spawn(async move {
+            sleep_on_replica(&held, QueryClass::RevenueReport, 2.0).await
+        }));
+        wait_for("report running", Duration::from_secs(5), || busy(n)).await;
+    }
+    // A point read finds no free connection to either replica here.
+    let route = sleep_on_replica(&app, QueryClass::StockGate, 0.0)
+        .await
+        .unwrap();
+    assert_eq!(
+        (route.served_by.as_str(), route.reason),
+        ("primary", Reason::ReplicaBusy),
+        "{route}"
+    );
+    for (name, state, _) in app.replica_states().await {
+        assert_eq!(state, "healthy", "{name} with its local pool full");
+    }
+    for h in holders {
+        let route = h.await.unwrap().unwrap();
+        assert!(route.served_by.starts_with("replica-"), "{route}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_cancelled_mid_flight_give_their_in_flight_counts_back() {
+    let app = Arc::new(spawn_app(shared_cluster()).await);
+    let in_flight = |app: Arc<TestApp>| async move {
+        let (_, body) = app.get_json("/v1/admin/replicas", Some(&app.admin)).await;
+        body["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["in_flight"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    let reads: Vec<_> = (0..6)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(
+                async move { sleep_on_replica(&app, QueryClass::RevenueReport, 5.0).await },
+            )
+        })
+        .collect();
+    wait_for("six reads in flight", Duration::from_secs(5), || async {
+        in_flight(app.clone()).await == 6
+    })
+    .await;
+    // The clients give up mid-read (a hang-up, a request timeout): the futures are dropped.
+    for r in &reads {
+        r.abort();
+    }
+    wait_for(
+        "in-flight counts back to 0",
+        Duration::from_secs(2),
+        || async { in_flight(app.clone()).await == 0 },
     )
     .await;
 }

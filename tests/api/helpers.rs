@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use devcluster::{Cluster, Redis};
+use devcluster::Cluster;
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -32,12 +32,6 @@ pub fn shared_cluster() -> &'static Cluster {
 /// A private cluster for a test that pauses, delays, stops or freezes replicas.
 pub fn private_cluster() -> Cluster {
     Cluster::temporary(2).expect("start a private test cluster")
-}
-
-/// The Redis on 6379 (or our own).
-pub fn shared_redis() -> &'static Redis {
-    static REDIS: OnceLock<Redis> = OnceLock::new();
-    REDIS.get_or_init(|| Redis::ensure(16399).expect("a Redis for tests"))
 }
 
 fn init_logs() {

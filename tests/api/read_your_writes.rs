@@ -11,6 +11,97 @@ use stockgate::clock::ManualClock;
 use stockgate::domain::UserId;
 use stockgate::ryw::RywStore;
 
+/// A private Redis that has been in service: it holds an epoch issued by its running
+/// server, as any Redis that has served stockgate for a while does. (A Redis found without
+/// one makes every instance read the primary for one TTL, which would hide what these tests
+/// look at.)
+fn redis_in_service() -> devcluster::Redis {
+    let redis = devcluster::Redis::temporary().unwrap();
+    let info = redis_cli(&redis, &["INFO", "server"]);
+    let run_id = info
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let epoch = format!("{run_id}:in-service");
+    assert_eq!(
+        redis_cli(&redis, &["SET", "stockgate:ryw:epoch", &epoch]),
+        "OK"
+    );
+    redis
+}
+
+async fn put_profile(app: &TestApp, user: &str, name: &str) -> reqwest::Response {
+    app.client
+        .put(app.url(&format!("/v1/users/{user}/profile")))
+        .bearer_auth(app.user_token(user))
+        .json(&json!({"display_name": name, "email": format!("{user}@example.com")}))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// (settings, display name, served_by of both reads) read by `user` on a fresh device.
+async fn read_back(app: &TestApp, user: &str) -> (Value, Value, String) {
+    let (_, settings, _) = get_settings(app, user).await;
+    let device = reqwest::Client::new();
+    let profile: Value = device
+        .get(app.url(&format!("/v1/users/{user}/profile")))
+        .bearer_auth(app.user_token(user))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let served = format!("{} {}", settings["served_by"], profile["served_by"]);
+    (
+        settings["settings"].clone(),
+        profile["display_name"].clone(),
+        served,
+    )
+}
+
+/// What replica `i` itself holds for `user` (its settings), read directly.
+async fn replica_holds(cluster: &devcluster::Cluster, i: usize, db: &str, user: &str) -> Value {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&cluster.replica_url(i, db))
+        .await
+        .unwrap();
+    let v: Option<Value> =
+        sqlx::query_scalar("SELECT settings FROM user_settings WHERE user_id = $1")
+            .bind(user)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    v.unwrap_or(Value::Null)
+}
+
+/// `redis-cli` against this Redis; its answer, trimmed.
+fn redis_cli(redis: &devcluster::Redis, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string()])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Where this Redis keeps its dump (`SAVE` writes it; a start loads it).
+fn redis_dump(redis: &devcluster::Redis) -> std::path::PathBuf {
+    let answer = redis_cli(redis, &["CONFIG", "GET", "dir"]);
+    let dir = answer.lines().nth(1).unwrap().trim().to_string();
+    std::path::Path::new(&dir).join("dump.rdb")
+}
+
+async fn store_healthy(app: &TestApp) -> bool {
+    let (_, body) = app.get_json("/v1/admin/routing", Some(&app.admin)).await;
+    body["read_your_writes_store_healthy"] == true
+}
+
 async fn put_settings(app: &TestApp, user: &str, settings: Value) -> reqwest::Response {
     app.client
         .put(app.url(&format!("/v1/users/{user}/settings")))
@@ -44,7 +135,7 @@ async fn get_settings(app: &TestApp, user: &str) -> (StatusCode, Value, String) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn settings_saved_on_one_device_are_seen_on_another_and_on_another_instance() {
     let cluster = private_cluster();
-    let redis = shared_redis();
+    let redis = redis_in_service();
     let a = spawn_app_with(AppOptions {
         redis_url: Some(redis.url()),
         ..AppOptions::new(&cluster)
@@ -153,9 +244,11 @@ async fn the_sticky_window_ends_after_the_ttl_on_the_injected_clock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_redis_down_saves_succeed_and_reads_fail_closed_to_the_primary() {
     let cluster = private_cluster();
-    let redis = devcluster::Redis::temporary().unwrap();
+    let redis = redis_in_service();
+    // A short window: Redis comes back empty below, which pins everyone for one TTL.
     let app = spawn_app_with(AppOptions {
         redis_url: Some(redis.url()),
+        env: vec![("STOCKGATE_RYW_TTL_MS", "6000".into())],
         ..AppOptions::new(&cluster)
     })
     .await;
@@ -190,12 +283,13 @@ async fn with_redis_down_saves_succeed_and_reads_fail_closed_to_the_primary() {
             .any(|l| l.starts_with("stockgate_ryw_store_failures_total{op=\"get\"}")),
         "{metrics}"
     );
-    // Redis returns: no restart, replicas are used again once they hold the write.
+    // Redis returns (empty): no restart; after the one-TTL pin an empty store imposes,
+    // replicas are used again once they hold the write.
     blocking(|| redis.start()).unwrap();
     blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
     app.wait_for(
         "replica reads after Redis returns",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         || async {
             let (_, body, _) = get_settings(&app, "ada").await;
             body["served_by"] != "primary" && body["settings"]["v"] == 2
@@ -206,7 +300,7 @@ async fn with_redis_down_saves_succeed_and_reads_fail_closed_to_the_primary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_devices_writing_at_once_never_move_the_position_backwards() {
-    let redis = shared_redis();
+    let redis = redis_in_service();
     let store = RywStore::redis(
         &redis.url(),
         Arc::new(stockgate::clock::SystemClock),
@@ -358,4 +452,316 @@ async fn a_client_carrying_its_consistency_token_is_served_only_by_replicas_that
         cluster.resume_replay(1).unwrap();
         cluster.resume_replay(2).unwrap();
     });
+}
+
+/// Incident 003 through a Redis outage: the user saves on instance A while Redis is down,
+/// then reads on instance B (another device) after Redis is back — once restarted from a
+/// dump taken before the outage (its data, but not the write), once restarted empty.
+/// Replicas are paused, so they hold the old values; every read must show the new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_saved_while_redis_was_down_is_seen_on_another_instance_after_it_returns_with_or_without_its_data()
+ {
+    let cluster = private_cluster();
+    let redis = redis_in_service();
+    let dump = redis_dump(&redis);
+    // A short window: each restart below pins everyone for one TTL, and part 2 needs
+    // replicas serving again first.
+    let ttl = ("STOCKGATE_RYW_TTL_MS", "6000".to_string());
+    let a = spawn_app_with(AppOptions {
+        redis_url: Some(redis.url()),
+        env: vec![ttl.clone()],
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    let b = spawn_app_with(AppOptions {
+        redis_url: Some(redis.url()),
+        database: Some(a.database.clone()),
+        env: vec![ttl],
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    let (ann, bea) = (
+        format!("ann{}", uuid::Uuid::new_v4().simple()),
+        format!("bea{}", uuid::Uuid::new_v4().simple()),
+    );
+    for user in [&ann, &bea] {
+        assert_eq!(
+            put_settings(&a, user, json!({"v": "old"})).await.status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            put_profile(&a, user, "Old Name").await.status(),
+            StatusCode::OK
+        );
+    }
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    // Precondition: caught-up replicas serve these users on B (nothing pins them).
+    b.wait_for(
+        "B reads ann from a replica",
+        Duration::from_secs(10),
+        || async {
+            let (v, _, served) = read_back(&b, &ann).await;
+            v["v"] == "old" && !served.contains("primary")
+        },
+    )
+    .await;
+
+    // 1. A dump of Redis, Redis killed, the save, Redis restarted from the dump.
+    let epoch_before = redis_cli(&redis, &["GET", "stockgate:ryw:epoch"]);
+    let dumped = redis_cli(&redis, &["SAVE"]);
+    assert_eq!(dumped, "OK");
+    blocking(|| {
+        cluster.pause_replay(1).unwrap();
+        cluster.pause_replay(2).unwrap();
+    });
+    blocking(|| redis.stop()).unwrap();
+    let saved = std::time::Instant::now();
+    let (s, p) = tokio::join!(
+        put_settings(&a, &ann, json!({"v": "new"})),
+        put_profile(&a, &ann, "New Name")
+    );
+    assert_eq!((s.status(), p.status()), (StatusCode::OK, StatusCode::OK));
+    eprintln!(
+        "saves acknowledged without the store after {:?}",
+        saved.elapsed()
+    );
+    blocking(|| redis.start()).unwrap();
+    for app in [&a, &b] {
+        app.wait_for("store healthy", Duration::from_secs(5), || {
+            store_healthy(app)
+        })
+        .await;
+    }
+    // Preconditions: Redis came back with its data (the epoch from before the dump), and
+    // the replicas lack the write.
+    assert_eq!(
+        redis_cli(&redis, &["GET", "stockgate:ryw:epoch"]),
+        epoch_before
+    );
+    for i in 1..=2 {
+        assert_eq!(
+            replica_holds(&cluster, i, &a.database, &ann).await["v"],
+            "old",
+            "precondition: replica-{i} lacks the write"
+        );
+    }
+    let (settings, name, served) = read_back(&b, &ann).await;
+    assert_eq!(
+        (settings["v"].as_str(), name.as_str()),
+        (Some("new"), Some("New Name")),
+        "B after Redis returned with its data (served by {served})"
+    );
+
+    // 2. Redis killed, the save, Redis restarted empty (its dump removed).
+    blocking(|| {
+        cluster.resume_replay(1).unwrap();
+        cluster.resume_replay(2).unwrap();
+        cluster.wait_caught_up(Duration::from_secs(10)).unwrap();
+    });
+    b.wait_for(
+        "B reads bea from a replica",
+        Duration::from_secs(15),
+        || async {
+            let (v, _, served) = read_back(&b, &bea).await;
+            v["v"] == "old" && !served.contains("primary")
+        },
+    )
+    .await;
+    blocking(|| {
+        cluster.pause_replay(1).unwrap();
+        cluster.pause_replay(2).unwrap();
+    });
+    blocking(|| redis.stop()).unwrap();
+    std::fs::remove_file(&dump).unwrap();
+    let (s, p) = tokio::join!(
+        put_settings(&a, &bea, json!({"v": "new"})),
+        put_profile(&a, &bea, "New Name")
+    );
+    assert_eq!((s.status(), p.status()), (StatusCode::OK, StatusCode::OK));
+    blocking(|| redis.start()).unwrap();
+    for app in [&a, &b] {
+        app.wait_for("store healthy", Duration::from_secs(5), || {
+            store_healthy(app)
+        })
+        .await;
+    }
+    assert_eq!(redis_cli(&redis, &["DBSIZE"]), "0", "restarted empty");
+    for i in 1..=2 {
+        assert_eq!(
+            replica_holds(&cluster, i, &a.database, &bea).await["v"],
+            "old"
+        );
+    }
+    for app in [&b, &a] {
+        let (settings, name, served) = read_back(app, &bea).await;
+        assert_eq!(
+            (settings["v"].as_str(), name.as_str()),
+            (Some("new"), Some("New Name")),
+            "after Redis restarted empty (served by {served})"
+        );
+    }
+    blocking(|| {
+        cluster.resume_replay(1).unwrap();
+        cluster.resume_replay(2).unwrap();
+    });
+}
+
+/// The store epoch on its own: a write the store DID record is lost when Redis restarts
+/// empty. With the replicas only a moment behind (well inside the 5 s budget), the other
+/// instance must still not serve that user from a replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_position_lost_in_a_redis_restart_still_keeps_the_user_off_stale_replicas() {
+    position_lost_in_a_restart(false).await;
+}
+
+/// The same when Redis restarts from a dump taken before the write: its data is back (the
+/// epoch included), the position is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_position_newer_than_redis_dump_still_keeps_the_user_off_stale_replicas() {
+    position_lost_in_a_restart(true).await;
+}
+
+async fn position_lost_in_a_restart(from_dump: bool) {
+    let cluster = private_cluster();
+    let redis = redis_in_service();
+    let a = spawn_app_with(AppOptions {
+        redis_url: Some(redis.url()),
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    let b = spawn_app_with(AppOptions {
+        redis_url: Some(redis.url()),
+        database: Some(a.database.clone()),
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    let user = format!("cy{}", uuid::Uuid::new_v4().simple());
+    assert_eq!(
+        put_settings(&a, &user, json!({"v": "old"})).await.status(),
+        StatusCode::OK
+    );
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    b.wait_for(
+        "B reads the user from a replica",
+        Duration::from_secs(10),
+        || async {
+            let (_, body, _) = get_settings(&b, &user).await;
+            body["settings"]["v"] == "old" && body["served_by"] != "primary"
+        },
+    )
+    .await;
+    blocking(|| {
+        cluster.pause_replay(1).unwrap();
+        cluster.pause_replay(2).unwrap();
+    });
+    let paused = std::time::Instant::now();
+    if from_dump {
+        assert_eq!(redis_cli(&redis, &["SAVE"]), "OK");
+    }
+    assert_eq!(
+        put_settings(&a, &user, json!({"v": "new"})).await.status(),
+        StatusCode::OK
+    );
+    blocking(|| {
+        redis.stop().unwrap();
+        redis.start().unwrap();
+    });
+    b.wait_for("store healthy", Duration::from_secs(5), || {
+        store_healthy(&b)
+    })
+    .await;
+    // Precondition: Redis came back as intended — with the dump's data (the epoch and the
+    // user's older position), or empty.
+    let keys = redis_cli(&redis, &["DBSIZE"]);
+    if from_dump {
+        assert_ne!(keys, "0", "restored from the dump");
+    } else {
+        assert_eq!(keys, "0", "restarted empty");
+    }
+    let (status, body, reason) = get_settings(&b, &user).await;
+    // Precondition: a replica was still within the read's 5 s budget, so only the lost
+    // position's replacement keeps this read off it.
+    let fresh_enough = b
+        .replica_states()
+        .await
+        .iter()
+        .any(|(_, state, st)| state == "healthy" && st.is_some_and(|ms| ms < 5_000));
+    assert!(
+        fresh_enough && paused.elapsed() < Duration::from_millis(4_500),
+        "the replicas were already past the budget ({:?} after the pause)",
+        paused.elapsed()
+    );
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["settings"]["v"], "new", "{body} ({reason})");
+    assert_eq!(body["served_by"], "primary", "{body}");
+    blocking(|| {
+        cluster.resume_replay(1).unwrap();
+        cluster.resume_replay(2).unwrap();
+    });
+}
+
+/// One clock for expiry: a reader whose clock runs a minute ahead of the writer's (skew,
+/// an NTP step) must not see a position expire early; Redis's own TTL decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_whose_clock_runs_ahead_does_not_expire_a_position_early() {
+    let redis = redis_in_service();
+    let ttl = Duration::from_secs(60);
+    let writer = RywStore::redis(&redis.url(), ManualClock::new(), ttl).unwrap();
+    let ahead = ManualClock::new();
+    ahead.advance(Duration::from_secs(61));
+    let reader = RywStore::redis(&redis.url(), ahead, ttl).unwrap();
+    let user = UserId::parse("skewed").unwrap();
+    writer.advance(&user, 4242).await.unwrap();
+    assert_eq!(writer.get(&user).await.unwrap(), Some(4242));
+    assert_eq!(
+        reader.get(&user).await.unwrap(),
+        Some(4242),
+        "the position was written a moment ago, whatever the reader's clock says"
+    );
+}
+
+/// A committed write is never turned into an error: when the primary's position cannot be
+/// read after the commit (primary gone a moment later, pool saturated), the user is pinned
+/// to the primary for one TTL instead, and the failure is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_position_cannot_be_read_pins_the_user_to_the_primary_instead_of_failing() {
+    use stockgate::routing::{Db, Settings, Timeouts};
+    let metrics = stockgate::metrics::Metrics::new();
+    let store = RywStore::local(ManualClock::new(), Duration::from_secs(60));
+    // A primary nobody listens on: the post-commit position read fails.
+    let port = devcluster::free_port_block(1).unwrap();
+    let db = Db::new(
+        Settings {
+            primary_url: format!("postgres://postgres@127.0.0.1:{port}/gone"),
+            replica_urls: vec![],
+            primary_pool_size: 1,
+            replica_pool_size: 1,
+            timeouts: Timeouts::default(),
+            primary_timeout: Duration::from_millis(200),
+            thresholds: Default::default(),
+            monitor_interval: Duration::from_millis(25),
+        },
+        metrics.clone(),
+        store.clone(),
+    )
+    .unwrap();
+    let user = UserId::parse("pinned").unwrap();
+    assert_eq!(store.get(&user).await.unwrap(), None, "precondition");
+    assert_eq!(
+        db.note_write(&user).await,
+        None,
+        "no position, and no error"
+    );
+    assert_eq!(
+        store.get(&user).await.unwrap(),
+        Some(stockgate::ryw::PRIMARY_ONLY),
+        "the user's reads go to the primary"
+    );
+    assert_eq!(
+        metrics
+            .ryw_store_failures
+            .with_label_values(&["position"])
+            .get(),
+        1
+    );
 }
