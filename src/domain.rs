@@ -101,6 +101,72 @@ impl Quantity {
 }
 
 /// A non-negative integer below 2^31: prices in cents and stock levels.
+/// A cart's or hold's lines: 1–50, each product once, kept in `product_id` order (the
+/// lock order), so two bodies naming the same lines in another order are the same body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lines(Vec<(ProductId, Quantity)>);
+
+impl Lines {
+    pub const MAX: usize = 50;
+
+    pub fn parse(lines: &[(&str, &serde_json::Number)]) -> Result<Self, Invalid> {
+        if lines.is_empty() || lines.len() > Self::MAX {
+            return Err(invalid(
+                "INVALID_LINES",
+                format!("lines must hold 1 to {} products", Self::MAX),
+            ));
+        }
+        let mut parsed = Vec::with_capacity(lines.len());
+        for (p, q) in lines {
+            parsed.push((ProductId::parse(p)?, Quantity::parse(q)?));
+        }
+        parsed.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        if let Some(w) = parsed.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(invalid(
+                "DUPLICATE_PRODUCT",
+                format!("product {} appears twice; name each product once", w[0].0),
+            ));
+        }
+        Ok(Lines(parsed))
+    }
+
+    pub fn get(&self) -> &[(ProductId, Quantity)] {
+        &self.0
+    }
+
+    /// The lines as "p:q,p:q" in product order: what "the same lines" means.
+    pub fn fingerprint(&self) -> String {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|(p, q)| format!("{p}:{}", q.get()))
+            .collect();
+        parts.join(",")
+    }
+}
+
+/// How long a hold lasts: 1–3600 s (default 600).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldTtl(u32);
+
+impl HoldTtl {
+    pub const DEFAULT: HoldTtl = HoldTtl(600);
+
+    pub fn parse(n: &serde_json::Number) -> Result<Self, Invalid> {
+        match n.as_u64() {
+            Some(s) if (1..=3600).contains(&s) => Ok(HoldTtl(s as u32)),
+            _ => Err(invalid(
+                "INVALID_TTL",
+                "ttl_s must be a whole number of seconds from 1 to 3600",
+            )),
+        }
+    }
+
+    pub fn secs(self) -> u32 {
+        self.0
+    }
+}
+
 fn parse_amount(n: &serde_json::Number, code: &'static str, what: &str) -> Result<i32, Invalid> {
     match n.as_i64() {
         Some(v) if (0..=i32::MAX as i64).contains(&v) => Ok(v as i32),
@@ -299,6 +365,33 @@ impl Email {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn lines_are_kept_in_product_order_and_a_product_named_twice_is_refused() {
+        let (one, two) = (serde_json::Number::from(1), serde_json::Number::from(2));
+        let a = Lines::parse(&[("b", &two), ("a", &one)]).expect("valid");
+        let b = Lines::parse(&[("a", &one), ("b", &two)]).expect("valid");
+        assert_eq!(a.fingerprint(), "a:1,b:2");
+        assert_eq!(a, b, "the same lines in another order are the same body");
+        let dup = Lines::parse(&[("a", &one), ("a", &two)]).unwrap_err();
+        assert_eq!(dup.code, "DUPLICATE_PRODUCT");
+        assert_eq!(Lines::parse(&[]).unwrap_err().code, "INVALID_LINES");
+        let many: Vec<String> = (0..51).map(|i| format!("p{i}")).collect();
+        let many: Vec<(&str, &serde_json::Number)> =
+            many.iter().map(|p| (p.as_str(), &one)).collect();
+        assert_eq!(Lines::parse(&many).unwrap_err().code, "INVALID_LINES");
+    }
+
+    #[test]
+    fn a_hold_lasts_one_second_to_an_hour() {
+        for ok in [1u64, 600, 3600] {
+            assert!(HoldTtl::parse(&ok.into()).is_ok());
+        }
+        for bad in [0u64, 3601] {
+            assert!(HoldTtl::parse(&bad.into()).is_err());
+        }
+        assert!(HoldTtl::parse(&serde_json::Number::from_f64(1.5).expect("finite")).is_err());
+    }
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;

@@ -692,7 +692,8 @@ pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
 /// The clock's now as a UTC instant (through one time base, so a test clock moves it).
 pub fn clock_now(clock: &dyn Clock) -> DateTime<Utc> {
     static BASE: std::sync::OnceLock<crate::clock::TimeBase> = std::sync::OnceLock::new();
-    BASE.get_or_init(crate::clock::TimeBase::now).wall(clock.now())
+    BASE.get_or_init(crate::clock::TimeBase::now)
+        .wall(clock.now())
 }
 
 /// The CLI's last line (`bench/import.sh` reads rows/s, "waited" and "staleness seen").

@@ -26,6 +26,10 @@ pub struct Metrics {
     pub order_batch_size: prometheus::Histogram,
     pub order_transactions: IntCounter,
     pub order_queue_depth: prometheus::IntGauge,
+    /// Holds taken, confirmed, released, expired.
+    pub holds: IntCounterVec,
+    /// Units held right now (all products).
+    pub units_held: prometheus::IntGauge,
     /// Statements that claimed refused keys (each for many requests).
     pub refusal_statements: IntCounter,
     pub import_rows: IntCounter,
@@ -123,6 +127,13 @@ impl Metrics {
         .expect("static");
         r.register(Box::new(refusal_statements.clone()))
             .expect("metric registered once");
+        let units_held = prometheus::IntGauge::new(
+            "units_held",
+            "Units in holds that have not ended (out of availability until they do)",
+        )
+        .expect("static");
+        r.register(Box::new(units_held.clone()))
+            .expect("metric registered once");
         let import_rows =
             IntCounter::new("import_rows_total", "Rows written by bulk imports").expect("static");
         r.register(Box::new(import_rows.clone()))
@@ -195,6 +206,13 @@ impl Metrics {
             order_transactions,
             order_queue_depth,
             refusal_statements,
+            holds: counter_vec(
+                &r,
+                "holds_total",
+                "Holds by event: taken, confirmed, released, expired",
+                &["event"],
+            ),
+            units_held,
             import_rows,
             import_rate,
             import_paused_seconds,

@@ -23,6 +23,7 @@ pub struct Application {
     state: AppState,
     drain_timeout: Duration,
     _monitor: MonitorGuard,
+    _sweeper: crate::checkout::SweeperGuard,
 }
 
 /// Builds the router (pools, store, monitor) without an HTTP listener: for `stockgate
@@ -109,6 +110,9 @@ impl Application {
         config.require_token_secret()?;
         let (state, monitor) = build_state(config, clock)?;
         let router = http::router(state.clone(), config.max_in_flight, config.request_timeout);
+        // Holds past their time give their units back within a second or so (the contract
+        // allows 5 s), from the database's state, on every instance.
+        let sweeper = state.checkout.start_hold_sweeper(Duration::from_secs(1));
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -118,6 +122,7 @@ impl Application {
             state,
             drain_timeout: config.drain_timeout,
             _monitor: monitor,
+            _sweeper: sweeper,
         })
     }
 

@@ -183,7 +183,7 @@ pub(super) async fn run(
     let total: i32 = rows
         .values()
         .filter(|o| o.status == "confirmed")
-        .map(|o| o.quantity)
+        .filter_map(|o| o.quantity)
         .sum();
     if total > 0 {
         let taken = sqlx::query(
@@ -294,7 +294,9 @@ fn settle(plans: &[Plan], mut rows: HashMap<usize, Order>) -> Vec<Fate> {
         let fate = match plan {
             Plan::Known(r) => Fate::Decided(r.clone().map_err(Into::into)),
             Plan::Seat | Plan::Refuse => match rows.remove(&i) {
-                Some(o) if o.status == "confirmed" => Fate::Decided(Ok(Placed::Created(o))),
+                Some(o) if o.status == "confirmed" => {
+                    Fate::Decided(Ok(Placed::Created(o.complete())))
+                }
                 Some(_) => Fate::Decided(Err(CheckoutError::OutOfStock)),
                 None => Fate::Contended,
             },
@@ -331,8 +333,10 @@ mod tests {
     fn held(r: &OrderRequest, product: &str, status: &str) -> ((String, String), Existing) {
         let order = Order {
             order_id: Uuid::new_v4(),
-            product_id: product.into(),
-            quantity: r.quantity.get(),
+            product_id: Some(product.into()),
+            quantity: Some(r.quantity.get()),
+            unit_price_cents: 0,
+            lines: vec![],
             user_id: r.user.as_str().into(),
             status: status.into(),
             total_cents: 0,

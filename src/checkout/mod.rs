@@ -18,9 +18,12 @@
 //! ([`CheckoutError::OutcomeUnknown`], 503); the same key resolves it.
 
 pub mod batch;
+pub mod cart;
 pub mod coalescer;
 pub mod gate_cache;
+pub mod holds;
 pub mod refusals;
+pub mod stock;
 
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::metrics::Metrics;
@@ -40,7 +43,7 @@ use uuid::Uuid;
 /// macro, so queries stay string literals).
 macro_rules! order_columns {
     () => {
-        "order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at"
+        "order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at, unit_price_cents"
     };
 }
 pub(crate) use order_columns;
@@ -51,9 +54,13 @@ pub(crate) const REFUSED: &str = "refused";
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq, utoipa::ToSchema)]
 pub struct Order {
     pub order_id: Uuid,
-    pub product_id: String,
+    /// A single-line order's product; absent for a cart (see `lines`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub product_id: Option<String>,
+    /// A single-line order's quantity; absent for a cart.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 10000)]
-    pub quantity: i32,
+    pub quantity: Option<i32>,
     pub user_id: String,
     /// `confirmed` or `cancelled`.
     #[schema(pattern = "^(confirmed|cancelled)$", example = "confirmed")]
@@ -61,6 +68,54 @@ pub struct Order {
     pub total_cents: i64,
     pub created_at: DateTime<Utc>,
     pub cancelled_at: Option<DateTime<Utc>>,
+    /// A single-line order's unit price (its one line's); 0 on a cart's row.
+    #[serde(skip)]
+    pub(crate) unit_price_cents: i32,
+    /// Every line of the order (a single-line order has one).
+    #[sqlx(skip)]
+    pub lines: Vec<OrderLine>,
+}
+
+/// One product of an order.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq, utoipa::ToSchema)]
+pub struct OrderLine {
+    pub product_id: String,
+    #[schema(minimum = 1, maximum = 10000)]
+    pub quantity: i32,
+    pub unit_price_cents: i32,
+}
+
+impl Order {
+    /// A single-line order with its one line stated; a cart is completed by [`with_lines`].
+    pub(crate) fn complete(mut self) -> Order {
+        if let (Some(p), Some(q)) = (&self.product_id, self.quantity)
+            && self.lines.is_empty()
+        {
+            self.lines = vec![OrderLine {
+                product_id: p.clone(),
+                quantity: q,
+                unit_price_cents: self.unit_price_cents,
+            }];
+        }
+        self
+    }
+}
+
+/// An order with every line stated, reading a cart's lines with `exec`.
+pub(crate) async fn with_lines<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    order: Order,
+) -> Result<Order, sqlx::Error> {
+    if order.product_id.is_some() {
+        return Ok(order.complete());
+    }
+    let lines = sqlx::query_as(
+        "SELECT product_id, quantity, unit_price_cents FROM order_lines WHERE order_id = $1 ORDER BY product_id",
+    )
+    .bind(order.order_id)
+    .fetch_all(exec)
+    .await?;
+    Ok(Order { lines, ..order })
 }
 
 #[derive(Debug, Clone)]
@@ -109,6 +164,18 @@ pub enum CheckoutError {
     /// COMMIT, or the batch was lost with its worker). A retry with the same key tells.
     #[error("the outcome is unknown; retry with the same key")]
     OutcomeUnknown,
+    /// Not enough stock for some lines of a cart or hold; nothing was taken, and the
+    /// refusal holds the key.
+    #[error("not enough stock for: {}", cart::describe(.0))]
+    Short(Vec<stock::Short>),
+    #[error("no such hold")]
+    HoldNotFound,
+    #[error("the hold expired; its units went back")]
+    HoldExpired,
+    #[error("the hold was released; its units went back")]
+    HoldReleased,
+    #[error("the hold was confirmed; it is an order now")]
+    HoldConfirmed,
     /// The database refused this request's own row (a row-level error); nothing was written.
     #[error("the database refused this order: {0}")]
     Refused(String),
@@ -146,6 +213,15 @@ pub struct Checkout {
     /// Per-user token buckets (orders per second), when a limit is configured.
     limiter: Option<Arc<RateLimiter>>,
     refusals: refusals::Refusals,
+}
+
+/// Stops the hold sweeper when dropped (with the application).
+pub struct SweeperGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for SweeperGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// How orders are batched (`STOCKGATE_ORDER_BATCH_MAX`, `STOCKGATE_ORDER_BATCH_WINDOW_US`).
@@ -225,18 +301,144 @@ impl Checkout {
             Some(l) if !l.allow(&req.user) => Err(CheckoutError::RateLimited),
             _ => self.place_inner(req).await,
         };
-        let label = match &outcome {
+        self.count(&outcome);
+        outcome
+    }
+
+    /// Places a cart: all lines or none, in its own task (a client that hangs up leaves the
+    /// whole cart or none).
+    pub async fn place_cart(&self, req: cart::CartRequest) -> Result<Placed, CheckoutError> {
+        let outcome = match &self.limiter {
+            Some(l) if !l.allow(&req.user) => Err(CheckoutError::RateLimited),
+            _ => {
+                let db = self.db.clone();
+                tokio::spawn(async move { cart::place(&db, &req).await })
+                    .await
+                    .map_err(|_| CheckoutError::OutcomeUnknown)
+                    .and_then(|r| r)
+            }
+        };
+        self.count(&outcome);
+        outcome
+    }
+
+    /// Takes a hold (all lines or none); `true` when taken now, `false` for a retry.
+    pub async fn hold(
+        &self,
+        req: holds::HoldRequest,
+    ) -> Result<(holds::Hold, bool), CheckoutError> {
+        let db = self.db.clone();
+        let taken = tokio::spawn(async move { holds::take(&db, &req).await })
+            .await
+            .map_err(|_| CheckoutError::OutcomeUnknown)??;
+        if taken.1 {
+            self.metrics.holds.with_label_values(&["taken"]).inc();
+        }
+        Ok(taken)
+    }
+
+    pub async fn hold_by_id(&self, hold_id: Uuid) -> Result<holds::Hold, CheckoutError> {
+        holds::get(&self.db, hold_id).await
+    }
+
+    /// Turns a hold into its order, exactly once; `true` when confirmed now.
+    pub async fn confirm_hold(&self, hold_id: Uuid) -> Result<(Order, bool), CheckoutError> {
+        let db = self.db.clone();
+        let ended = tokio::spawn(async move { holds::confirm(&db, hold_id).await })
+            .await
+            .map_err(|_| CheckoutError::OutcomeUnknown)??;
+        if ended.value.1 {
+            self.metrics.holds.with_label_values(&["confirmed"]).inc();
+        }
+        Ok(ended.value)
+    }
+
+    /// Releases a hold; its units go back exactly once and reopen the gate.
+    pub async fn release_hold(&self, hold_id: Uuid) -> Result<holds::Hold, CheckoutError> {
+        let db = self.db.clone();
+        let ended = tokio::spawn(async move { holds::release(&db, hold_id).await })
+            .await
+            .map_err(|_| CheckoutError::OutcomeUnknown)??;
+        if !ended.returned.is_empty() {
+            let event = if ended.value.status == "released" {
+                "released"
+            } else {
+                "expired"
+            };
+            self.metrics.holds.with_label_values(&[event]).inc();
+        }
+        for product in &ended.returned {
+            self.reopened(product).await;
+        }
+        Ok(ended.value)
+    }
+
+    /// Units held now per product, the most first (up to `top`).
+    pub async fn units_held(&self, top: i64) -> Result<Vec<(String, i64)>, CheckoutError> {
+        holds::units_held(&self.db, top).await
+    }
+
+    /// Sweeps holds past their time, every `every`, until the guard drops: their units go
+    /// back (exactly once, whichever instance sweeps) and reopen this instance's gate.
+    pub fn start_hold_sweeper(&self, every: Duration) -> SweeperGuard {
+        let this = self.clone();
+        SweeperGuard(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                this.sweep_holds().await;
+            }
+        }))
+    }
+
+    async fn sweep_holds(&self) {
+        const BATCH: i64 = 500;
+        loop {
+            match holds::expire_due(&self.db, BATCH).await {
+                Ok((ended, products)) => {
+                    self.metrics
+                        .holds
+                        .with_label_values(&["expired"])
+                        .inc_by(ended as u64);
+                    for product in &products {
+                        self.reopened(product).await;
+                    }
+                    if ended == 0 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not sweep expired holds; retrying next tick");
+                    break;
+                }
+            }
+        }
+        if let Ok(held) = holds::units_held(&self.db, i64::MAX).await {
+            self.metrics
+                .units_held
+                .set(held.iter().map(|(_, u)| u).sum());
+        }
+    }
+
+    fn count(&self, outcome: &Result<Placed, CheckoutError>) {
+        let label = match outcome {
             Ok(Placed::Created(_)) => "confirmed",
             Ok(Placed::Replayed(_)) => "replayed",
-            Err(CheckoutError::OutOfStock) => "out_of_stock",
+            Err(CheckoutError::OutOfStock | CheckoutError::Short(_)) => "out_of_stock",
             Err(CheckoutError::KeyReused) => "key_reused",
             Err(CheckoutError::ProductNotFound | CheckoutError::OrderNotFound) => "not_found",
             Err(CheckoutError::RateLimited) => "rate_limited",
             Err(CheckoutError::OutcomeUnknown) => "outcome_unknown",
+            Err(
+                CheckoutError::HoldNotFound
+                | CheckoutError::HoldExpired
+                | CheckoutError::HoldReleased
+                | CheckoutError::HoldConfirmed,
+            ) => "hold_state",
             Err(CheckoutError::Refused(_) | CheckoutError::Db(_)) => "error",
         };
         self.metrics.orders.with_label_values(&[label]).inc();
-        outcome
     }
 
     async fn place_inner(&self, req: OrderRequest) -> Result<Placed, CheckoutError> {
@@ -289,7 +491,8 @@ impl Checkout {
         Ok((answer.available, answer.route))
     }
 
-    /// An order by id, from the primary (its owner may have placed it a moment ago).
+    /// An order by id, with its lines, from the primary (its owner may have placed it a
+    /// moment ago).
     pub async fn get(&self, order_id: Uuid) -> Result<Order, CheckoutError> {
         let read = self
             .db
@@ -297,58 +500,63 @@ impl Checkout {
                 QueryClass::OrderLookup,
                 &ReadCtx::none(),
                 |pool| async move {
-                    sqlx::query_as::<_, Order>(concat!(
+                    let order = sqlx::query_as::<_, Order>(concat!(
                         "SELECT ",
                         order_columns!(),
                         " FROM orders WHERE order_id = $1 AND status <> 'refused'"
                     ))
                     .bind(order_id)
                     .fetch_optional(pool.exec())
-                    .await
+                    .await?;
+                    match order {
+                        Some(o) => Ok(Some(with_lines(pool.exec(), o).await?)),
+                        None => Ok(None),
+                    }
                 },
             )
             .await?;
         read.value.ok_or(CheckoutError::OrderNotFound)
     }
 
-    /// Cancels a confirmed order and returns its quantity to stock, exactly once: the
+    /// Cancels a confirmed order and returns every line's units to stock, exactly once: the
     /// status change and the restock are one transaction, and only a `confirmed` order
     /// changes. A second cancel returns the order unchanged. It runs in its own task, so a
     /// client that hangs up leaves the whole cancel or none.
     pub async fn cancel(&self, order: &Order) -> Result<Order, CheckoutError> {
         let this = self.clone();
-        let (order_id, product_id) = (order.order_id, order.product_id.clone());
-        let product =
-            ProductId::parse(&order.product_id).map_err(|_| CheckoutError::OrderNotFound)?;
+        let order_id = order.order_id;
         let task = tokio::spawn(async move {
             let mut tx = this.db.primary().begin().await?;
-            let returned: Option<i32> = sqlx::query_scalar(
+            let cancelled: Option<Order> = sqlx::query_as(concat!(
                 "UPDATE orders SET status = 'cancelled', cancelled_at = clock_timestamp() \
-                 WHERE product_id = $1 AND order_id = $2 AND status = 'confirmed' RETURNING quantity",
-            )
-            .bind(&product_id)
+                 WHERE order_id = $1 AND status = 'confirmed' RETURNING ",
+                order_columns!()
+            ))
             .bind(order_id)
             .fetch_optional(&mut *tx)
             .await?;
-            if let Some(q) = returned {
-                sqlx::query("UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() WHERE product_id = $1")
-                    .bind(&product_id)
-                    .bind(q)
-                    .execute(&mut *tx)
-                    .await?;
+            let mut returned = vec![];
+            if let Some(order) = cancelled {
+                let order = with_lines(&mut *tx, order).await?;
+                returned = order
+                    .lines
+                    .iter()
+                    .filter_map(|l| Some((ProductId::parse(&l.product_id).ok()?, l.quantity)))
+                    .collect();
+                stock::give_back(&mut tx, &returned).await?;
             }
             let order: Order = sqlx::query_as(concat!(
                 "SELECT ",
                 order_columns!(),
-                " FROM orders WHERE product_id = $1 AND order_id = $2"
+                " FROM orders WHERE order_id = $1"
             ))
-            .bind(&product_id)
             .bind(order_id)
             .fetch_one(&mut *tx)
             .await?;
+            let order = with_lines(&mut *tx, order).await?;
             commit(tx).await?;
-            if returned.is_some() {
-                this.reopened(&product).await;
+            for (product, _) in &returned {
+                this.reopened(product).await;
             }
             Ok(order)
         });
@@ -480,7 +688,7 @@ pub(crate) async fn existing_for<'e>(
     let keys: Vec<&str> = reqs.iter().map(|r| r.key.as_str()).collect();
     let found: Vec<Existing> = sqlx::query_as(
         "SELECT o.idempotency_key, o.request_fingerprint, o.order_id, o.product_id, o.quantity, o.user_id, o.status, \
-                o.total_cents, o.created_at, o.cancelled_at \
+                o.total_cents, o.created_at, o.cancelled_at, o.unit_price_cents \
          FROM orders o JOIN UNNEST($1::text[], $2::text[]) AS k(user_id, idempotency_key) \
            ON o.user_id = k.user_id AND o.idempotency_key = k.idempotency_key",
     )
@@ -494,6 +702,23 @@ pub(crate) async fn existing_for<'e>(
         .collect())
 }
 
+/// What one (user, key) already holds, whatever the request's shape (order, cart).
+pub(crate) async fn existing_key<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    user: &UserId,
+    key: &IdempotencyKey,
+) -> Result<Option<Existing>, sqlx::Error> {
+    sqlx::query_as(concat!(
+        "SELECT idempotency_key, request_fingerprint, ",
+        order_columns!(),
+        " FROM orders WHERE user_id = $1 AND idempotency_key = $2"
+    ))
+    .bind(user.as_str())
+    .bind(key.as_str())
+    .fetch_optional(exec)
+    .await
+}
+
 /// The answer a request gets from what its key already holds: the order again for the same
 /// body, the refusal again for a refused key, 422 for another body. `None`: the key is free.
 pub(crate) fn judge(
@@ -504,7 +729,7 @@ pub(crate) fn judge(
         None => Ok(None),
         Some(e) if e.request_fingerprint != req.fingerprint() => Err(CheckoutError::KeyReused),
         Some(e) if e.order.status == REFUSED => Err(CheckoutError::OutOfStock),
-        Some(e) => Ok(Some(Placed::Replayed(e.order.clone()))),
+        Some(e) => Ok(Some(Placed::Replayed(e.order.clone().complete()))),
     }
 }
 

@@ -29,6 +29,10 @@ pub enum ApiError {
     /// 409: `OUT_OF_STOCK` (nothing written), `ALREADY_EXISTS`.
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// 409 `OUT_OF_STOCK` for a cart or hold, naming the short lines
+    /// (`[{"product_id","requested","available"}]`); nothing was taken.
+    #[error("not enough stock for every line; nothing was taken")]
+    ShortLines(serde_json::Value),
     /// 413: body over the limit.
     #[error("request body is larger than 64 KiB")]
     PayloadTooLarge,
@@ -85,7 +89,7 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::Conflict { .. } | ApiError::ShortLines(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
@@ -101,6 +105,7 @@ impl ApiError {
             | ApiError::Conflict { code, .. }
             | ApiError::Unavailable { code, .. } => code,
             ApiError::Invalid(i) => i.code,
+            ApiError::ShortLines(_) => "OUT_OF_STOCK",
             ApiError::Unauthorized => "UNAUTHORIZED",
             ApiError::Forbidden(_) => "FORBIDDEN",
             ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
@@ -117,7 +122,10 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(e) = &self {
             tracing::error!(error = ?e, "internal error");
         }
-        let body = json!({ "error": { "code": self.code(), "message": self.to_string() } });
+        let mut body = json!({ "error": { "code": self.code(), "message": self.to_string() } });
+        if let ApiError::ShortLines(lines) = &self {
+            body["error"]["lines"] = lines.clone();
+        }
         let mut response = (status, axum::Json(body)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             response

@@ -4,6 +4,7 @@
 mod admin;
 pub mod error;
 mod health;
+mod holds;
 mod imports;
 mod openapi;
 mod orders;
@@ -112,6 +113,42 @@ pub struct Stated<T> {
     pub served_by: String,
 }
 
+/// The user a request acts for: a user token's own id, or the `user_id` an admin (or that
+/// same user) names. `what` completes "an admin must name user_id to …".
+pub fn acting_user(
+    caller: &crate::auth::Caller,
+    named: Option<&str>,
+    what: &'static str,
+) -> Result<crate::domain::UserId, ApiError> {
+    use crate::auth::Caller;
+    match (caller, named) {
+        (Caller::User(me), None) => Ok(me.clone()),
+        (_, Some(named)) => {
+            let named = crate::domain::UserId::parse(named)?;
+            if !caller.may_act_for(&named) {
+                return Err(ApiError::Forbidden("a user may act only for themselves"));
+            }
+            Ok(named)
+        }
+        (Caller::Admin, None) => Err(ApiError::invalid(
+            "USER_ID_REQUIRED",
+            format!("an admin must name user_id to {what}"),
+        )),
+    }
+}
+
+/// The required `Idempotency-Key` header.
+pub fn required_key(
+    headers: &axum::http::HeaderMap,
+) -> Result<crate::domain::IdempotencyKey, ApiError> {
+    idempotency_key(headers)?.ok_or_else(|| {
+        ApiError::bad_request(
+            "IDEMPOTENCY_KEY_MISSING",
+            "the Idempotency-Key header is required",
+        )
+    })
+}
+
 /// The `Idempotency-Key` header, parsed; `None` when absent.
 pub fn idempotency_key(
     headers: &axum::http::HeaderMap,
@@ -161,6 +198,7 @@ pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) 
     let api = Router::new()
         .merge(products::router())
         .merge(orders::router())
+        .merge(holds::router())
         .merge(users::router())
         .merge(reports::router())
         .merge(admin::router())

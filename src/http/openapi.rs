@@ -6,7 +6,7 @@
 //! routed read, the reusable error responses and the `bearer` security scheme). A test
 //! checks that every route the router serves is documented, and nothing more.
 
-use super::{AppState, admin, health, imports, orders, products, reports, users};
+use super::{AppState, admin, health, holds, imports, orders, products, reports, users};
 use axum::Router;
 use axum::routing::get;
 use serde::Serialize;
@@ -23,6 +23,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
     for part in [
         products::Api::openapi(),
         orders::Api::openapi(),
+        holds::Api::openapi(),
         users::Api::openapi(),
         reports::Api::openapi(),
         admin::Api::openapi(),

@@ -5,8 +5,9 @@ use super::openapi::{
 };
 use super::{ApiError, AppState, Json, Path};
 use crate::auth::Caller;
+use crate::checkout::cart::CartRequest;
 use crate::checkout::{CheckoutError, Order, OrderRequest, Placed};
-use crate::domain::{ProductId, Quantity, UserId};
+use crate::domain::{Lines, ProductId, Quantity};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -43,6 +44,22 @@ impl From<CheckoutError> for ApiError {
                 "IDEMPOTENCY_KEY_REUSED",
                 "this Idempotency-Key was already used with a different body; use a new key for a new order",
             ),
+            CheckoutError::Short(lines) => {
+                ApiError::ShortLines(serde_json::to_value(lines).unwrap_or_default())
+            }
+            CheckoutError::HoldNotFound => ApiError::not_found("HOLD_NOT_FOUND", "no such hold"),
+            CheckoutError::HoldExpired => ApiError::conflict(
+                "HOLD_EXPIRED",
+                "the hold expired before it was confirmed; its units went back",
+            ),
+            CheckoutError::HoldReleased => ApiError::conflict(
+                "HOLD_RELEASED",
+                "the hold was released; its units went back",
+            ),
+            CheckoutError::HoldConfirmed => ApiError::conflict(
+                "HOLD_CONFIRMED",
+                "the hold was confirmed and is an order now; cancel the order instead",
+            ),
             CheckoutError::RateLimited => ApiError::TooManyRequests,
             CheckoutError::OutcomeUnknown => ApiError::unavailable(
                 "OUTCOME_UNKNOWN",
@@ -60,15 +77,37 @@ impl From<CheckoutError> for ApiError {
     }
 }
 
+/// A single-product order (`product_id` + `quantity`) or a cart (`lines`).
 #[derive(Deserialize, ToSchema)]
 struct NewOrder {
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$", example = "flash-60")]
+    product_id: Option<String>,
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 10000, example = 1)]
+    quantity: Option<Number>,
+    /// A cart: 1–50 lines, each product once (instead of `product_id` + `quantity`).
+    #[schema(min_items = 1, max_items = 50)]
+    lines: Option<Vec<NewLine>>,
+    /// Admin tokens name the user they order for; user tokens may omit it.
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    user_id: Option<String>,
+}
+
+/// One line of a cart or hold.
+#[derive(Deserialize, ToSchema)]
+pub(super) struct NewLine {
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$", example = "flash-60")]
     product_id: String,
     #[schema(value_type = i64, minimum = 1, maximum = 10000, example = 1)]
     quantity: Number,
-    /// Admin tokens name the user they order for; user tokens may omit it.
-    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
-    user_id: Option<String>,
+}
+
+/// Parses a body's lines (1–50, each product once).
+pub(super) fn parse_lines(lines: &[NewLine]) -> Result<Lines, ApiError> {
+    let raw: Vec<(&str, &Number)> = lines
+        .iter()
+        .map(|l| (l.product_id.as_str(), &l.quantity))
+        .collect();
+    Ok(Lines::parse(&raw)?)
 }
 
 /// Place an order (idempotent by key)
@@ -108,41 +147,53 @@ async fn place(
     headers: HeaderMap,
     Json(body): Json<NewOrder>,
 ) -> Result<Response, ApiError> {
-    let key = super::idempotency_key(&headers)?.ok_or_else(|| {
-        ApiError::bad_request(
-            "IDEMPOTENCY_KEY_MISSING",
-            "the Idempotency-Key header is required",
-        )
-    })?;
-    let product = ProductId::parse(&body.product_id)?;
-    let quantity = Quantity::parse(&body.quantity)?;
-    let user = match (&caller, body.user_id.as_deref()) {
-        (Caller::User(me), None) => me.clone(),
-        (_, Some(named)) => {
-            let named = UserId::parse(named)?;
-            if !caller.may_act_for(&named) {
-                return Err(ApiError::Forbidden(
-                    "a user may place orders only for themselves",
-                ));
+    let key = super::required_key(&headers)?;
+    let user = super::acting_user(&caller, body.user_id.as_deref(), "place orders")?;
+    let placed = match (&body.lines, &body.product_id, &body.quantity) {
+        (Some(lines), None, None) => {
+            let lines = parse_lines(lines)?;
+            match lines.get() {
+                // A one-line cart is an order for that product: the batched fast path.
+                [(product, quantity)] => {
+                    let (product, quantity) = (product.clone(), *quantity);
+                    state
+                        .checkout
+                        .place(OrderRequest {
+                            user,
+                            product,
+                            quantity,
+                            key,
+                        })
+                        .await?
+                }
+                _ => {
+                    state
+                        .checkout
+                        .place_cart(CartRequest { user, lines, key })
+                        .await?
+                }
             }
-            named
         }
-        (Caller::Admin, None) => {
+        (None, Some(product), Some(quantity)) => {
+            let product = ProductId::parse(product)?;
+            let quantity = Quantity::parse(quantity)?;
+            state
+                .checkout
+                .place(OrderRequest {
+                    user,
+                    product,
+                    quantity,
+                    key,
+                })
+                .await?
+        }
+        _ => {
             return Err(ApiError::invalid(
-                "USER_ID_REQUIRED",
-                "an admin placing an order must name user_id",
+                "INVALID_ORDER",
+                "an order names either product_id and quantity, or lines",
             ));
         }
     };
-    let placed = state
-        .checkout
-        .place(OrderRequest {
-            user,
-            product,
-            quantity,
-            key,
-        })
-        .await?;
     let (status, order) = match placed {
         Placed::Created(o) => (StatusCode::CREATED, o),
         Placed::Replayed(o) => (StatusCode::CREATED, o),

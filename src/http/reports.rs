@@ -375,8 +375,15 @@ async fn stream_csv(
         return;
     }
     let mut rows = sqlx::query_as::<_, ExportRow>(
+        // One row per line: a single-product order as it is, a cart's lines each with their
+        // own total (so the column still sums to the revenue).
         "SELECT order_id, product_id, user_id, quantity, total_cents, status, created_at, cancelled_at \
-         FROM orders WHERE status <> 'refused' AND created_at >= $1 AND created_at < $2 ORDER BY created_at, order_id",
+         FROM orders WHERE status <> 'refused' AND product_id IS NOT NULL AND created_at >= $1 AND created_at < $2 \
+         UNION ALL \
+         SELECT o.order_id, l.product_id, o.user_id, l.quantity, l.quantity::int8 * l.unit_price_cents, o.status, o.created_at, o.cancelled_at \
+         FROM orders o JOIN order_lines l USING (order_id) \
+         WHERE o.status <> 'refused' AND o.created_at >= $1 AND o.created_at < $2 \
+         ORDER BY created_at, order_id, product_id",
     )
     .bind(from)
     .bind(to)

@@ -1,0 +1,146 @@
+//! Carts: several products, all or nothing, in one primary transaction.
+//!
+//! The cart locks its products' rows in `product_id` order (the lock order every
+//! transaction here shares), so carts never deadlock with each other or with the
+//! single-product batches, which lock one row. If every line fits, ONE guarded UPDATE takes
+//! them all and the order and its lines are inserted; if any line is short nothing is
+//! taken and the key is claimed by a `refused` row, so the 409 is final for the key — the
+//! same rule as single-product orders. A cart holds its rows only for its own few
+//! statements, so a hot product's batch waits at most that long.
+
+use super::stock::{self, Short};
+use super::{CheckoutError, Order, Placed, commit, existing_key, order_columns, with_lines};
+use crate::domain::{IdempotencyKey, Lines, ProductId, UserId};
+use crate::routing::Db;
+use uuid::Uuid;
+
+/// A cart order as the boundary parsed it.
+#[derive(Debug, Clone)]
+pub struct CartRequest {
+    pub user: UserId,
+    pub lines: Lines,
+    pub key: IdempotencyKey,
+}
+
+impl CartRequest {
+    /// What "the same body" means for a cart: its lines, in product order.
+    pub(crate) fn fingerprint(&self) -> String {
+        format!("cart:{}", self.lines.fingerprint())
+    }
+}
+
+/// The answer for a key that holds something, read from the primary.
+async fn replay(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> {
+    let pool = db.primary().pool()?;
+    let Some(held) = existing_key(pool, &req.user, &req.key).await? else {
+        return Err(CheckoutError::OutcomeUnknown);
+    };
+    if held.request_fingerprint != req.fingerprint() {
+        return Err(CheckoutError::KeyReused);
+    }
+    if held.order.status == super::REFUSED {
+        return Err(CheckoutError::OutOfStock);
+    }
+    Ok(Placed::Replayed(with_lines(pool, held.order).await?))
+}
+
+/// Places a cart: all lines or none.
+pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> {
+    let mut tx = db.primary().begin().await?;
+    if existing_key(&mut *tx, &req.user, &req.key).await?.is_some() {
+        tx.rollback().await?;
+        return replay(db, req).await;
+    }
+    let products: Vec<&str> = req.lines.get().iter().map(|(p, _)| p.as_str()).collect();
+    let locked = stock::lock(&mut tx, &products).await?;
+    if locked.len() != products.len() {
+        tx.rollback().await?;
+        return Err(CheckoutError::ProductNotFound);
+    }
+    let short = stock::shortfalls(req.lines.get(), &locked);
+    let total: i64 = req
+        .lines
+        .get()
+        .iter()
+        .map(|(p, q)| i64::from(locked[p.as_str()].1) * i64::from(q.get()))
+        .sum();
+    let status = if short.is_empty() {
+        "confirmed"
+    } else {
+        super::REFUSED
+    };
+    let inserted: Option<Order> = sqlx::query_as(concat!(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         VALUES ($1, NULL, $2, NULL, 0, $3, $4, $5, $6) \
+         ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
+        order_columns!()
+    ))
+    .bind(Uuid::new_v4())
+    .bind(req.user.as_str())
+    .bind(if short.is_empty() { total } else { 0 })
+    .bind(status)
+    .bind(req.key.as_str())
+    .bind(req.fingerprint())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(order) = inserted else {
+        // A concurrent request with this key committed first: answer as it did.
+        tx.rollback().await?;
+        return replay(db, req).await;
+    };
+    if !short.is_empty() {
+        commit(tx).await?;
+        return Err(CheckoutError::Short(short));
+    }
+    insert_lines(&mut tx, order.order_id, req, &locked).await?;
+    let lines: Vec<(ProductId, i32)> = req
+        .lines
+        .get()
+        .iter()
+        .map(|(p, q)| (p.clone(), q.get()))
+        .collect();
+    if !stock::take(&mut tx, &lines).await? {
+        // Cannot happen while we hold the rows; if it did, nothing may commit.
+        tx.rollback().await?;
+        return Err(CheckoutError::OutcomeUnknown);
+    }
+    let order = with_lines(&mut *tx, order).await?;
+    commit(tx).await?;
+    Ok(Placed::Created(order))
+}
+
+async fn insert_lines(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    order_id: Uuid,
+    req: &CartRequest,
+    locked: &std::collections::BTreeMap<String, (i32, i32)>,
+) -> Result<(), sqlx::Error> {
+    let products: Vec<&str> = req.lines.get().iter().map(|(p, _)| p.as_str()).collect();
+    let qty: Vec<i32> = req.lines.get().iter().map(|(_, q)| q.get()).collect();
+    let prices: Vec<i32> = products.iter().map(|p| locked[*p].1).collect();
+    sqlx::query(
+        "INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
+         SELECT $1, l.product_id, l.quantity, l.price FROM UNNEST($2::text[], $3::int4[], $4::int4[]) AS l(product_id, quantity, price)",
+    )
+    .bind(order_id)
+    .bind(&products)
+    .bind(&qty)
+    .bind(&prices)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The lines a cart would need that the stock cannot give (for a 409's `lines`).
+pub fn describe(short: &[Short]) -> String {
+    short
+        .iter()
+        .map(|s| {
+            format!(
+                "{} (asked {}, {} left)",
+                s.product_id, s.requested, s.available
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,381 @@
+//! Holds: units taken out of availability while a buyer pays.
+//!
+//! Taking a hold is a cart's transaction with a `holds` row instead of an order: rows locked
+//! in `product_id` order, ONE guarded UPDATE for every line, all or nothing; a short hold
+//! claims its key with a `refused` row so the 409 stays true. Every ending is one guarded
+//! status change `held → confirmed | released | expired` under the hold's row lock, in the
+//! same transaction as the stock it moves, so each happens exactly once whichever request,
+//! instance or restart races it: a confirm that comes after `expires_at` expires the hold
+//! itself and answers 409. Expiry runs from the database's state (every instance sweeps due
+//! holds each second with `SKIP LOCKED`), so a restart loses nothing and returns nothing twice.
+
+use super::stock::{self, Short};
+use super::{CheckoutError, Order, commit, order_columns, with_lines};
+use crate::domain::{HoldTtl, IdempotencyKey, Lines, ProductId, UserId};
+use crate::routing::Db;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// A hold as the boundary parsed it.
+#[derive(Debug, Clone)]
+pub struct HoldRequest {
+    pub user: UserId,
+    pub lines: Lines,
+    pub ttl: HoldTtl,
+    pub key: IdempotencyKey,
+}
+
+impl HoldRequest {
+    fn fingerprint(&self) -> String {
+        format!("hold:{}:{}", self.ttl.secs(), self.lines.fingerprint())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Hold {
+    pub hold_id: Uuid,
+    pub user_id: String,
+    /// `held`, `confirmed` (with `order_id`), `released` or `expired`.
+    #[schema(pattern = "^(held|confirmed|released|expired)$")]
+    pub status: String,
+    pub expires_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<Uuid>,
+    #[sqlx(skip)]
+    pub lines: Vec<HoldLine>,
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct HoldLine {
+    pub product_id: String,
+    #[schema(minimum = 1, maximum = 10000)]
+    pub quantity: i32,
+}
+
+impl Hold {
+    fn units(&self) -> Vec<(ProductId, i32)> {
+        self.lines
+            .iter()
+            .filter_map(|l| Some((ProductId::parse(&l.product_id).ok()?, l.quantity)))
+            .collect()
+    }
+}
+
+/// A hold with its lines; `lock` takes its row for an ending. A `held` hold past its
+/// `expires_at` is stated as `expired`: it can no longer be confirmed.
+async fn load(tx: &mut Tx, hold_id: Uuid, lock: bool) -> Result<Option<Hold>, sqlx::Error> {
+    let sql = if lock {
+        "SELECT hold_id, user_id, CASE WHEN status = 'held' AND expires_at <= clock_timestamp() THEN 'expired' ELSE status END AS status, \
+         expires_at, order_id FROM holds WHERE hold_id = $1 AND status <> 'refused' FOR UPDATE"
+    } else {
+        "SELECT hold_id, user_id, CASE WHEN status = 'held' AND expires_at <= clock_timestamp() THEN 'expired' ELSE status END AS status, \
+         expires_at, order_id FROM holds WHERE hold_id = $1 AND status <> 'refused'"
+    };
+    let Some(mut hold) = sqlx::query_as::<_, Hold>(sql)
+        .bind(hold_id)
+        .fetch_optional(&mut **tx)
+        .await?
+    else {
+        return Ok(None);
+    };
+    hold.lines = sqlx::query_as(
+        "SELECT product_id, quantity FROM hold_lines WHERE hold_id = $1 ORDER BY product_id",
+    )
+    .bind(hold_id)
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(Some(hold))
+}
+
+/// A hold by id (any status), from the primary.
+pub async fn get(db: &Db, hold_id: Uuid) -> Result<Hold, CheckoutError> {
+    let mut tx = db.primary().begin().await?;
+    let hold = load(&mut tx, hold_id, false).await?;
+    tx.rollback().await?;
+    hold.ok_or(CheckoutError::HoldNotFound)
+}
+
+/// Takes a hold: all lines or none. `Ok((hold, true))` when taken now, `false` for a retry.
+pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutError> {
+    let mut tx = db.primary().begin().await?;
+    if let Some(answer) = replay(&mut tx, req).await? {
+        tx.rollback().await?;
+        return answer.map(|h| (h, false));
+    }
+    let products: Vec<&str> = req.lines.get().iter().map(|(p, _)| p.as_str()).collect();
+    let locked = stock::lock(&mut tx, &products).await?;
+    if locked.len() != products.len() {
+        tx.rollback().await?;
+        return Err(CheckoutError::ProductNotFound);
+    }
+    let short: Vec<Short> = stock::shortfalls(req.lines.get(), &locked);
+    let status = if short.is_empty() { "held" } else { "refused" };
+    let hold_id = Uuid::new_v4();
+    let claimed = sqlx::query(
+        "INSERT INTO holds (hold_id, user_id, idempotency_key, request_fingerprint, status, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, clock_timestamp() + make_interval(secs => $6)) \
+         ON CONFLICT (user_id, idempotency_key) DO NOTHING",
+    )
+    .bind(hold_id)
+    .bind(req.user.as_str())
+    .bind(req.key.as_str())
+    .bind(req.fingerprint())
+    .bind(status)
+    .bind(f64::from(req.ttl.secs()))
+    .execute(&mut *tx)
+    .await?;
+    if claimed.rows_affected() == 0 {
+        // A concurrent request with this key committed first: answer as it did.
+        tx.rollback().await?;
+        let mut tx = db.primary().begin().await?;
+        let answer = replay(&mut tx, req).await?;
+        tx.rollback().await?;
+        return answer
+            .ok_or(CheckoutError::OutcomeUnknown)?
+            .map(|h| (h, false));
+    }
+    if !short.is_empty() {
+        commit(tx).await?;
+        return Err(CheckoutError::Short(short));
+    }
+    let lines: Vec<(ProductId, i32)> = req
+        .lines
+        .get()
+        .iter()
+        .map(|(p, q)| (p.clone(), q.get()))
+        .collect();
+    sqlx::query(
+        "INSERT INTO hold_lines (hold_id, product_id, quantity) \
+         SELECT $1, l.product_id, l.quantity FROM UNNEST($2::text[], $3::int4[]) AS l(product_id, quantity)",
+    )
+    .bind(hold_id)
+    .bind(&products)
+    .bind(lines.iter().map(|(_, q)| *q).collect::<Vec<i32>>())
+    .execute(&mut *tx)
+    .await?;
+    if !stock::take(&mut tx, &lines).await? {
+        tx.rollback().await?;
+        return Err(CheckoutError::OutcomeUnknown);
+    }
+    let hold = load(&mut tx, hold_id, false)
+        .await?
+        .ok_or(CheckoutError::OutcomeUnknown)?;
+    commit(tx).await?;
+    Ok((hold, true))
+}
+
+/// What the request's key already holds, if anything.
+async fn replay(
+    tx: &mut Tx,
+    req: &HoldRequest,
+) -> Result<Option<Result<Hold, CheckoutError>>, sqlx::Error> {
+    let found: Option<(Uuid, String, String)> = sqlx::query_as(
+        "SELECT hold_id, request_fingerprint, status FROM holds WHERE user_id = $1 AND idempotency_key = $2",
+    )
+    .bind(req.user.as_str())
+    .bind(req.key.as_str())
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(match found {
+        None => None,
+        Some((_, fp, _)) if fp != req.fingerprint() => Some(Err(CheckoutError::KeyReused)),
+        Some((_, _, status)) if status == "refused" => Some(Err(CheckoutError::OutOfStock)),
+        Some((id, _, _)) => Some(
+            load(tx, id, false)
+                .await?
+                .ok_or(CheckoutError::HoldNotFound),
+        ),
+    })
+}
+
+/// What ending a hold did: the hold after it, and the products whose stock went up.
+pub struct Ended<T> {
+    pub value: T,
+    pub returned: Vec<ProductId>,
+}
+
+/// Confirms a hold: its units become an order, exactly once. `Ok((order, true))` when
+/// confirmed now, `false` when it already was. Too late: 409 `HOLD_EXPIRED` (the confirm
+/// and the expiry both need the hold's row lock and `held`; the first wins) or
+/// `HOLD_RELEASED`.
+pub async fn confirm(db: &Db, hold_id: Uuid) -> Result<Ended<(Order, bool)>, CheckoutError> {
+    let mut tx = db.primary().begin().await?;
+    let hold = load(&mut tx, hold_id, true)
+        .await?
+        .ok_or(CheckoutError::HoldNotFound)?;
+    match hold.status.as_str() {
+        "confirmed" => {
+            let id = hold.order_id.ok_or(CheckoutError::OutcomeUnknown)?;
+            let order = order_by_id(&mut tx, id).await?;
+            tx.rollback().await?;
+            Ok(Ended {
+                value: (order, false),
+                returned: vec![],
+            })
+        }
+        "released" => Err(CheckoutError::HoldReleased),
+        // Past its time: the sweep returns its units (within a second); it cannot become
+        // an order any more, whoever asks first.
+        "expired" => Err(CheckoutError::HoldExpired),
+        _ => {
+            let order = order_from(&mut tx, &hold).await?;
+            sqlx::query(
+                "UPDATE holds SET status = 'confirmed', order_id = $2, ended_at = clock_timestamp() \
+                 WHERE hold_id = $1 AND status = 'held'",
+            )
+            .bind(hold_id)
+            .bind(order.order_id)
+            .execute(&mut *tx)
+            .await?;
+            commit(tx).await?;
+            Ok(Ended {
+                value: (order, true),
+                returned: vec![],
+            })
+        }
+    }
+}
+
+/// Releases a hold: its units go back, exactly once. Releasing again answers the hold as it
+/// is; a confirmed hold is 409 `HOLD_CONFIRMED`.
+pub async fn release(db: &Db, hold_id: Uuid) -> Result<Ended<Hold>, CheckoutError> {
+    let mut tx = db.primary().begin().await?;
+    let hold = load(&mut tx, hold_id, true)
+        .await?
+        .ok_or(CheckoutError::HoldNotFound)?;
+    let returned = match hold.status.as_str() {
+        "confirmed" => return Err(CheckoutError::HoldConfirmed),
+        "held" => end(&mut tx, &hold, "released").await?,
+        "expired" => end(&mut tx, &hold, "expired").await?,
+        _ => vec![],
+    };
+    let hold = load(&mut tx, hold_id, false)
+        .await?
+        .ok_or(CheckoutError::HoldNotFound)?;
+    commit(tx).await?;
+    Ok(Ended {
+        value: hold,
+        returned,
+    })
+}
+
+/// Ends a locked hold that is still `held` in the table (possibly past due): status, then
+/// its units back. Returns the products whose stock went up (none if it had ended already).
+async fn end(tx: &mut Tx, hold: &Hold, status: &str) -> Result<Vec<ProductId>, sqlx::Error> {
+    let changed = sqlx::query(
+        "UPDATE holds SET status = $2, ended_at = clock_timestamp() WHERE hold_id = $1 AND status = 'held'",
+    )
+    .bind(hold.hold_id)
+    .bind(status)
+    .execute(&mut **tx)
+    .await?;
+    if changed.rows_affected() == 0 {
+        return Ok(vec![]);
+    }
+    let units = hold.units();
+    stock::give_back(tx, &units).await?;
+    Ok(units.into_iter().map(|(p, _)| p).collect())
+}
+
+/// Returns the units of up to `limit` holds past their `expires_at`: how many holds ended,
+/// and the products whose stock went up. Instances sweep at once without meeting: each
+/// takes the due holds no one else has locked.
+pub async fn expire_due(db: &Db, limit: i64) -> Result<(usize, Vec<ProductId>), CheckoutError> {
+    let mut tx = db.primary().begin().await?;
+    let due: Vec<(Uuid, String, i32)> = sqlx::query_as(
+        "WITH due AS (SELECT hold_id FROM holds WHERE status = 'held' AND expires_at <= clock_timestamp() \
+                      ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
+              ended AS (UPDATE holds h SET status = 'expired', ended_at = clock_timestamp() \
+                        FROM due WHERE h.hold_id = due.hold_id RETURNING h.hold_id) \
+         SELECT l.hold_id, l.product_id, l.quantity FROM hold_lines l JOIN ended USING (hold_id)",
+    )
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    let units: Vec<(ProductId, i32)> = due
+        .iter()
+        .filter_map(|(_, p, q)| Some((ProductId::parse(p).ok()?, *q)))
+        .collect();
+    if !units.is_empty() {
+        stock::give_back(&mut tx, &units).await?;
+    }
+    commit(tx).await?;
+    let mut ended: Vec<Uuid> = due.iter().map(|(h, _, _)| *h).collect();
+    ended.sort();
+    ended.dedup();
+    let mut products: Vec<ProductId> = units.into_iter().map(|(p, _)| p).collect();
+    products.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    products.dedup();
+    Ok((ended.len(), products))
+}
+
+/// Units held right now, per product (the hottest first), for operators.
+pub async fn units_held(db: &Db, top: i64) -> Result<Vec<(String, i64)>, CheckoutError> {
+    Ok(sqlx::query_as(
+        "SELECT l.product_id, SUM(l.quantity)::int8 FROM hold_lines l JOIN holds h USING (hold_id) \
+         WHERE h.status = 'held' GROUP BY l.product_id ORDER BY 2 DESC, 1 LIMIT $1",
+    )
+    .bind(top)
+    .fetch_all(db.primary().pool()?)
+    .await?)
+}
+
+async fn order_by_id(tx: &mut Tx, order_id: Uuid) -> Result<Order, sqlx::Error> {
+    let order: Order = sqlx::query_as(concat!(
+        "SELECT ",
+        order_columns!(),
+        " FROM orders WHERE order_id = $1"
+    ))
+    .bind(order_id)
+    .fetch_one(&mut **tx)
+    .await?;
+    with_lines(&mut **tx, order).await
+}
+
+/// The order a confirmed hold becomes: its lines at today's prices. Its units were taken
+/// when the hold was, so no stock moves now. Its key is the hold's own.
+async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
+    let products: Vec<&str> = hold.lines.iter().map(|l| l.product_id.as_str()).collect();
+    let prices: Vec<(String, i32)> =
+        sqlx::query_as("SELECT product_id, price_cents FROM products WHERE product_id = ANY($1)")
+            .bind(&products)
+            .fetch_all(&mut **tx)
+            .await?;
+    let price = |p: &str| prices.iter().find(|(id, _)| id == p).map_or(0, |(_, c)| *c);
+    let total: i64 = hold
+        .lines
+        .iter()
+        .map(|l| i64::from(price(&l.product_id)) * i64::from(l.quantity))
+        .sum();
+    let single = (hold.lines.len() == 1).then(|| &hold.lines[0]);
+    let order_id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         VALUES ($1, $2, $3, $4, $5, $6, 'confirmed', $7, $8)",
+    )
+    .bind(order_id)
+    .bind(single.map(|l| l.product_id.as_str()))
+    .bind(&hold.user_id)
+    .bind(single.map(|l| l.quantity))
+    .bind(single.map_or(0, |l| price(&l.product_id)))
+    .bind(total)
+    .bind(format!("hold:{}", hold.hold_id))
+    .bind(format!("hold:{}", hold.hold_id))
+    .execute(&mut **tx)
+    .await?;
+    if single.is_none() {
+        sqlx::query(
+            "INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
+             SELECT $1, l.product_id, l.quantity, p.price_cents FROM hold_lines l JOIN products p USING (product_id) \
+             WHERE l.hold_id = $2",
+        )
+        .bind(order_id)
+        .bind(hold.hold_id)
+        .execute(&mut **tx)
+        .await?;
+    }
+    order_by_id(tx, order_id).await
+}

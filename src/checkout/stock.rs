@@ -1,0 +1,94 @@
+//! Stock moves for several products at once (carts, holds, cancels, expiries), in the one
+//! lock order every transaction here shares: product rows by `product_id`. Single-product
+//! batches lock one row, so no mix of carts, holds and batches can wait in a circle.
+
+use crate::domain::{ProductId, Quantity};
+use std::collections::BTreeMap;
+
+type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// A line that cannot be served: what was asked and what there is.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct Short {
+    pub product_id: String,
+    pub requested: i32,
+    pub available: i32,
+}
+
+/// Units per product, merged and in lock order.
+pub(crate) fn per_product(lines: &[(ProductId, i32)]) -> BTreeMap<&str, i32> {
+    let mut merged = BTreeMap::new();
+    for (p, q) in lines {
+        *merged.entry(p.as_str()).or_insert(0) += q;
+    }
+    merged
+}
+
+/// Locks the rows in lock order and reads (available, price) of each; a missing product is
+/// absent from the answer.
+pub(crate) async fn lock(
+    tx: &mut Tx,
+    products: &[&str],
+) -> Result<BTreeMap<String, (i32, i32)>, sqlx::Error> {
+    let rows: Vec<(String, i32, i32)> = sqlx::query_as(
+        "SELECT product_id, available_quantity, price_cents FROM products \
+         WHERE product_id = ANY($1) ORDER BY product_id FOR NO KEY UPDATE",
+    )
+    .bind(products)
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows.into_iter().map(|(p, a, c)| (p, (a, c))).collect())
+}
+
+/// The lines the locked stock cannot serve (none: all can).
+pub(crate) fn shortfalls(
+    lines: &[(ProductId, Quantity)],
+    stock: &BTreeMap<String, (i32, i32)>,
+) -> Vec<Short> {
+    lines
+        .iter()
+        .filter_map(|(p, q)| {
+            let available = stock.get(p.as_str()).map_or(0, |(a, _)| *a);
+            (available < q.get()).then(|| Short {
+                product_id: p.to_string(),
+                requested: q.get(),
+                available,
+            })
+        })
+        .collect()
+}
+
+/// Takes every line's units with ONE guarded UPDATE (`… AND available_quantity >= q` per
+/// product). Rows must be locked already; if any guard fails the caller must roll back.
+pub(crate) async fn take(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result<bool, sqlx::Error> {
+    let merged = per_product(lines);
+    let products: Vec<&str> = merged.keys().copied().collect();
+    let qty: Vec<i32> = merged.values().copied().collect();
+    let taken = sqlx::query(
+        "UPDATE products p SET available_quantity = p.available_quantity - l.q, updated_at = clock_timestamp() \
+         FROM UNNEST($1::text[], $2::int4[]) AS l(product_id, q) \
+         WHERE p.product_id = l.product_id AND p.available_quantity >= l.q",
+    )
+    .bind(&products)
+    .bind(&qty)
+    .execute(&mut **tx)
+    .await?;
+    Ok(taken.rows_affected() == products.len() as u64)
+}
+
+/// Gives every line's units back (a cancel, a release, an expiry), locking in lock order.
+pub(crate) async fn give_back(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result<(), sqlx::Error> {
+    let merged = per_product(lines);
+    let products: Vec<&str> = merged.keys().copied().collect();
+    let qty: Vec<i32> = merged.values().copied().collect();
+    lock(tx, &products).await?;
+    sqlx::query(
+        "UPDATE products p SET available_quantity = p.available_quantity + l.q, updated_at = clock_timestamp() \
+         FROM UNNEST($1::text[], $2::int4[]) AS l(product_id, q) WHERE p.product_id = l.product_id",
+    )
+    .bind(&products)
+    .bind(&qty)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

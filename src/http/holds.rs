@@ -1,0 +1,230 @@
+//! Holds: take units out of availability while a buyer pays, then confirm or release.
+
+use super::openapi::{BadRequest, ErrorBody, PayloadTooLarge, Unauthorized, Unavailable};
+use super::orders::{NewLine, parse_lines};
+use super::{Admin, ApiError, AppState, Json, Path};
+use crate::auth::Caller;
+use crate::checkout::Order;
+use crate::checkout::holds::{Hold, HoldRequest};
+use crate::domain::HoldTtl;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::Number;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/holds", post(take))
+        .route("/v1/holds/{hold_id}", get(show).delete(release))
+        .route("/v1/holds/{hold_id}/confirm", post(confirm))
+        .route("/v1/admin/holds", get(held))
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(take, show, confirm, release, held))]
+pub(super) struct Api;
+
+#[derive(Deserialize, ToSchema)]
+struct NewHold {
+    /// 1–50 lines, each product once.
+    #[schema(min_items = 1, max_items = 50)]
+    lines: Vec<NewLine>,
+    /// Seconds the units stay held (1–3600, default 600).
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 3600, example = 600)]
+    ttl_s: Option<Number>,
+    /// Admin tokens name the user they hold for; user tokens may omit it.
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
+    user_id: Option<String>,
+}
+
+/// Hold units (all lines or none)
+///
+/// The units leave availability at once (a guarded UPDATE per product, like an order) until
+/// the hold is confirmed, released, or expires (they return within 5 s of `expires_at`).
+/// Idempotent by key like orders; a 409 is final for its key.
+#[utoipa::path(
+    post,
+    path = "/v1/holds",
+    tag = "holds",
+    params(
+        ("Idempotency-Key" = String, Header, description = "1–255 printable ASCII characters, no spaces",
+            min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$"),
+    ),
+    request_body = NewHold,
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Held (or the same hold again for a repeated key and body)", body = Hold),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "A user holding for another user", body = ErrorBody),
+        (status = 404, description = "PRODUCT_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "OUT_OF_STOCK, with the short `lines`; nothing was held", body = ErrorBody),
+        (status = 413, response = PayloadTooLarge),
+        (status = 422, description = "INVALID_LINES, DUPLICATE_PRODUCT, INVALID_TTL, INVALID_QUANTITY, INVALID_PRODUCT_ID, IDEMPOTENCY_KEY_REUSED, USER_ID_REQUIRED", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn take(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Json(body): Json<NewHold>,
+) -> Result<Response, ApiError> {
+    let key = super::required_key(&headers)?;
+    let user = super::acting_user(&caller, body.user_id.as_deref(), "take holds")?;
+    let lines = parse_lines(&body.lines)?;
+    let ttl = match &body.ttl_s {
+        Some(n) => HoldTtl::parse(n)?,
+        None => HoldTtl::DEFAULT,
+    };
+    let (hold, _) = state
+        .checkout
+        .hold(HoldRequest {
+            user,
+            lines,
+            ttl,
+            key,
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(hold)).into_response())
+}
+
+/// Loads a hold the caller may see; someone else's is a 403.
+async fn load(state: &AppState, caller: &Caller, id: &str) -> Result<Hold, ApiError> {
+    let id =
+        Uuid::parse_str(id).map_err(|_| ApiError::not_found("HOLD_NOT_FOUND", "no such hold"))?;
+    let hold = state.checkout.hold_by_id(id).await?;
+    match caller {
+        Caller::Admin => Ok(hold),
+        Caller::User(me) if me.as_str() == hold.user_id => Ok(hold),
+        Caller::User(_) => Err(ApiError::Forbidden("this hold belongs to another user")),
+    }
+}
+
+/// A hold (its user, or admin)
+#[utoipa::path(
+    get,
+    path = "/v1/holds/{hold_id}",
+    tag = "holds",
+    params(("hold_id" = uuid::Uuid, Path)),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The hold: `held`, `confirmed` (with `order_id`), `released` or `expired`", body = Hold),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "The hold belongs to another user", body = ErrorBody),
+        (status = 404, description = "HOLD_NOT_FOUND (also for an id that is not a UUID)", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn show(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Hold>, ApiError> {
+    Ok(Json(load(&state, &caller, &id).await?))
+}
+
+/// Confirm a hold: its units become the order
+///
+/// Exactly once: 201 with the order the first time, 200 with the same order after.
+#[utoipa::path(
+    post,
+    path = "/v1/holds/{hold_id}/confirm",
+    tag = "holds",
+    params(("hold_id" = uuid::Uuid, Path)),
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Confirmed now: the order, its lines the held ones", body = Order),
+        (status = 200, description = "Confirmed before: the same order", body = Order),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "The hold belongs to another user", body = ErrorBody),
+        (status = 404, description = "HOLD_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "HOLD_EXPIRED or HOLD_RELEASED: too late", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn confirm(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let hold = load(&state, &caller, &id).await?;
+    let (order, now) = state.checkout.confirm_hold(hold.hold_id).await?;
+    let status = if now {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(order)).into_response())
+}
+
+/// Release a hold: its units go back
+///
+/// Exactly once; releasing again answers the hold as it is.
+#[utoipa::path(
+    delete,
+    path = "/v1/holds/{hold_id}",
+    tag = "holds",
+    params(("hold_id" = uuid::Uuid, Path)),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The hold, `released` (or `expired` if its time had passed)", body = Hold),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "The hold belongs to another user", body = ErrorBody),
+        (status = 404, description = "HOLD_NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "HOLD_CONFIRMED: it is an order now", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn release(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Hold>, ApiError> {
+    let hold = load(&state, &caller, &id).await?;
+    Ok(Json(state.checkout.release_hold(hold.hold_id).await?))
+}
+
+#[derive(Serialize, ToSchema)]
+struct Held {
+    product_id: String,
+    units: i64,
+}
+
+#[derive(Serialize, ToSchema)]
+struct HeldNow {
+    /// The products with the most units held (up to 20), most first.
+    units_held: Vec<Held>,
+}
+
+/// Units held per product (admin)
+#[utoipa::path(
+    get,
+    path = "/v1/admin/holds",
+    tag = "holds",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Units held now, the hottest products first", body = HeldNow),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "Not an admin", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn held(State(state): State<AppState>, _: Admin) -> Result<Json<HeldNow>, ApiError> {
+    let units_held = state
+        .checkout
+        .units_held(20)
+        .await?
+        .into_iter()
+        .map(|(product_id, units)| Held { product_id, units })
+        .collect();
+    Ok(Json(HeldNow { units_held }))
+}

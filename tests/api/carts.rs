@@ -1,0 +1,537 @@
+//! Carts and holds: all or nothing, never oversold, every ending exactly once.
+
+use crate::helpers::*;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+async fn post(
+    app: &TestApp,
+    path: &str,
+    user: &str,
+    key: &str,
+    body: Value,
+) -> (StatusCode, Value) {
+    let r = app
+        .client
+        .post(app.url(path))
+        .bearer_auth(app.user_token(user))
+        .header("Idempotency-Key", key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let s = r.status();
+    (s, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn call(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: impl AsRef<str>,
+    user: &str,
+) -> (StatusCode, Value) {
+    let path = path.as_ref();
+    let r = app
+        .client
+        .request(method, app.url(path))
+        .bearer_auth(app.user_token(user))
+        .send()
+        .await
+        .unwrap();
+    let s = r.status();
+    (s, r.json().await.unwrap_or(Value::Null))
+}
+
+/// (buyer, cart, status, body).
+type CartAnswer = (usize, Vec<(&'static str, i64)>, StatusCode, Value);
+
+fn lines(items: &[(&str, i64)]) -> Value {
+    json!(
+        items
+            .iter()
+            .map(|(p, q)| json!({"product_id": p, "quantity": q}))
+            .collect::<Vec<_>>()
+    )
+}
+
+/// Units of `product` in confirmed orders, single-line and cart lines alike.
+async fn sold(app: &TestApp, product: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE(SUM(q), 0)::int8 FROM ( \
+           SELECT quantity AS q FROM orders WHERE status = 'confirmed' AND product_id = $1 \
+           UNION ALL SELECT l.quantity FROM order_lines l JOIN orders o USING (order_id) \
+           WHERE o.status = 'confirmed' AND l.product_id = $1) s",
+    )
+    .bind(product)
+    .fetch_one(&app.primary)
+    .await
+    .unwrap()
+}
+
+/// Units of `product` in holds that have not ended.
+async fn held(app: &TestApp, product: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE(SUM(l.quantity), 0)::int8 FROM hold_lines l JOIN holds h USING (hold_id) \
+         WHERE h.status = 'held' AND l.product_id = $1",
+    )
+    .bind(product)
+    .fetch_one(&app.primary)
+    .await
+    .unwrap()
+}
+
+/// Stock + sold + held = given, and stock ≥ 0, for every product.
+async fn conserved(app: &TestApp, given: &[(&str, i64)]) {
+    for (p, g) in given {
+        let (stock, sold, held) = (
+            app.stock_on_primary(p).await,
+            sold(app, p).await,
+            held(app, p).await,
+        );
+        assert!(stock >= 0, "{p}: stock {stock}");
+        assert_eq!(
+            stock + sold + held,
+            *g,
+            "{p}: stock {stock} + sold {sold} + held {held} != {g}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_carts_on_two_instances_with_paused_replicas_never_oversell_or_split() {
+    let cluster = private_cluster();
+    let a = spawn_app(&cluster).await;
+    let b = spawn_app_with(AppOptions {
+        database: Some(a.database.clone()),
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    for i in 1..=2 {
+        blocking(|| cluster.pause_replay(i)).unwrap();
+    }
+    let products = ["c-a", "c-b", "c-c", "c-d", "c-e"];
+    let given: Vec<(&str, i64)> = products.iter().map(|p| (*p, 60)).collect();
+    for (p, g) in &given {
+        assert_eq!(
+            a.create_product(p, *g, 100).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    // Precondition: the replicas lack the products and are well past the gate's budget.
+    a.wait_for(
+        "both replicas over 1 s behind",
+        Duration::from_secs(20),
+        || async {
+            a.replica_states()
+                .await
+                .iter()
+                .all(|(_, _, ms)| ms.is_some_and(|ms| ms > 1000))
+        },
+    )
+    .await;
+    let answers: Vec<CartAnswer> = futures::stream::iter(0..1000usize)
+        .map(|i| {
+            let app = if i % 2 == 0 { &a } else { &b };
+            // 2–4 lines over the five products, varied by buyer.
+            let n = 2 + i % 3;
+            let cart: Vec<(&str, i64)> = (0..n)
+                .map(|k| (products[(i + k * 2) % 5], 1 + ((i + k) % 3) as i64))
+                .collect();
+            async move {
+                let (s, body) = post(
+                    app,
+                    "/v1/orders",
+                    &format!("cart-{i}"),
+                    "k",
+                    json!({"lines": lines(&cart)}),
+                )
+                .await;
+                (i, cart, s, body)
+            }
+        })
+        .buffer_unordered(200)
+        .collect()
+        .await;
+    let mut created = 0;
+    for (i, cart, s, body) in &answers {
+        match *s {
+            StatusCode::CREATED => {
+                created += 1;
+                let got = body["lines"].as_array().map_or(0, Vec::len);
+                assert_eq!(got, cart.len(), "cart {i}: every line or none: {body}");
+            }
+            StatusCode::CONFLICT => {
+                assert_eq!(body["error"]["code"], "OUT_OF_STOCK", "cart {i}: {body}")
+            }
+            other => panic!("cart {i}: {other} {body} (no deadlock, no 5xx)"),
+        }
+    }
+    assert!(created > 0, "some carts sold");
+    // No partial order: every confirmed cart holds exactly its lines.
+    let partial: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders o WHERE o.product_id IS NULL AND o.status = 'confirmed' \
+         AND (SELECT count(*) FROM order_lines l WHERE l.order_id = o.order_id) < 2",
+    )
+    .fetch_one(&a.primary)
+    .await
+    .unwrap();
+    assert_eq!(partial, 0);
+    conserved(&a, &given).await;
+    for i in 1..=2 {
+        blocking(|| cluster.resume_replay(i)).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cart_is_all_or_nothing_names_its_short_lines_and_its_key_is_final() {
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("cart-x", 5, 100).await;
+    app.create_product("cart-y", 1, 250).await;
+    let (s, body) = post(
+        &app,
+        "/v1/orders",
+        "ada",
+        "c1",
+        json!({"lines": lines(&[("cart-x", 2), ("cart-y", 2)])}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        body["error"]["lines"],
+        json!([{"product_id": "cart-y", "requested": 2, "available": 1}])
+    );
+    assert_eq!(
+        (
+            app.stock_on_primary("cart-x").await,
+            app.stock_on_primary("cart-y").await
+        ),
+        (5, 1),
+        "nothing taken"
+    );
+    let (s, body) = post(
+        &app,
+        "/v1/orders",
+        "ada",
+        "c2",
+        json!({"lines": lines(&[("cart-y", 1), ("cart-x", 2)])}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    assert_eq!(body["total_cents"], 450);
+    assert_eq!(
+        body["lines"],
+        json!([
+            {"product_id": "cart-x", "quantity": 2, "unit_price_cents": 100},
+            {"product_id": "cart-y", "quantity": 1, "unit_price_cents": 250},
+        ])
+    );
+    // The same lines in another order are the same body; another body is 422.
+    let (s, again) = post(
+        &app,
+        "/v1/orders",
+        "ada",
+        "c2",
+        json!({"lines": lines(&[("cart-x", 2), ("cart-y", 1)])}),
+    )
+    .await;
+    assert_eq!(
+        (s, &again["order_id"]),
+        (StatusCode::CREATED, &body["order_id"])
+    );
+    let (s, e) = post(
+        &app,
+        "/v1/orders",
+        "ada",
+        "c2",
+        json!({"lines": lines(&[("cart-x", 1), ("cart-y", 1)])}),
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("IDEMPOTENCY_KEY_REUSED")
+        )
+    );
+    let (s, e) = post(
+        &app,
+        "/v1/orders",
+        "ada",
+        "c3",
+        json!({"lines": lines(&[("cart-x", 1), ("cart-x", 1)])}),
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("DUPLICATE_PRODUCT"))
+    );
+    // The refused key stays refused after a restock.
+    app.restock("cart-y", 10).await;
+    let (s, _) = post(
+        &app,
+        "/v1/orders",
+        "ada",
+        "c1",
+        json!({"lines": lines(&[("cart-x", 2), ("cart-y", 2)])}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    // The order reads back with its lines; cancelling twice at once returns each line once.
+    let id = body["order_id"].as_str().unwrap().to_string();
+    let (s, read) = call(
+        &app,
+        reqwest::Method::GET,
+        &format!("/v1/orders/{id}"),
+        "ada",
+    )
+    .await;
+    assert_eq!((s, &read["lines"]), (StatusCode::OK, &body["lines"]));
+    let cancels: Vec<StatusCode> = futures::future::join_all((0..5).map(|_| {
+        call(
+            &app,
+            reqwest::Method::POST,
+            format!("/v1/orders/{id}/cancel"),
+            "ada",
+        )
+    }))
+    .await
+    .into_iter()
+    .map(|(s, _)| s)
+    .collect();
+    assert!(cancels.iter().all(|s| *s == StatusCode::OK), "{cancels:?}");
+    assert_eq!(
+        (
+            app.stock_on_primary("cart-x").await,
+            app.stock_on_primary("cart-y").await
+        ),
+        (5, 11)
+    );
+}
+
+async fn take_hold(
+    app: &TestApp,
+    user: &str,
+    key: &str,
+    items: &[(&str, i64)],
+    ttl: i64,
+) -> (StatusCode, Value) {
+    post(
+        app,
+        "/v1/holds",
+        user,
+        key,
+        json!({"lines": lines(items), "ttl_s": ttl}),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("h-a", 10, 100).await;
+    app.create_product("h-b", 10, 300).await;
+    let (s, hold) = take_hold(&app, "ada", "h1", &[("h-a", 3), ("h-b", 1)], 600).await;
+    assert_eq!(
+        (s, hold["status"].as_str()),
+        (StatusCode::CREATED, Some("held")),
+        "{hold}"
+    );
+    let (_, avail) = app
+        .get_json("/v1/products/h-a/availability?qty=8", None)
+        .await;
+    assert_eq!(
+        avail["available"], false,
+        "held units are not available to anyone else: {avail}"
+    );
+    let (s, again) = take_hold(&app, "ada", "h1", &[("h-b", 1), ("h-a", 3)], 600).await;
+    assert_eq!(
+        (s, &again["hold_id"]),
+        (StatusCode::CREATED, &hold["hold_id"]),
+        "a retry is the same hold"
+    );
+    let id = hold["hold_id"].as_str().unwrap().to_string();
+    let confirms = futures::future::join_all((0..5).map(|_| {
+        call(
+            &app,
+            reqwest::Method::POST,
+            format!("/v1/holds/{id}/confirm"),
+            "ada",
+        )
+    }))
+    .await;
+    let created = confirms
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::CREATED)
+        .count();
+    assert_eq!(created, 1, "{confirms:?}");
+    let order_ids: std::collections::HashSet<String> = confirms
+        .iter()
+        .map(|(_, o)| o["order_id"].to_string())
+        .collect();
+    assert_eq!(order_ids.len(), 1, "every confirm names the same order");
+    assert_eq!(confirms[0].1["total_cents"], 600);
+    let (s, e) = call(
+        &app,
+        reqwest::Method::DELETE,
+        &format!("/v1/holds/{id}"),
+        "ada",
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("HOLD_CONFIRMED"))
+    );
+    // A second hold, released twice: its units come back once; confirming it is 409.
+    let (_, h2) = take_hold(&app, "ada", "h2", &[("h-a", 2)], 600).await;
+    let id2 = h2["hold_id"].as_str().unwrap().to_string();
+    for _ in 0..2 {
+        let (s, r) = call(
+            &app,
+            reqwest::Method::DELETE,
+            &format!("/v1/holds/{id2}"),
+            "ada",
+        )
+        .await;
+        assert_eq!(
+            (s, r["status"].as_str()),
+            (StatusCode::OK, Some("released"))
+        );
+    }
+    let (s, e) = call(
+        &app,
+        reqwest::Method::POST,
+        &format!("/v1/holds/{id2}/confirm"),
+        "ada",
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("HOLD_RELEASED"))
+    );
+    assert_eq!(
+        (
+            app.stock_on_primary("h-a").await,
+            app.stock_on_primary("h-b").await
+        ),
+        (7, 9)
+    );
+    conserved(&app, &[("h-a", 10), ("h-b", 10)]).await;
+    // Someone else's hold is 403; too much is 409 with the short lines.
+    assert_eq!(
+        call(
+            &app,
+            reqwest::Method::GET,
+            &format!("/v1/holds/{id}"),
+            "bob"
+        )
+        .await
+        .0,
+        StatusCode::FORBIDDEN
+    );
+    let (s, e) = take_hold(&app, "bob", "b1", &[("h-a", 8)], 60).await;
+    assert_eq!(
+        (s, &e["error"]["lines"][0]["available"]),
+        (StatusCode::CONFLICT, &json!(7))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn holds_that_expire_under_load_and_confirms_racing_them_return_exactly_what_they_held() {
+    let a = spawn_app(shared_cluster()).await;
+    let b = spawn_app_with(AppOptions {
+        database: Some(a.database.clone()),
+        ..AppOptions::new(shared_cluster())
+    })
+    .await;
+    a.create_product("exp-a", 500, 100).await;
+    a.create_product("exp-b", 500, 100).await;
+    let given = [("exp-a", 500), ("exp-b", 500)];
+    // 200 one-second holds on two instances; a confirm races each one's expiry.
+    let outcomes: Vec<(StatusCode, StatusCode)> = futures::stream::iter(0..200usize)
+        .map(|i| {
+            let app = if i % 2 == 0 { &a } else { &b };
+            let other = if i % 2 == 0 { &b } else { &a };
+            async move {
+                let items = [("exp-a", 1 + (i % 2) as i64), ("exp-b", 1)];
+                let (s, hold) = take_hold(app, &format!("u{i}"), "k", &items, 1).await;
+                assert_eq!(s, StatusCode::CREATED, "{hold}");
+                let id = hold["hold_id"].as_str().unwrap().to_string();
+                // Aim the confirm at the moment the hold runs out, give or take.
+                tokio::time::sleep(Duration::from_millis(900 + (i as u64 % 20) * 10)).await;
+                let (c, _) = call(
+                    other,
+                    reqwest::Method::POST,
+                    &format!("/v1/holds/{id}/confirm"),
+                    &format!("u{i}"),
+                )
+                .await;
+                (s, c)
+            }
+        })
+        .buffer_unordered(100)
+        .collect()
+        .await;
+    let confirmed = outcomes
+        .iter()
+        .filter(|(_, c)| *c == StatusCode::CREATED)
+        .count();
+    let expired = outcomes
+        .iter()
+        .filter(|(_, c)| *c == StatusCode::CONFLICT)
+        .count();
+    assert_eq!(confirmed + expired, 200, "{outcomes:?}");
+    eprintln!("confirm racing expiry: {confirmed} confirmed, {expired} expired");
+    a.wait_for("every hold ended", Duration::from_secs(15), || async {
+        held(&a, "exp-a").await + held(&a, "exp-b").await == 0
+    })
+    .await;
+    // Exactly one ending each: the confirmed ones are orders, the rest came back once.
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM holds WHERE status = 'confirmed'")
+        .fetch_one(&a.primary)
+        .await
+        .unwrap();
+    assert_eq!(orders as usize, confirmed);
+    conserved(&a, &given).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_among_many_open_holds_loses_none_and_returns_none_twice() {
+    let cluster = shared_cluster();
+    let first = spawn_app(cluster).await;
+    let db = first.database.clone();
+    first.create_product("rs-a", 100, 100).await;
+    for i in 0..50 {
+        let (s, _) = take_hold(&first, &format!("r{i}"), "k", &[("rs-a", 1)], 2).await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    assert_eq!(first.stock_on_primary("rs-a").await, 50);
+    drop(first);
+    // Two instances come up (a restart and a second one); both sweep.
+    let a = spawn_app_with(AppOptions {
+        database: Some(db.clone()),
+        ..AppOptions::new(cluster)
+    })
+    .await;
+    let b = spawn_app_with(AppOptions {
+        database: Some(db),
+        ..AppOptions::new(cluster)
+    })
+    .await;
+    a.wait_for("the holds expired", Duration::from_secs(15), || async {
+        held(&a, "rs-a").await == 0
+    })
+    .await;
+    assert_eq!(
+        a.stock_on_primary("rs-a").await,
+        100,
+        "each hold returned once"
+    );
+    let expired = a.metric("stockgate_holds_total").await + b.metric("stockgate_holds_total").await;
+    assert_eq!(
+        expired, 50.0,
+        "the two sweepers together ended each hold once"
+    );
+}
