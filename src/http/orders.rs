@@ -149,43 +149,31 @@ async fn place(
 ) -> Result<Response, ApiError> {
     let key = super::required_key(&headers)?;
     let user = super::acting_user(&caller, body.user_id.as_deref(), "place orders")?;
+    let single = |product, quantity| OrderRequest {
+        user: user.clone(),
+        product,
+        quantity,
+        key: key.clone(),
+    };
     let placed = match (&body.lines, &body.product_id, &body.quantity) {
-        (Some(lines), None, None) => {
-            let lines = parse_lines(lines)?;
-            match lines.get() {
-                // A one-line cart is an order for that product: the batched fast path.
-                [(product, quantity)] => {
-                    let (product, quantity) = (product.clone(), *quantity);
-                    state
-                        .checkout
-                        .place(OrderRequest {
-                            user,
-                            product,
-                            quantity,
-                            key,
-                        })
-                        .await?
-                }
-                _ => {
-                    state
-                        .checkout
-                        .place_cart(CartRequest { user, lines, key })
-                        .await?
-                }
+        (Some(lines), None, None) => match parse_lines(lines)? {
+            // A one-line cart is an order for that product: the batched fast path.
+            lines if lines.get().len() == 1 => {
+                let (product, quantity) = lines.get()[0].clone();
+                state.checkout.place(single(product, quantity)).await?
             }
-        }
+            lines => {
+                let cart = CartRequest {
+                    user: user.clone(),
+                    lines,
+                    key: key.clone(),
+                };
+                state.checkout.place_cart(cart).await?
+            }
+        },
         (None, Some(product), Some(quantity)) => {
-            let product = ProductId::parse(product)?;
-            let quantity = Quantity::parse(quantity)?;
-            state
-                .checkout
-                .place(OrderRequest {
-                    user,
-                    product,
-                    quantity,
-                    key,
-                })
-                .await?
+            let req = single(ProductId::parse(product)?, Quantity::parse(quantity)?);
+            state.checkout.place(req).await?
         }
         _ => {
             return Err(ApiError::invalid(

@@ -56,6 +56,11 @@ fn lines(items: &[(&str, i64)]) -> Value {
     )
 }
 
+/// Places a cart of `items` for `user` under `key`.
+async fn cart(app: &TestApp, user: &str, key: &str, items: &[(&str, i64)]) -> (StatusCode, Value) {
+    post(app, "/v1/orders", user, key, json!({"lines": lines(items)})).await
+}
+
 /// Units of `product` in confirmed orders, single-line and cart lines alike.
 async fn sold(app: &TestApp, product: &str) -> i64 {
     sqlx::query_scalar(
@@ -190,14 +195,7 @@ async fn a_cart_is_all_or_nothing_names_its_short_lines_and_its_key_is_final() {
     let app = spawn_app(shared_cluster()).await;
     app.create_product("cart-x", 5, 100).await;
     app.create_product("cart-y", 1, 250).await;
-    let (s, body) = post(
-        &app,
-        "/v1/orders",
-        "ada",
-        "c1",
-        json!({"lines": lines(&[("cart-x", 2), ("cart-y", 2)])}),
-    )
-    .await;
+    let (s, body) = cart(&app, "ada", "c1", &[("cart-x", 2), ("cart-y", 2)]).await;
     assert_eq!(s, StatusCode::CONFLICT, "{body}");
     assert_eq!(
         body["error"]["lines"],
@@ -211,14 +209,7 @@ async fn a_cart_is_all_or_nothing_names_its_short_lines_and_its_key_is_final() {
         (5, 1),
         "nothing taken"
     );
-    let (s, body) = post(
-        &app,
-        "/v1/orders",
-        "ada",
-        "c2",
-        json!({"lines": lines(&[("cart-y", 1), ("cart-x", 2)])}),
-    )
-    .await;
+    let (s, body) = cart(&app, "ada", "c2", &[("cart-y", 1), ("cart-x", 2)]).await;
     assert_eq!(s, StatusCode::CREATED, "{body}");
     assert_eq!(body["total_cents"], 450);
     assert_eq!(
@@ -229,26 +220,12 @@ async fn a_cart_is_all_or_nothing_names_its_short_lines_and_its_key_is_final() {
         ])
     );
     // The same lines in another order are the same body; another body is 422.
-    let (s, again) = post(
-        &app,
-        "/v1/orders",
-        "ada",
-        "c2",
-        json!({"lines": lines(&[("cart-x", 2), ("cart-y", 1)])}),
-    )
-    .await;
+    let (s, again) = cart(&app, "ada", "c2", &[("cart-x", 2), ("cart-y", 1)]).await;
     assert_eq!(
         (s, &again["order_id"]),
         (StatusCode::CREATED, &body["order_id"])
     );
-    let (s, e) = post(
-        &app,
-        "/v1/orders",
-        "ada",
-        "c2",
-        json!({"lines": lines(&[("cart-x", 1), ("cart-y", 1)])}),
-    )
-    .await;
+    let (s, e) = cart(&app, "ada", "c2", &[("cart-x", 1), ("cart-y", 1)]).await;
     assert_eq!(
         (s, e["error"]["code"].as_str()),
         (
@@ -256,28 +233,14 @@ async fn a_cart_is_all_or_nothing_names_its_short_lines_and_its_key_is_final() {
             Some("IDEMPOTENCY_KEY_REUSED")
         )
     );
-    let (s, e) = post(
-        &app,
-        "/v1/orders",
-        "ada",
-        "c3",
-        json!({"lines": lines(&[("cart-x", 1), ("cart-x", 1)])}),
-    )
-    .await;
+    let (s, e) = cart(&app, "ada", "c3", &[("cart-x", 1), ("cart-x", 1)]).await;
     assert_eq!(
         (s, e["error"]["code"].as_str()),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("DUPLICATE_PRODUCT"))
     );
     // The refused key stays refused after a restock.
     app.restock("cart-y", 10).await;
-    let (s, _) = post(
-        &app,
-        "/v1/orders",
-        "ada",
-        "c1",
-        json!({"lines": lines(&[("cart-x", 2), ("cart-y", 2)])}),
-    )
-    .await;
+    let (s, _) = cart(&app, "ada", "c1", &[("cart-x", 2), ("cart-y", 2)]).await;
     assert_eq!(s, StatusCode::CONFLICT);
     // The order reads back with its lines; cancelling twice at once returns each line once.
     let id = body["order_id"].as_str().unwrap().to_string();

@@ -241,15 +241,7 @@ async fn health_readiness_metrics_and_routing_are_served() {
     let app = spawn_app(shared_cluster()).await;
     assert_eq!(app.get_json("/healthz", None).await.0, StatusCode::OK);
     assert_eq!(app.get_json("/readyz", None).await.0, StatusCode::OK);
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     assert!(
         metrics.contains("stockgate_replica_staleness_seconds"),
         "{metrics}"

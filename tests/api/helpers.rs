@@ -264,17 +264,15 @@ impl TestApp {
         wait_for(what, timeout, cond).await
     }
 
+    /// The `/metrics` page as text.
+    pub async fn metrics_text(&self) -> String {
+        let page = self.client.get(self.url("/metrics")).send().await.unwrap();
+        page.text().await.unwrap()
+    }
+
     /// The sum of a Prometheus metric's samples (all label sets) from `/metrics`.
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = self.metrics_text().await;
         text.lines()
             .filter(|l| !l.starts_with('#'))
             .filter(|l| l.split(['{', ' ']).next() == Some(name))

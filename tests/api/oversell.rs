@@ -642,34 +642,18 @@ async fn a_cancel_racing_an_order_for_the_last_unit_never_breaks_the_ledger() {
     }
 }
 
-async fn metric(app: &TestApp, name: &str) -> f64 {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn after_a_sell_out_rejections_take_no_order_batch_and_are_made_final_in_bulk() {
     let app = spawn_app(shared_cluster()).await;
     sale_product(&app, "gone", 20).await;
     let (outcome, _, _) = flash_sale(&app, "gone", 100, 50, |_| 1).await;
     assert_eq!(outcome.confirmed, 20);
-    let before = metric(&app, "stockgate_order_transactions_total").await;
-    let claims_before = metric(&app, "stockgate_order_refusal_statements_total").await;
+    let before = app.metric("stockgate_order_transactions_total").await;
+    let claims_before = app.metric("stockgate_order_refusal_statements_total").await;
     let (late, _, _) = flash_sale_tagged(&app, "gone", "late-", 500, 64, |_| 1).await;
     assert_eq!((late.confirmed, late.out_of_stock), (0, 500));
-    let after = metric(&app, "stockgate_order_transactions_total").await;
-    let claims = metric(&app, "stockgate_order_refusal_statements_total").await - claims_before;
+    let after = app.metric("stockgate_order_transactions_total").await;
+    let claims = app.metric("stockgate_order_refusal_statements_total").await - claims_before;
     // Fewer than 1 % of the late requests reached an order batch ...
     assert!(
         after - before < 5.0,

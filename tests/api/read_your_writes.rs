@@ -268,15 +268,7 @@ async fn with_redis_down_saves_succeed_and_reads_fail_closed_to_the_primary() {
             (Some("primary"), "ryw_store_unavailable")
         );
     }
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     assert!(
         metrics
             .lines()

@@ -175,15 +175,7 @@ struct Observed {
 
 /// `stockgate_routing_decisions_total` for one class, by (target, reason), read over HTTP.
 async fn decisions(app: &TestApp, class: QueryClass) -> BTreeMap<(String, String), f64> {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics_text().await;
     let mut out = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("stockgate_routing_decisions_total{") else {
