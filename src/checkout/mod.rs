@@ -255,9 +255,9 @@ impl Checkout {
         }
     }
 
-    /// The one path every increase of stock (restock, cancel, import) takes after its
-    /// commit: this instance's gate forgets its cached answer and reads only where the
-    /// change is. It cannot fail: if the primary's position cannot be read, the product is
+    /// The one path every change of stock outside an order batch (restock, cancel, import,
+    /// cart, hold and its ending) takes after its commit: this instance's gate forgets its
+    /// cached answer and reads only where the change is. It cannot fail: if the primary's position cannot be read, the product is
     /// read from the primary alone until the entry ages out (fail safe), and that is counted.
     pub async fn reopened(&self, product: &ProductId) {
         let lsn = match self.db.primary().current_lsn().await {
@@ -318,6 +318,13 @@ impl Checkout {
                     .and_then(|r| r)
             }
         };
+        if let Ok(Placed::Created(order)) = &outcome {
+            for line in &order.lines {
+                if let Ok(product) = ProductId::parse(&line.product_id) {
+                    self.reopened(&product).await;
+                }
+            }
+        }
         self.count(&outcome);
         outcome
     }
@@ -333,6 +340,13 @@ impl Checkout {
             .map_err(|_| CheckoutError::OutcomeUnknown)??;
         if taken.1 {
             self.metrics.holds.with_label_values(&["taken"]).inc();
+            // The units left availability at once: this instance's gate must not answer
+            // from before the hold.
+            for line in &taken.0.lines {
+                if let Ok(product) = ProductId::parse(&line.product_id) {
+                    self.reopened(&product).await;
+                }
+            }
         }
         Ok(taken)
     }
