@@ -212,6 +212,29 @@ fn number(
     }
 }
 
+/// Parses `5s`, `500ms`, `30m`, `24h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 5s or 500ms"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unit must be ms, s, m or h")),
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 10.0 * 365.0 * 86400.0 {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! Operators' view: replica freshness and the routing policy.
 
-use super::openapi::{Forbidden, Unauthorized, Unavailable};
+use super::responses::{Forbidden, Unauthorized, Unavailable};
 use super::{Admin, AppState, Json};
 use crate::routing::format_lsn;
 use crate::routing::policy::POLICY;

@@ -1,6 +1,6 @@
 //! Liveness, readiness and metrics.
 
-use super::openapi::{ErrorBody, Unavailable};
+use super::responses::{ErrorBody, Unavailable};
 use super::{ApiError, AppState, Json};
 use axum::Router;
 use axum::extract::State;

@@ -1,7 +1,7 @@
 //! Holds: take units out of availability while a buyer pays, then confirm or release.
 
-use super::openapi::{BadRequest, ErrorBody, PayloadTooLarge, Unauthorized, Unavailable};
 use super::orders::{NewLine, parse_lines};
+use super::responses::{BadRequest, ErrorBody, PayloadTooLarge, Unauthorized, Unavailable};
 use super::{Admin, ApiError, AppState, Json, Path};
 use crate::auth::Caller;
 use crate::checkout::Order;

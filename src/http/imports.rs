@@ -5,7 +5,7 @@
 //! [`KEEP_FINISHED`] after it ends (`done`, `failed` or `cancelled`), then it is dropped
 //! and its id answers 404. The parsed CSV lives only as long as the job's task.
 
-use super::openapi::{
+use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable,
 };
 use super::{Admin, ApiError, AppState, Json, Path, Query};
@@ -196,7 +196,7 @@ async fn start(
 ) -> Result<Response, ApiError> {
     let lag_budget = match q.lag_budget.as_deref() {
         None => std::time::Duration::from_secs(5),
-        Some(s) => crate::cli::parse_duration(s)
+        Some(s) => crate::config::parse_duration(s)
             .map_err(|e| ApiError::bad_request("INVALID_QUERY", format!("lag_budget: {e}")))?,
     };
     let batch_size = q.batch_size.unwrap_or(1000);

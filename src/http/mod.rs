@@ -11,6 +11,7 @@ mod orders;
 mod pages;
 mod products;
 mod reports;
+mod responses;
 mod users;
 
 use crate::auth::{Caller, Tokens};

@@ -6,12 +6,12 @@
 //! routed read, the reusable error responses and the `bearer` security scheme). A test
 //! checks that every route the router serves is documented, and nothing more.
 
+use super::responses::*;
 use super::{AppState, admin, health, holds, imports, orders, products, reports, users};
 use axum::Router;
 use axum::routing::get;
-use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToResponse, ToSchema};
+use utoipa::{Modify, OpenApi};
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/openapi.json", get(openapi_json))
@@ -101,74 +101,6 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The one error body: `{"error": {"code": "SCREAMING_SNAKE_CASE", "message": "…"}}`.
-/// (Documentation only: `ApiError` writes it; a test checks the two agree.)
-#[allow(dead_code)]
-#[derive(Serialize, ToSchema)]
-pub(super) struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[allow(dead_code)]
-#[derive(Serialize, ToSchema)]
-pub(super) struct ErrorDetail {
-    /// A stable machine-readable code, e.g. `OUT_OF_STOCK`.
-    #[schema(pattern = "^[A-Z][A-Z0-9_]*$", example = "OUT_OF_STOCK")]
-    code: String,
-    /// A human sentence.
-    message: String,
-}
-
-/// A routed read's answer: the body's own fields plus the moment the answer describes
-/// (documentation only: mirrors `super::Stated`, which a test checks).
-#[allow(dead_code)]
-#[derive(Serialize, ToSchema)]
-pub(super) struct Stated<T> {
-    #[serde(flatten)]
-    body: T,
-    /// Every commit acknowledged before this moment is included (RFC 3339, UTC).
-    #[schema(format = DateTime, example = "2026-11-29T17:00:03.123Z")]
-    as_of: String,
-    /// `now - as_of` when the answer was produced (0 or near it on the primary).
-    stale_by_ms: u64,
-    /// `primary` or the replica's name (`replica-1`, …).
-    #[schema(example = "replica-1")]
-    served_by: String,
-}
-
-/// Malformed: bad JSON or types, an unknown query parameter or value, a missing header.
-#[allow(dead_code)]
-#[derive(ToResponse)]
-pub(super) struct BadRequest(ErrorBody);
-
-/// No bearer token, or an invalid or expired one.
-#[allow(dead_code)]
-#[derive(ToResponse)]
-#[response(headers(("WWW-Authenticate" = String, description = "`Bearer`")))]
-pub(super) struct Unauthorized(ErrorBody);
-
-/// A user token acting for another user, or on an admin route.
-#[allow(dead_code)]
-#[derive(ToResponse)]
-pub(super) struct Forbidden(ErrorBody);
-
-/// The body is over the limit (64 KiB).
-#[allow(dead_code)]
-#[derive(ToResponse)]
-pub(super) struct PayloadTooLarge(ErrorBody);
-
-/// Valid JSON that breaks a rule (a bad id, a quantity out of range, …).
-#[allow(dead_code)]
-#[derive(ToResponse)]
-pub(super) struct Unprocessable(ErrorBody);
-
-/// No safe place to answer from (the primary is unreachable, no replica is fresh enough for
-/// a class that refuses), the database is busy, or the service is shedding load or timed out.
-#[allow(dead_code)]
-#[derive(ToResponse)]
-#[response(headers(("Retry-After" = String, description = "Seconds to wait before retrying")))]
-pub(super) struct Unavailable(ErrorBody);
-
 // The pages module serves static HTML, JS and CSS; its routes are documented here.
 
 /// The operations page
@@ -253,6 +185,7 @@ mod tests {
     use super::*;
     use crate::http::ApiError;
     use axum::response::IntoResponse;
+    use serde::Serialize;
     use serde_json::Value;
     use std::collections::BTreeSet;
 

@@ -1,6 +1,6 @@
 //! Orders: place (idempotent), look up, cancel.
 
-use super::openapi::{
+use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable,
 };
 use super::{ApiError, AppState, Json, Path};

@@ -1,7 +1,7 @@
 //! Products: create and restock (admin, primary), the product page and availability
 //! (routed reads).
 
-use super::openapi::{
+use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Stated, Unauthorized, Unavailable,
     Unprocessable,
 };

@@ -2,7 +2,7 @@
 //! the orders export (any replica that answers) each state the moment they describe, so two
 //! figures that differ explain themselves.
 
-use super::openapi::{ErrorBody, Forbidden, Stated, Unauthorized, Unavailable};
+use super::responses::{ErrorBody, Forbidden, Stated, Unauthorized, Unavailable};
 use super::{Admin, ApiError, AppState, Query, stated};
 use crate::routing::policy::QueryClass;
 use crate::routing::{ReadCtx, ReadPool, Route, Routed};

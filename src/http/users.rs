@@ -6,7 +6,7 @@
 //! write is always answered 200: what could not be recorded is made safe by
 //! [`crate::routing::Db::note_write`] instead (a pin to the primary, or a wait).
 
-use super::openapi::{BadRequest, ErrorBody, PayloadTooLarge, Stated, Unauthorized, Unavailable};
+use super::responses::{BadRequest, ErrorBody, PayloadTooLarge, Stated, Unauthorized, Unavailable};
 use super::{ApiError, AppState, Json, Path, stated};
 use crate::auth::Caller;
 use crate::domain::{DisplayName, Email, Settings, UserId};

@@ -1,8 +1,10 @@
 //! The `stockgate` command line (the contract's subcommands).
 
+mod import;
+
 use crate::auth::{Caller, Tokens};
 use crate::clock::SystemClock;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, parse_duration};
 use crate::domain::UserId;
 use crate::routing::freshness::ReplicaState;
 use crate::startup::{self, Application};
@@ -32,7 +34,7 @@ pub enum Command {
     /// Print a bearer token for a user or an admin, signed with STOCKGATE_TOKEN_SECRET.
     Token(TokenArgs),
     /// Bulk-load products and stock from CSV, throttled against a live replication-lag budget.
-    Import(crate::import::ImportArgs),
+    Import(import::ImportArgs),
 }
 
 #[derive(Args)]
@@ -53,29 +55,6 @@ struct Who {
     /// An admin token.
     #[arg(long)]
     admin: bool,
-}
-
-/// Parses `5s`, `500ms`, `30m`, `24h`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 5s or 500ms"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" | "" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unit must be ms, s, m or h")),
-    };
-    if !secs.is_finite() || secs <= 0.0 || secs > 10.0 * 365.0 * 86400.0 {
-        return Err(format!("{s:?} is out of range"));
-    }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 /// How a subcommand failed: configuration (exit 2) or at run time (exit 1).
@@ -160,9 +139,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             println!("{}", tokens.issue(&caller, args.ttl)?);
             Ok(())
         }
-        Command::Import(args) => crate::import::run(&config, args)
-            .await
-            .map_err(Failure::from),
+        Command::Import(args) => import::run(&config, args).await.map_err(Failure::from),
     }
 }
 
