@@ -644,7 +644,8 @@ async fn buyer(plan: &Plan, t: &mut Tally, b: u64) {
             // Whatever came back, the hold is over by its expiry at the latest.
             t.ended(hold.expires_at);
             if let Some(ans) = ans {
-                confirmed(plan, t, &ans);
+                let held = cart.iter().map(|&p| (p, u64::from(a.qty))).collect();
+                confirmed(plan, t, &ans, held);
             }
         }
         Ending::Release => {
@@ -657,20 +658,28 @@ async fn buyer(plan: &Plan, t: &mut Tally, b: u64) {
     }
 }
 
-/// Classifies a confirm answer; the units counted are the order's own lines.
-fn confirmed(plan: &Plan, t: &mut Tally, ans: &Answer) {
+/// Classifies a confirm answer. The units counted are the order's own lines (the service's
+/// word), and they must be the held ones: an order that differs from its hold is flagged.
+fn confirmed(plan: &Plan, t: &mut Tally, ans: &Answer, mut held: Vec<(usize, u64)>) {
     match ans.status {
         StatusCode::CREATED | StatusCode::OK => {
             match serde_json::from_slice::<OrderBody>(&ans.body) {
                 Ok(o) if o.status == "confirmed" => {
                     t.counts.confirmed += 1;
+                    let mut got = Vec::with_capacity(o.lines.len());
                     for l in o.lines {
                         match plan.index.get(&l.product_id) {
-                            Some(&i) => t.units[i] += l.quantity,
-                            None => {
-                                t.unexpected(Step::Confirm, "order line of another product".into())
+                            Some(&i) => {
+                                t.units[i] += l.quantity;
+                                got.push((i, l.quantity));
                             }
+                            None => got.push((usize::MAX, l.quantity)),
                         }
+                    }
+                    got.sort_unstable();
+                    held.sort_unstable();
+                    if got != held {
+                        t.unexpected(Step::Confirm, "order lines differ from the hold's".into());
                     }
                 }
                 Ok(o) => t.unexpected(
