@@ -58,6 +58,9 @@ pub enum Mode {
     SellOut(SellOutArgs),
     /// GET availability back-to-back on one product: req/s, latency, who answered, staleness.
     Availability(AvailabilityArgs),
+    /// Buyers hold a cart, pay (a delay), then confirm, release or walk away: checks
+    /// nothing is oversold and nothing stays held once every hold has ended.
+    Checkout(crate::modes::checkout::CheckoutArgs),
 }
 
 #[derive(Debug, Clone, Args)]

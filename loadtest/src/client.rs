@@ -295,6 +295,55 @@ impl Api {
     }
 }
 
+/// One answer kept raw, for modes that classify answers themselves.
+pub struct Answer {
+    pub status: StatusCode,
+    /// The `Retry-After` header, when present (an unreadable value counts as 1 s).
+    pub retry_after: Option<Duration>,
+    pub body: Vec<u8>,
+}
+
+impl Api {
+    /// An admin request to `path` (e.g. `/v1/holds`) with an optional Idempotency-Key and
+    /// JSON body, bounded by `deadline`; `Err` is a transport label ("timeout", ...).
+    pub async fn admin_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&Value>,
+        deadline: Instant,
+    ) -> Result<Answer, String> {
+        let token = self.token().map_err(|_| "no admin token".to_string())?;
+        let mut rb = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(token);
+        if let Some(key) = key {
+            rb = rb.header("Idempotency-Key", key);
+        }
+        if let Some(body) = body {
+            rb = rb.json(body);
+        }
+        let r = self
+            .bounded(rb, deadline)
+            .send()
+            .await
+            .map_err(|e| transport_label(&e))?;
+        let status = r.status();
+        let retry_after = r.headers().get(reqwest::header::RETRY_AFTER).map(|v| {
+            let secs = v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok());
+            Duration::from_secs(secs.unwrap_or(1))
+        });
+        let body = r.bytes().await.map_err(|e| transport_label(&e))?.to_vec();
+        Ok(Answer {
+            status,
+            retry_after,
+            body,
+        })
+    }
+}
+
 /// 201 confirmed → Confirmed; 409 OUT_OF_STOCK → OutOfStock; anything else → Failed.
 pub fn classify_order(status: StatusCode, body: &[u8]) -> OrderOutcome {
     match status {

@@ -40,6 +40,7 @@ async fn run(cli: Cli) -> Result<bool> {
         Mode::SellOut(a) => a.concurrency + a.pollers,
         Mode::HotSku(a) => a.concurrency,
         Mode::Availability(a) => a.concurrency,
+        Mode::Checkout(a) => a.concurrency,
     } as usize
         + 4;
     let api = Api::new(
@@ -76,6 +77,10 @@ async fn run(cli: Cli) -> Result<bool> {
         }
         Mode::Availability(a) => {
             let r = modes::availability::run(&ctx, a).await?;
+            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+        }
+        Mode::Checkout(a) => {
+            let r = modes::checkout::run(&ctx, a).await?;
             (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
         }
     };

@@ -2,6 +2,7 @@
 //! warm-up, progress bars and report output.
 
 pub mod availability;
+pub mod checkout;
 pub mod flash_sale;
 pub mod hot_sku;
 pub mod sale;
