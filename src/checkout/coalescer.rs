@@ -25,7 +25,7 @@ use super::{CheckoutError, OrderRequest, Placed};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
-use crate::routing::{Db, DbError, is_connection_error};
+use crate::routing::{Db, DbError};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -77,6 +77,18 @@ fn send_or_respawn<K: Eq + Hash + Clone, T>(
             queues.insert(key.clone(), fresh);
             sent
         }
+    }
+}
+
+/// An error that one request's row can cause (bad data, a constraint, a trigger's
+/// refusal): worth splitting the batch around. Lock and statement timeouts, resource and
+/// connection errors are the database's state, not a row's: nothing was written, retry.
+fn is_row_level(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c.starts_with("P0")),
+        _ => false,
     }
 }
 
@@ -159,7 +171,7 @@ impl Coalescer {
             let reqs: Vec<&OrderRequest> = part.iter().map(|p| &p.req).collect();
             match self.run(product, &reqs).await {
                 Err(Failed::NothingWritten(DbError::Query(e)))
-                    if part.len() > 1 && !is_connection_error(&e) =>
+                    if part.len() > 1 && is_row_level(&e) =>
                 {
                     // A row-level error: split so the healthy orders commit without it.
                     tracing::warn!(%product, error = %e, size = part.len(), "order batch hit a row-level error; splitting it");
@@ -218,9 +230,7 @@ impl Coalescer {
                         .map(|_| {
                             Fate::Decided(Err(match &failed {
                                 _ if unknown => CheckoutError::OutcomeUnknown,
-                                Failed::NothingWritten(DbError::Query(e))
-                                    if !is_connection_error(e) =>
-                                {
+                                Failed::NothingWritten(DbError::Query(e)) if is_row_level(e) => {
                                     CheckoutError::Refused(e.to_string())
                                 }
                                 Failed::NothingWritten(e) => {

@@ -366,7 +366,8 @@ pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 /// A TCP proxy the test controls, between the service and one database: when cut, it
 /// stops forwarding on every connection (open ones go silent mid-query, new ones are
-/// accepted and never answered), as a network partition would.
+/// accepted and not answered) until healed, as a network partition would; `sever` closes
+/// every open connection at once.
 pub struct ChaosProxy {
     pub port: u16,
     cut: Arc<std::sync::atomic::AtomicBool>,
@@ -409,9 +410,11 @@ impl ChaosProxy {
                                     Ok(0) | Err(_) => return,
                                     Ok(n) => n,
                                 };
-                                if flag.load(Ordering::SeqCst) {
-                                    // Swallow everything from now on: the peer hears nothing.
-                                    continue;
+                                // While cut, hold the bytes (and so stop reading: TCP
+                                // pushes back) until healed, as a partition does: nothing
+                                // is lost, the peer just hears nothing meanwhile.
+                                while flag.load(Ordering::SeqCst) {
+                                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                                 }
                                 if to.write_all(&buf[..n]).await.is_err() {
                                     return;
