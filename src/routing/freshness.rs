@@ -8,6 +8,11 @@
 //! its staleness bound is `now − as_of`. One clock (ours), no timestamps from the servers:
 //! an idle primary gives ~0 (nothing new to replay) and a paused, frozen or unreachable
 //! replica's bound keeps growing because its `as_of` stops moving.
+//!
+//! Under Patroni every sample also names its timeline (0 in the static mode). Positions on
+//! different timelines are not comparable: a new primary timeline clears the primary's
+//! samples, a replica on another timeline than the primary is not fresh (it is `down` with
+//! the reason), and a read-your-writes position is judged by [`super::patroni::reached`].
 
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -67,6 +72,8 @@ struct Replica {
     under_half_since: Option<Instant>,
     ever_admitted: bool,
     last_error: Option<String>,
+    /// The timeline its WAL receiver streams (0 in the static mode).
+    timeline: u32,
 }
 
 /// What is known about one replica at a moment.
@@ -84,6 +91,10 @@ pub struct Freshness {
     thresholds: Thresholds,
     primary: VecDeque<(Instant, Lsn)>,
     replicas: Vec<Replica>,
+    /// The timeline the primary's samples are on (0 in the static mode).
+    timeline: u32,
+    /// Where each ended timeline switched to the next (Patroni's `/history`).
+    history: super::patroni::History,
 }
 
 impl Freshness {
@@ -96,12 +107,57 @@ impl Freshness {
             under_half_since: None,
             ever_admitted: false,
             last_error: Some("not sampled yet".into()),
+            timeline: 0,
         };
         Freshness {
             thresholds,
             primary: VecDeque::new(),
             replicas: vec![fresh; replicas],
+            timeline: 0,
+            history: Default::default(),
         }
+    }
+
+    /// Records the primary's position on `timeline`: samples from another timeline say
+    /// nothing about this one (the same offset is different WAL), so they are dropped.
+    pub fn record_primary_on(&mut self, timeline: u32, sent_at: Instant, lsn: Lsn) {
+        if timeline != self.timeline {
+            self.primary.clear();
+            self.timeline = timeline;
+        }
+        self.record_primary(sent_at, lsn);
+    }
+
+    /// Records replica `i`'s replay position on the timeline it streams. A replica on
+    /// another timeline than the primary's is not fresh, whatever its offset says.
+    pub fn record_replica_on(&mut self, i: usize, timeline: u32, at: Instant, replay_lsn: Lsn) {
+        if timeline != self.timeline {
+            let primary = self.timeline;
+            self.record_replica_error(
+                i,
+                format!("on timeline {timeline}, the primary is on {primary}"),
+            );
+            return;
+        }
+        self.replicas[i].timeline = timeline;
+        self.record_replica(i, at, replay_lsn);
+    }
+
+    pub fn timeline(&self) -> u32 {
+        self.timeline
+    }
+
+    pub fn set_history(&mut self, history: super::patroni::History) {
+        self.history = history;
+    }
+
+    /// Whether replica `i` has replayed `position` (a timeline-tagged position, see
+    /// [`super::patroni::position`]).
+    pub fn reached(&self, i: usize, position: Lsn) -> bool {
+        let r = &self.replicas[i];
+        r.replay_lsn.is_some_and(|replay| {
+            super::patroni::reached(position, r.timeline, replay, &self.history)
+        })
     }
 
     pub fn thresholds(&self) -> Thresholds {
