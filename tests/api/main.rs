@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod failover;
 mod foundation;
 mod freshness;
 mod helpers;
