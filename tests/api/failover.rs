@@ -554,3 +554,160 @@ async fn the_old_leader_rejoins_as_a_replica_and_serves_reads_only_once_fresh() 
     );
     blocking(|| c.wait_healthy(Duration::from_secs(90))).expect("healthy again");
 }
+
+/// A stand-in for Patroni's REST API that says whatever the test wants: `/cluster` and
+/// `/history` answer the current `body`, `/history` with no switches.
+struct FakePatroni {
+    url: String,
+    cluster: Arc<Mutex<String>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakePatroni {
+    async fn start(cluster: String) -> FakePatroni {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let body = Arc::new(Mutex::new(cluster));
+        let shared = body.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let n = sock.read(&mut buf).await.unwrap_or(0);
+                    let request = String::from_utf8_lossy(&buf[..n]);
+                    let body = if request.starts_with("GET /history") {
+                        "[]".to_string()
+                    } else {
+                        shared.lock().unwrap().clone()
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = sock.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        FakePatroni {
+            url,
+            cluster: body,
+            task,
+        }
+    }
+
+    fn say(&self, cluster: String) {
+        *self.cluster.lock().unwrap() = cluster;
+    }
+}
+
+impl Drop for FakePatroni {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `/cluster` for the real members with `leader` named leader and the others replicas.
+fn cluster_json(c: &HaCluster, leader: usize) -> String {
+    let members: Vec<Value> = (1..=devcluster::ha::NODES)
+        .map(|i| {
+            json!({"name": c.name(i), "role": if i == leader { "leader" } else { "replica" },
+                   "state": "running", "host": "127.0.0.1", "port": c.pg_port(i), "timeline": 1})
+        })
+        .collect();
+    json!({ "members": members }).to_string()
+}
+
+/// Patroni's view can be a loop old, or plainly wrong: an instance told that a replica leads
+/// must not write there. Its new primary connections check `pg_is_in_recovery()`, and the
+/// order is a 503 with `Retry-After` that wrote nothing; told the truth, it writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_503() {
+    let _turn = TURN.lock().await;
+    let c = healthy_cluster().await;
+    let db = ha_database(c).await;
+    let real = leader(c);
+    let replica = (1..=devcluster::ha::NODES).find(|&i| i != real).unwrap();
+    // Precondition: the node we will call leader really is in recovery.
+    assert_eq!(c.psql(replica, "SELECT pg_is_in_recovery()").unwrap(), "t");
+    let fake = FakePatroni::start(cluster_json(c, replica)).await;
+    let mut env: HashMap<&str, String> = HashMap::new();
+    env.insert("DATABASE_URL", c.database_url(&db));
+    env.insert("STOCKGATE_PATRONI_URLS", fake.url.clone());
+    env.insert("STOCKGATE_TOKEN_SECRET", SECRET.into());
+    env.insert("STOCKGATE_LISTEN", "127.0.0.1:0".into());
+    let config = Config::from_lookup(|k| env.get(k).cloned()).expect("config");
+    let app = Application::build(&config).await.expect("build app");
+    let db_handle = app.state().db.clone();
+    let port = app.port();
+    let (tx, rx) = oneshot::channel::<()>();
+    tokio::spawn(app.run_until(async move {
+        let _ = rx.await;
+    }));
+    let _stop = tx;
+    let truth = leader_pool(c, &db).await;
+    sqlx::query("INSERT INTO products (product_id, name, price_cents, available_quantity) VALUES ('p', 'P', 100, 10)")
+        .execute(&truth)
+        .await
+        .unwrap();
+
+    // The primary pool itself refuses the replica, whatever the freshness monitor thinks.
+    let begun = db_handle.primary().begin().await;
+    assert!(
+        matches!(begun, Err(stockgate::routing::DbError::Unavailable(_))),
+        "a primary transaction opened on a node in recovery: {:?}",
+        begun.map(|_| ())
+    );
+
+    let client = reqwest::Client::new();
+    let tokens = stockgate::auth::Tokens::new(SECRET);
+    let token = tokens
+        .issue(
+            &stockgate::auth::Caller::User(stockgate::domain::UserId::parse("u").unwrap()),
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+    let order = || {
+        client
+            .post(format!("http://127.0.0.1:{port}/v1/orders"))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", "k1")
+            .json(&json!({"product_id": "p", "quantity": 1}))
+            .send()
+    };
+    let resp = order().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(resp.headers().contains_key("retry-after"));
+    let refused: f64 = client
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("stockgate_writes_refused_read_only_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(refused > 0.0, "refusals are counted");
+    assert_eq!(stock(&truth, "p").await, 10, "nothing was written");
+
+    // Told the truth, it follows and the retry with the same key confirms.
+    fake.say(cluster_json(c, real));
+    let started = Instant::now();
+    loop {
+        let resp = order().await.unwrap();
+        if resp.status() == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never followed the real leader"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(stock(&truth, "p").await, 9);
+}
