@@ -4,7 +4,7 @@
 //! devcluster up|down|status|env|wait|reap
 //! devcluster pause|resume|stop|start|freeze|thaw N
 //! devcluster delay N MS
-//! devcluster ha up [--async]|down|status|env|wait|switchover|kill N|stop N|start N
+//! devcluster ha up [--async]|down|status|env|wait|switchover|sync on|off|kill N|stop N|start N
 //! ```
 //! The HA cluster (three Patroni-managed nodes and an etcd) lives in `STOCKGATE_DEV_DIR`-ha on
 //! ports from `STOCKGATE_DEV_HA_PORT` (default 16400: etcd; node *i* PostgreSQL on
@@ -114,8 +114,7 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-const HA_USAGE: &str =
-    "usage: devcluster ha up [--async]|down|status|env|wait|switchover|kill N|stop N|start N";
+const HA_USAGE: &str = "usage: devcluster ha up [--async]|down|status|env|wait|switchover|sync on|off|kill N|stop N|start N";
 
 /// `devcluster ha …`: the Patroni cluster for `./dev up --ha`.
 fn ha(args: &[String], dir: &std::path::Path, redis_port: u16) -> Result<()> {
@@ -175,6 +174,15 @@ fn ha(args: &[String], dir: &std::path::Path, redis_port: u16) -> Result<()> {
                 cluster.name(to),
                 t.elapsed().as_secs_f64()
             );
+        }
+        "sync" => {
+            let on = match args.get(1).map(String::as_str) {
+                Some("on") => true,
+                Some("off") => false,
+                _ => bail!("usage: devcluster ha sync on|off"),
+            };
+            let mut cluster = cluster;
+            cluster.set_synchronous(on)?;
         }
         "kill" => cluster.kill_node(node()?)?,
         "stop" => cluster.stop_node(node()?)?,

@@ -258,7 +258,8 @@ async fn kill_9_of_the_leader_mid_sale_loses_no_confirmed_order_and_oversells_no
         b.await.unwrap();
     }
 
-    let ledger = ledger.lock().unwrap();
+    // Every buyer is done: the ledger is ours alone.
+    let ledger = std::mem::take(&mut *ledger.lock().unwrap());
     let pool = leader_pool(c, &db).await;
     // Orders the new leader committed (created after the kill, by the server's clock; the
     // old leader was dead by then), and the first 201 a buyer got for one of them.
@@ -319,7 +320,6 @@ async fn kill_9_of_the_leader_mid_sale_loses_no_confirmed_order_and_oversells_no
     assert_eq!(status["leader"], json!(c.name(new)), "{status}");
     assert_eq!(status["writes_to"], json!(c.name(new)), "{status}");
     assert!(app.metric("stockgate_patroni_leader_changes_total").await > changes_before);
-    drop(ledger);
     restore(c, old).await;
 }
 
@@ -447,7 +447,8 @@ async fn a_planned_switchover_under_hot_sku_load_loses_no_confirmed_order() {
     for w in workers {
         w.await.unwrap();
     }
-    let ledger = ledger.lock().unwrap();
+    // Every buyer is done: the ledger is ours alone.
+    let ledger = std::mem::take(&mut *ledger.lock().unwrap());
     let mut times: Vec<Instant> = ledger.confirmed.iter().map(|(t, _)| *t).collect();
     times.sort();
     let gap = times
@@ -485,7 +486,6 @@ async fn a_planned_switchover_under_hot_sku_load_loses_no_confirmed_order() {
         1_000_000,
         "stock is conserved"
     );
-    drop(ledger);
     blocking(|| c.wait_healthy(Duration::from_secs(90))).expect("healthy after the switchover");
 }
 
