@@ -276,6 +276,21 @@ mod tests {
     }
 
     #[test]
+    fn patroni_urls_are_http_and_split() {
+        let c = config(&[(
+            "STOCKGATE_PATRONI_URLS",
+            "http://10.0.0.1:8008, http://10.0.0.2:8008,",
+        )])
+        .expect("valid");
+        assert_eq!(
+            c.patroni_urls,
+            vec!["http://10.0.0.1:8008", "http://10.0.0.2:8008"]
+        );
+        assert!(config(&[("STOCKGATE_PATRONI_URLS", "postgres://a:1/x")]).is_err());
+        assert!(config(&[]).expect("valid").patroni_urls.is_empty());
+    }
+
+    #[test]
     fn replica_urls_are_split_and_trimmed() {
         let c = config(&[(
             "STOCKGATE_REPLICA_URLS",
