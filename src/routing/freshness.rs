@@ -297,6 +297,51 @@ mod tests {
         (Freshness::new(2, Thresholds::default()), Instant::now())
     }
 
+    /// After a promotion the new leader's offsets continue from the fork; a replica still
+    /// streaming the old timeline (or the old leader's leftovers) is not fresh, whatever
+    /// its offset, and the old timeline's samples are not used to date the new one's.
+    #[test]
+    fn a_replica_on_another_timeline_than_the_primary_is_not_fresh() {
+        let (mut f, t0) = tracker();
+        f.record_primary_on(1, t0, 5_000);
+        f.record_replica_on(0, 1, t0 + MS, 5_000);
+        f.record_replica_on(1, 1, t0 + MS, 5_000);
+        assert!(f.eligible(0, t0 + 2 * MS, Some(250 * MS)));
+        // Timeline 2 forked at 4_000 and has written up to 4_500.
+        let t1 = t0 + 100 * MS;
+        f.record_primary_on(2, t1, 4_500);
+        f.record_replica_on(0, 1, t1 + MS, 6_000);
+        assert_eq!(f.view(0, t1 + 2 * MS).state, ReplicaState::Down);
+        assert!(
+            f.view(0, t1 + 2 * MS)
+                .last_error
+                .is_some_and(|e| e.contains("timeline 1"))
+        );
+        // A replica that follows timeline 2 is dated by timeline 2's samples only.
+        f.record_replica_on(1, 2, t1 + MS, 4_500);
+        assert_eq!(f.as_of(1), Some(t1));
+        assert!(f.eligible(1, t1 + 2 * MS, Some(250 * MS)));
+    }
+
+    #[test]
+    fn a_users_position_is_judged_on_its_timeline() {
+        use crate::routing::patroni::{History, position};
+        let (mut f, t0) = tracker();
+        f.record_primary_on(2, t0, 9_000);
+        f.record_replica_on(0, 2, t0 + MS, 9_000);
+        // Written on timeline 1 past where it ended (lost), and before (kept).
+        f.set_history(History::new(vec![(1, 4_000)]));
+        assert!(!f.reached(0, position(1, 5_000)));
+        assert!(f.reached(0, position(1, 3_000)));
+        assert!(f.reached(0, position(2, 9_000)));
+        assert!(!f.reached(0, position(2, 9_001)));
+        // The static mode: timeline 0 everywhere, bare offsets, as before.
+        let (mut s, t) = tracker();
+        s.record_primary(t, 100);
+        s.record_replica(0, t, 100);
+        assert!(s.reached(0, 100) && !s.reached(0, 101));
+    }
+
     #[test]
     fn an_idle_primary_shows_no_false_lag() {
         let (mut f, t0) = tracker();
