@@ -32,7 +32,7 @@ async fn main() -> anyhow::Result<()> {
         config.database_url.is_some(),
         "set DATABASE_URL etc.: eval \"$(./dev cluster env | sed 's/^/export /')\""
     );
-    let (state, _monitor) = stockgate::startup::build_state(&config, Arc::new(SystemClock))?;
+    let (state, _monitor) = stockgate::startup::build_state(&config, Arc::new(SystemClock)).await?;
     let db = &state.db;
     let start = Instant::now();
     while !db

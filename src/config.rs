@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `DATABASE_URL` | the primary | required for every subcommand but `token` |
 //! | `STOCKGATE_REPLICA_URLS` | comma-separated replica URLs, named `replica-1`, `replica-2`, … | empty: every read goes to the primary |
+//! | `STOCKGATE_PATRONI_URLS` | comma-separated Patroni REST API URLs; members, roles and timelines come from Patroni, each member is reached with `DATABASE_URL`'s credentials at its own host:port, and `STOCKGATE_REPLICA_URLS` is ignored | empty: the static primary and replicas |
 //! | `STOCKGATE_REDIS_URL` | shared read-your-writes store | empty: in-process store (one instance) |
 //! | `STOCKGATE_LISTEN` | listen address | `127.0.0.1:8080` |
 //! | `STOCKGATE_TOKEN_SECRET` | signs bearer tokens (at least 16 bytes) | required for `serve` and `token` |
@@ -38,6 +39,7 @@ pub struct ConfigError(pub String);
 pub struct Config {
     pub database_url: Option<String>,
     pub replica_urls: Vec<String>,
+    pub patroni_urls: Vec<String>,
     pub redis_url: Option<String>,
     pub listen: SocketAddr,
     pub token_secret: Option<String>,
@@ -72,6 +74,23 @@ impl Config {
         let database_url = get("DATABASE_URL")
             .map(|u| postgres_url("DATABASE_URL", &u))
             .transpose()?;
+        let patroni_urls = get("STOCKGATE_PATRONI_URLS")
+            .map(|list| {
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|u| match Url::parse(u) {
+                        Ok(p) if matches!(p.scheme(), "http" | "https") => Ok(u.to_string()),
+                        _ => Err(bad(
+                            "STOCKGATE_PATRONI_URLS",
+                            u,
+                            "expected http://host:8008",
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?
+            .unwrap_or_default();
         let replica_urls = get("STOCKGATE_REPLICA_URLS")
             .map(|list| {
                 list.split(',')
@@ -122,6 +141,7 @@ impl Config {
         let config = Config {
             database_url,
             replica_urls,
+            patroni_urls,
             redis_url,
             listen,
             token_secret,
@@ -276,6 +296,21 @@ mod tests {
         let c = config(&[("STOCKGATE_REPORT_TIMEOUT_MS", "120000")]).expect("valid");
         assert_eq!(c.report_timeout, Duration::from_secs(120));
         assert!(config(&[("STOCKGATE_DASHBOARD_TIMEOUT_MS", "soon")]).is_err());
+    }
+
+    #[test]
+    fn patroni_urls_are_http_and_split() {
+        let c = config(&[(
+            "STOCKGATE_PATRONI_URLS",
+            "http://10.0.0.1:8008, http://10.0.0.2:8008,",
+        )])
+        .expect("valid");
+        assert_eq!(
+            c.patroni_urls,
+            vec!["http://10.0.0.1:8008", "http://10.0.0.2:8008"]
+        );
+        assert!(config(&[("STOCKGATE_PATRONI_URLS", "postgres://a:1/x")]).is_err());
+        assert!(config(&[]).expect("valid").patroni_urls.is_empty());
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub struct Application {
 
 /// Builds the router (pools, store, monitor) without an HTTP listener: for `stockgate
 /// replicas` and `import`, which need the same freshness signal as the service.
-pub fn build_state(
+pub async fn build_state(
     config: &Config,
     clock: Arc<dyn Clock>,
 ) -> anyhow::Result<(AppState, MonitorGuard)> {
@@ -67,6 +67,7 @@ pub fn build_state(
                 ..Thresholds::default()
             },
             monitor_interval: config.monitor_interval,
+            patroni: patroni_setup(config).await?,
         },
         metrics.clone(),
         ryw,
@@ -98,6 +99,46 @@ pub fn build_state(
     ))
 }
 
+/// With `STOCKGATE_PATRONI_URLS`, the members and leader as Patroni names them now (asked
+/// for up to 30 s: a cluster still bootstrapping has no members yet).
+async fn patroni_setup(config: &Config) -> anyhow::Result<Option<routing::PatroniSetup>> {
+    use routing::patroni::{Patroni, member_url};
+    if config.patroni_urls.is_empty() {
+        return Ok(None);
+    }
+    let client = Patroni::new(config.patroni_urls.clone());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let topology = loop {
+        match client.topology().await {
+            Ok(t) if !t.members.is_empty() => break t,
+            Ok(_) if std::time::Instant::now() < deadline => {}
+            Err(_) if std::time::Instant::now() < deadline => {}
+            Ok(_) => anyhow::bail!("STOCKGATE_PATRONI_URLS: the cluster has no members"),
+            Err(e) => anyhow::bail!("STOCKGATE_PATRONI_URLS: {e}"),
+        }
+        tokio::time::sleep(routing::patroni::POLL).await;
+    };
+    let database_url = config.require_database_url()?;
+    let members = topology
+        .members
+        .iter()
+        .map(|m| {
+            member_url(database_url, &m.host, m.port)
+                .map(|u| (m.name.clone(), u))
+                .map_err(|e| anyhow::anyhow!("DATABASE_URL for member {}: {e}", m.name))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let leader = topology
+        .leader()
+        .and_then(|l| members.iter().position(|(n, _)| *n == l.name));
+    tracing::info!(members = members.len(), leader = ?topology.leader().map(|m| &m.name), timeline = ?topology.timeline(), "following Patroni");
+    Ok(Some(routing::PatroniSetup {
+        client,
+        members,
+        leader,
+    }))
+}
+
 impl Application {
     pub async fn build(config: &Config) -> anyhow::Result<Application> {
         Self::build_with_clock(config, Arc::new(SystemClock)).await
@@ -108,7 +149,7 @@ impl Application {
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Application> {
         config.require_token_secret()?;
-        let (state, monitor) = build_state(config, clock)?;
+        let (state, monitor) = build_state(config, clock).await?;
         let router = http::router(state.clone(), config.max_in_flight, config.request_timeout);
         // Holds past their time give their units back within a second or so (the contract
         // allows 5 s), from the database's state, on every instance.

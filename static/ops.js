@@ -206,6 +206,43 @@
       setText(card.querySelector('[data-field="last-error"]'), r.last_error ? `last error: ${r.last_error}` : '');
       drawChart(card.querySelector('[data-field="chart"]'), samples, now);
     }
+    renderCluster(body.cluster, replicas);
+  }
+
+  // ---------- Patroni cluster (null in the static mode) ----------
+  function renderCluster(cluster, replicas) {
+    $('cluster').classList.toggle('hidden', !cluster);
+    if (!cluster) return;
+    setText($('cluster-leader'), cluster.leader || 'none');
+    setText($('cluster-timeline'), cluster.timeline === null ? '—' : String(cluster.timeline));
+    setText($('cluster-writes-to'), cluster.writes_to || 'nobody (503)');
+    setText($('cluster-changes'), String(cluster.leader_changes));
+    $('cluster-card').dataset.leader = cluster.leader || '';
+    $('cluster-no-leader').classList.toggle('hidden', !!cluster.leader);
+    setText($('cluster-error'), cluster.patroni_error ? `Patroni: ${cluster.patroni_error}` : '');
+    const byName = new Map(replicas.map((r) => [r.name, r]));
+    const tbody = $('cluster-members').querySelector('tbody');
+    tbody.replaceChildren();
+    for (const m of cluster.members) {
+      const r = byName.get(m.name);
+      const tr = document.createElement('tr');
+      tr.dataset.member = m.name;
+      tr.dataset.role = m.role;
+      const cells = [
+        m.name, m.role, m.state, `${m.host}:${m.port}`,
+        m.timeline === null ? '—' : String(m.timeline),
+        fmtBytes(m.patroni_lag_bytes),
+        r && m.role !== 'leader' ? fmtMs(r.staleness_ms) : '—',
+        m.role === 'leader' ? 'writes' : (r ? r.state : '—'),
+      ];
+      cells.forEach((text, i) => {
+        const td = document.createElement('td');
+        if (i >= 4 && i <= 6) td.className = 'num';
+        td.textContent = text;
+        tr.appendChild(td);
+      });
+      tbody.appendChild(tr);
+    }
   }
 
   function svg(tag, attrs, text) {

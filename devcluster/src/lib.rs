@@ -12,6 +12,8 @@
 //! Everything shells out to the PostgreSQL 15 server binaries and `psql`; when run as root,
 //! server commands run as the `postgres` OS user (initdb and pg_ctl refuse root).
 
+pub mod ha;
+
 use anyhow::{Context, Result, anyhow, bail};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -640,6 +642,31 @@ fn is_root() -> bool {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
             .unwrap_or(false)
     })
+}
+
+/// `cmd` as the `postgres` OS user when we are root, by `setpriv`, which execs (no fork), so
+/// a spawned child's pid is the program's own.
+fn as_postgres_cmd(cmd: &Command) -> Command {
+    if is_root() {
+        let mut wrapped = Command::new("setpriv");
+        wrapped
+            .args([
+                "--reuid",
+                "postgres",
+                "--regid",
+                "postgres",
+                "--init-groups",
+                "--",
+            ])
+            .arg(cmd.get_program())
+            .args(cmd.get_args())
+            .env("HOME", "/var/lib/postgresql");
+        wrapped
+    } else {
+        let mut same = Command::new(cmd.get_program());
+        same.args(cmd.get_args());
+        same
+    }
 }
 
 fn as_postgres(cmd: &mut Command) -> Result<Output> {

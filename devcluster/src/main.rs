@@ -4,7 +4,11 @@
 //! devcluster up|down|status|env|wait|reap
 //! devcluster pause|resume|stop|start|freeze|thaw N
 //! devcluster delay N MS
+//! devcluster ha up [--async]|down|status|env|wait|switchover|sync on|off|kill N|stop N|start N
 //! ```
+//! The HA cluster (three Patroni-managed nodes and an etcd) lives in `STOCKGATE_DEV_DIR`-ha on
+//! ports from `STOCKGATE_DEV_HA_PORT` (default 16400: etcd; node *i* PostgreSQL on
+//! 16400 + 2i, its Patroni REST API on the next port).
 //! The directory and base port come from `STOCKGATE_DEV_DIR` (default /tmp/stockgate-dev)
 //! and `STOCKGATE_DEV_PORT` (default 15432: primary; replicas take the next ports); the
 //! Redis is the one on 6379 if it answers, else our own on `STOCKGATE_DEV_REDIS_PORT` (16379).
@@ -48,10 +52,13 @@ fn run() -> Result<()> {
         Ok(n)
     };
     let cmd = args.first().map(String::as_str).unwrap_or("");
+    if cmd == "ha" {
+        return ha(&args[1..], &dir, redis_port);
+    }
     if cmd == "reap" {
         println!(
             "reaped {} leftover test cluster(s)",
-            devcluster::reap_orphans()
+            devcluster::reap_orphans() + devcluster::ha::reap_orphans()
         );
         return Ok(());
     }
@@ -103,6 +110,84 @@ fn run() -> Result<()> {
             cluster.set_apply_delay(replica(1)?, ms)?
         }
         _ => bail!("{USAGE}"),
+    }
+    Ok(())
+}
+
+const HA_USAGE: &str = "usage: devcluster ha up [--async]|down|status|env|wait|switchover|sync on|off|kill N|stop N|start N";
+
+/// `devcluster ha …`: the Patroni cluster for `./dev up --ha`.
+fn ha(args: &[String], dir: &std::path::Path, redis_port: u16) -> Result<()> {
+    let dir = PathBuf::from(format!("{}-ha", dir.display()));
+    let port: u16 = std::env::var("STOCKGATE_DEV_HA_PORT")
+        .unwrap_or_else(|_| "16400".into())
+        .parse()
+        .context("STOCKGATE_DEV_HA_PORT must be a port number")?;
+    let synchronous = !args.iter().any(|a| a == "--async");
+    let node = || -> Result<usize> {
+        let n: usize = args
+            .get(1)
+            .context(HA_USAGE)?
+            .parse()
+            .context("node number must be 1, 2 or 3")?;
+        if !(1..=devcluster::ha::NODES).contains(&n) {
+            bail!("node number must be 1, 2 or 3");
+        }
+        Ok(n)
+    };
+    let cmd = args.first().map(String::as_str).unwrap_or("");
+    if cmd == "up" {
+        let t = Instant::now();
+        let cluster = devcluster::ha::HaCluster::up(&dir, port, synchronous)?;
+        let redis = Redis::ensure(redis_port)?;
+        cluster.status().iter().for_each(|l| println!("{l}"));
+        println!("redis  127.0.0.1:{}", redis.port);
+        println!(
+            "HA cluster healthy in {:.1}s (synchronous_mode {synchronous}; data in {})",
+            t.elapsed().as_secs_f64(),
+            dir.display()
+        );
+        return Ok(());
+    }
+    if !dir.join("node1/patroni.yml").exists() {
+        bail!(
+            "no HA cluster in {}; run `devcluster ha up` first",
+            dir.display()
+        );
+    }
+    let cluster = devcluster::ha::HaCluster::existing(&dir, port, synchronous);
+    match cmd {
+        "down" => cluster.down()?,
+        "status" => cluster.status().iter().for_each(|l| println!("{l}")),
+        "env" => {
+            let redis = Redis::ensure(redis_port)?;
+            println!("DATABASE_URL={}", cluster.database_url("stockgate"));
+            println!("STOCKGATE_PATRONI_URLS={}", cluster.patroni_urls());
+            println!("STOCKGATE_REDIS_URL={}", redis.url());
+        }
+        "wait" => cluster.wait_healthy(Duration::from_secs(90))?,
+        "switchover" => {
+            let t = Instant::now();
+            let to = cluster.switchover()?;
+            println!(
+                "{} leads after {:.1}s",
+                cluster.name(to),
+                t.elapsed().as_secs_f64()
+            );
+        }
+        "sync" => {
+            let on = match args.get(1).map(String::as_str) {
+                Some("on") => true,
+                Some("off") => false,
+                _ => bail!("usage: devcluster ha sync on|off"),
+            };
+            let mut cluster = cluster;
+            cluster.set_synchronous(on)?;
+        }
+        "kill" => cluster.kill_node(node()?)?,
+        "stop" => cluster.stop_node(node()?)?,
+        "start" => cluster.start_node(node()?)?,
+        _ => bail!("{HA_USAGE}"),
     }
     Ok(())
 }

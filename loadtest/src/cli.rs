@@ -123,6 +123,10 @@ pub struct HotSkuArgs {
     /// Id of the product to create (must not exist yet); default hot-<timestamp>-<random>.
     #[arg(long, value_parser = parse_product_id)]
     pub product_id: Option<String>,
+    /// Order `--product-id` as it is, without creating it (several loadtests, e.g. one per
+    /// instance, on one hot product).
+    #[arg(long, requires = "product_id")]
+    pub existing: bool,
 }
 
 #[derive(Debug, Clone, Args)]

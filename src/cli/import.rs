@@ -63,7 +63,7 @@ pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
         );
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (state, _monitor) = crate::startup::build_state(config, clock.clone())?;
+    let (state, _monitor) = crate::startup::build_state(config, clock.clone()).await?;
     // Let the monitor take its first samples so the first batch is judged on real data.
     tokio::time::sleep(config.monitor_interval * 4 + Duration::from_millis(100)).await;
     let opts = Options {

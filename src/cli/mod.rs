@@ -98,7 +98,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Replicas => {
             config.require_database_url()?;
-            let (state, _monitor) = startup::build_state(&config, Arc::new(SystemClock))?;
+            let (state, _monitor) = startup::build_state(&config, Arc::new(SystemClock)).await?;
             // Give the monitor a few samples to measure with.
             tokio::time::sleep(config.monitor_interval * 6 + Duration::from_millis(200)).await;
             let status = state.db.replica_status();

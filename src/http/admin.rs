@@ -27,6 +27,8 @@ pub(super) struct Api;
 struct ReplicasView {
     primary: PrimaryView,
     replicas: Vec<ReplicaView>,
+    /// With `STOCKGATE_PATRONI_URLS`: the members, the leader and the timeline; else null.
+    cluster: Option<crate::routing::patroni::ClusterStatus>,
 }
 
 #[allow(dead_code)]
@@ -39,7 +41,8 @@ struct PrimaryView {
 #[allow(dead_code)]
 #[derive(ToSchema)]
 struct ReplicaView {
-    /// `replica-1`, `replica-2`, … in `STOCKGATE_REPLICA_URLS` order.
+    /// `replica-1`, `replica-2`, … in `STOCKGATE_REPLICA_URLS` order; under Patroni, the
+    /// member names (the leader's entry is `down`: it is not a replica).
     name: String,
     /// `healthy`, `lagging` (over the eviction threshold) or `down`.
     #[schema(pattern = "^(healthy|lagging|down)$")]
@@ -104,7 +107,11 @@ pub fn replicas_json(state: &AppState) -> Value {
             })
         })
         .collect();
-    json!({ "primary": { "lsn": state.db.primary_lsn().map(format_lsn) }, "replicas": replicas })
+    json!({
+        "primary": { "lsn": state.db.primary_lsn().map(format_lsn) },
+        "replicas": replicas,
+        "cluster": state.db.cluster_status(),
+    })
 }
 
 /// Replica freshness (admin)

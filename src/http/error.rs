@@ -168,7 +168,7 @@ impl From<DbError> for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        if crate::routing::is_connection_error(&e) {
+        if crate::routing::is_connection_error(&e) || crate::routing::is_read_only_node(&e) {
             return ApiError::from(DbError::Unavailable(e.to_string()));
         }
         if let sqlx::Error::Database(db) = &e {

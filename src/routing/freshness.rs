@@ -8,6 +8,11 @@
 //! its staleness bound is `now − as_of`. One clock (ours), no timestamps from the servers:
 //! an idle primary gives ~0 (nothing new to replay) and a paused, frozen or unreachable
 //! replica's bound keeps growing because its `as_of` stops moving.
+//!
+//! Under Patroni every sample also names its timeline (0 in the static mode). Positions on
+//! different timelines are not comparable: a new primary timeline clears the primary's
+//! samples, a replica on another timeline than the primary is not fresh (it is `down` with
+//! the reason), and a read-your-writes position is judged by [`super::patroni::reached`].
 
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -67,6 +72,8 @@ struct Replica {
     under_half_since: Option<Instant>,
     ever_admitted: bool,
     last_error: Option<String>,
+    /// The timeline its WAL receiver streams (0 in the static mode).
+    timeline: u32,
 }
 
 /// What is known about one replica at a moment.
@@ -84,6 +91,10 @@ pub struct Freshness {
     thresholds: Thresholds,
     primary: VecDeque<(Instant, Lsn)>,
     replicas: Vec<Replica>,
+    /// The timeline the primary's samples are on (0 in the static mode).
+    timeline: u32,
+    /// Where each ended timeline switched to the next (Patroni's `/history`).
+    history: super::patroni::History,
 }
 
 impl Freshness {
@@ -96,12 +107,57 @@ impl Freshness {
             under_half_since: None,
             ever_admitted: false,
             last_error: Some("not sampled yet".into()),
+            timeline: 0,
         };
         Freshness {
             thresholds,
             primary: VecDeque::new(),
             replicas: vec![fresh; replicas],
+            timeline: 0,
+            history: Default::default(),
         }
+    }
+
+    /// Records the primary's position on `timeline`: samples from another timeline say
+    /// nothing about this one (the same offset is different WAL), so they are dropped.
+    pub fn record_primary_on(&mut self, timeline: u32, sent_at: Instant, lsn: Lsn) {
+        if timeline != self.timeline {
+            self.primary.clear();
+            self.timeline = timeline;
+        }
+        self.record_primary(sent_at, lsn);
+    }
+
+    /// Records replica `i`'s replay position on the timeline it streams. A replica on
+    /// another timeline than the primary's is not fresh, whatever its offset says.
+    pub fn record_replica_on(&mut self, i: usize, timeline: u32, at: Instant, replay_lsn: Lsn) {
+        if timeline != self.timeline {
+            let primary = self.timeline;
+            self.record_replica_error(
+                i,
+                format!("on timeline {timeline}, the primary is on {primary}"),
+            );
+            return;
+        }
+        self.replicas[i].timeline = timeline;
+        self.record_replica(i, at, replay_lsn);
+    }
+
+    pub fn timeline(&self) -> u32 {
+        self.timeline
+    }
+
+    pub fn set_history(&mut self, history: super::patroni::History) {
+        self.history = history;
+    }
+
+    /// Whether replica `i` has replayed `position` (a timeline-tagged position, see
+    /// [`super::patroni::position`]).
+    pub fn reached(&self, i: usize, position: Lsn) -> bool {
+        let r = &self.replicas[i];
+        r.replay_lsn.is_some_and(|replay| {
+            super::patroni::reached(position, r.timeline, replay, &self.history)
+        })
     }
 
     pub fn thresholds(&self) -> Thresholds {
@@ -239,6 +295,51 @@ mod tests {
 
     fn tracker() -> (Freshness, Instant) {
         (Freshness::new(2, Thresholds::default()), Instant::now())
+    }
+
+    /// After a promotion the new leader's offsets continue from the fork; a replica still
+    /// streaming the old timeline (or the old leader's leftovers) is not fresh, whatever
+    /// its offset, and the old timeline's samples are not used to date the new one's.
+    #[test]
+    fn a_replica_on_another_timeline_than_the_primary_is_not_fresh() {
+        let (mut f, t0) = tracker();
+        f.record_primary_on(1, t0, 5_000);
+        f.record_replica_on(0, 1, t0 + MS, 5_000);
+        f.record_replica_on(1, 1, t0 + MS, 5_000);
+        assert!(f.eligible(0, t0 + 2 * MS, Some(250 * MS)));
+        // Timeline 2 forked at 4_000 and has written up to 4_500.
+        let t1 = t0 + 100 * MS;
+        f.record_primary_on(2, t1, 4_500);
+        f.record_replica_on(0, 1, t1 + MS, 6_000);
+        assert_eq!(f.view(0, t1 + 2 * MS).state, ReplicaState::Down);
+        assert!(
+            f.view(0, t1 + 2 * MS)
+                .last_error
+                .is_some_and(|e| e.contains("timeline 1"))
+        );
+        // A replica that follows timeline 2 is dated by timeline 2's samples only.
+        f.record_replica_on(1, 2, t1 + MS, 4_500);
+        assert_eq!(f.as_of(1), Some(t1));
+        assert!(f.eligible(1, t1 + 2 * MS, Some(250 * MS)));
+    }
+
+    #[test]
+    fn a_users_position_is_judged_on_its_timeline() {
+        use crate::routing::patroni::{History, position};
+        let (mut f, t0) = tracker();
+        f.record_primary_on(2, t0, 9_000);
+        f.record_replica_on(0, 2, t0 + MS, 9_000);
+        // Written on timeline 1 past where it ended (lost), and before (kept).
+        f.set_history(History::new(vec![(1, 4_000)]));
+        assert!(!f.reached(0, position(1, 5_000)));
+        assert!(f.reached(0, position(1, 3_000)));
+        assert!(f.reached(0, position(2, 9_000)));
+        assert!(!f.reached(0, position(2, 9_001)));
+        // The static mode: timeline 0 everywhere, bare offsets, as before.
+        let (mut s, t) = tracker();
+        s.record_primary(t, 100);
+        s.record_replica(0, t, 100);
+        assert!(s.reached(0, 100) && !s.reached(0, 101));
     }
 
     #[test]

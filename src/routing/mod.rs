@@ -16,6 +16,7 @@
 
 pub mod freshness;
 pub mod monitor;
+pub mod patroni;
 pub mod policy;
 pub mod route;
 
@@ -50,7 +51,9 @@ pub enum DbError {
 
 impl From<sqlx::Error> for DbError {
     fn from(e: sqlx::Error) -> Self {
-        if is_connection_error(&e) {
+        // 25006 read_only_sql_transaction: a write met a node in recovery (a leader demoted
+        // under an open connection). Nothing was written; the next leader will answer.
+        if is_connection_error(&e) || is_read_only_node(&e) {
             DbError::Unavailable(e.to_string())
         } else {
             DbError::Query(e)
@@ -77,10 +80,22 @@ pub fn is_connection_error(e: &sqlx::Error) -> bool {
     }
 }
 
+/// No member leads (Patroni mode, between a leader's loss and its successor).
+const NO_LEADER: usize = usize::MAX;
+
+/// A write refused because the node is in recovery (SQLSTATE 25006).
+pub fn is_read_only_node(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
+}
+
 /// The primary: the only place a transaction can be opened.
 #[derive(Clone, Debug)]
 pub struct Primary {
-    pool: PgPool,
+    /// One pool per member that can lead (one in the static mode); `leader` says which.
+    pools: Arc<Vec<PgPool>>,
+    leader: Arc<AtomicUsize>,
+    /// Whether positions carry the timeline (Patroni mode).
+    timelines: bool,
     /// Set by the monitor while the primary refuses connections or has not answered for
     /// longer than a request would wait: requests then fail fast instead of queueing.
     down: Arc<AtomicBool>,
@@ -88,10 +103,34 @@ pub struct Primary {
 
 impl Primary {
     fn check(&self) -> Result<(), DbError> {
+        if self.leader.load(Ordering::Relaxed) == NO_LEADER {
+            return Err(DbError::Unavailable("the cluster has no leader".into()));
+        }
         if self.down.load(Ordering::Relaxed) {
             return Err(DbError::Unavailable("the primary is not answering".into()));
         }
         Ok(())
+    }
+
+    /// The current leader's pool (member 0's while none leads: its connections are
+    /// checked for recovery, so nothing is written through it).
+    fn current(&self) -> &PgPool {
+        let i = self.leader.load(Ordering::Relaxed);
+        self.pools.get(i).unwrap_or(&self.pools[0])
+    }
+
+    /// The member that leads, if any.
+    fn leader_index(&self) -> Option<usize> {
+        Some(self.leader.load(Ordering::Relaxed)).filter(|&i| i != NO_LEADER)
+    }
+
+    /// Points the primary at member `i` (or [`NO_LEADER`]); returns whether it changed.
+    fn follow(&self, i: usize) -> bool {
+        let old = self.leader.swap(i, Ordering::Relaxed);
+        if old != i {
+            self.down.store(false, Ordering::Relaxed);
+        }
+        old != i
     }
 
     fn set_down(&self, down: bool) {
@@ -101,22 +140,30 @@ impl Primary {
     /// Opens a write transaction on the primary.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
         self.check()?;
-        Ok(self.pool.begin().await?)
+        Ok(self.current().begin().await?)
     }
 
     /// The primary pool, for single statements outside a transaction (also primary-only).
     pub fn pool(&self) -> Result<&PgPool, DbError> {
         self.check()?;
-        Ok(&self.pool)
+        Ok(self.current())
     }
 
-    /// The primary's WAL position now (after a commit: a position that includes it).
+    /// The primary's WAL position now (after a commit: a position that includes it), on
+    /// its timeline in the Patroni mode ([`patroni::position`]).
     pub async fn current_lsn(&self) -> Result<Lsn, DbError> {
         self.check()?;
-        let lsn: i64 = sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(lsn as Lsn)
+        let sql = if self.timelines {
+            monitor::PRIMARY_SQL_TIMELINE
+        } else {
+            monitor::PRIMARY_SQL
+        };
+        let (lsn, timeline): (Option<i64>, Option<i32>) =
+            sqlx::query_as(sql).fetch_one(self.current()).await?;
+        Ok(patroni::position(
+            timeline.unwrap_or(0) as u32,
+            lsn.unwrap_or(0) as Lsn,
+        ))
     }
 }
 
@@ -243,6 +290,16 @@ pub struct Settings {
     pub thresholds: freshness::Thresholds,
     /// The monitor's sample period (a margin when waiting out a budget).
     pub monitor_interval: Duration,
+    /// The Patroni cluster to follow (its members replace `primary_url`/`replica_urls`).
+    pub patroni: Option<PatroniSetup>,
+}
+
+/// What the service learnt from Patroni at start: the client, every member's name and URL,
+/// and which of them leads.
+pub struct PatroniSetup {
+    pub client: patroni::Patroni,
+    pub members: Vec<(String, String)>,
+    pub leader: Option<usize>,
 }
 
 /// The router: pools, freshness and policy.
@@ -255,6 +312,10 @@ struct Inner {
     primary: Primary,
     /// Connect options for the monitor's own connections: primary first, then replicas.
     monitor_targets: Vec<(String, PgConnectOptions)>,
+    /// The primary's connect options for each member that can lead (one when static).
+    leader_targets: Vec<PgConnectOptions>,
+    /// The followed Patroni cluster, if any.
+    cluster: Option<patroni::Follower>,
     replicas: Vec<Replica>,
     freshness: Arc<RwLock<Freshness>>,
     time: TimeBase,
@@ -303,18 +364,52 @@ pub fn replica_options_with(
 impl Db {
     /// Builds the pools (lazily: a database that is down at start is reported, not fatal).
     pub fn new(s: Settings, metrics: Metrics, ryw: RywStore) -> Result<Db, sqlx::Error> {
-        let primary = PgPoolOptions::new()
-            .max_connections(s.primary_pool_size)
-            .min_connections(0)
-            .acquire_timeout(s.primary_timeout)
-            .connect_lazy_with(primary_options(&s.primary_url)?);
-        let replicas = s
-            .replica_urls
+        let (leader_urls, replica_urls, names, leader) = match &s.patroni {
+            Some(p) => {
+                let urls: Vec<String> = p.members.iter().map(|(_, u)| u.clone()).collect();
+                let names: Vec<String> = p.members.iter().map(|(n, _)| n.clone()).collect();
+                (urls.clone(), urls, names, p.leader.unwrap_or(NO_LEADER))
+            }
+            None => {
+                let names = (1..=s.replica_urls.len())
+                    .map(|i| format!("replica-{i}"))
+                    .collect();
+                (
+                    vec![s.primary_url.clone()],
+                    s.replica_urls.clone(),
+                    names,
+                    0,
+                )
+            }
+        };
+        let follower = s
+            .patroni
+            .as_ref()
+            .map(|p| patroni::Follower::new(p, &metrics));
+        let leader_targets = leader_urls
             .iter()
-            .enumerate()
-            .map(|(i, url)| {
+            .map(|u| primary_options(u))
+            .collect::<Result<Vec<_>, _>>()?;
+        let pools = leader_targets
+            .iter()
+            .map(|o| {
+                let opts = PgPoolOptions::new()
+                    .max_connections(s.primary_pool_size)
+                    .min_connections(0)
+                    .acquire_timeout(s.primary_timeout);
+                let opts = match &follower {
+                    Some(f) => f.refuse_recovery(opts),
+                    None => opts,
+                };
+                opts.connect_lazy_with(o.clone())
+            })
+            .collect();
+        let replicas = replica_urls
+            .iter()
+            .zip(names)
+            .map(|(url, name)| {
                 Ok(Replica {
-                    name: format!("replica-{}", i + 1),
+                    name,
                     pool: PgPoolOptions::new()
                         .max_connections(s.replica_pool_size)
                         .min_connections(0)
@@ -331,18 +426,22 @@ impl Db {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        let mut monitor_targets = vec![("primary".to_string(), primary_options(&s.primary_url)?)];
-        for (r, url) in replicas.iter().zip(&s.replica_urls) {
+        let mut monitor_targets = vec![("primary".to_string(), leader_targets[0].clone())];
+        for (r, url) in replicas.iter().zip(&replica_urls) {
             monitor_targets.push((r.name.clone(), replica_options(url)?));
         }
         let freshness = Arc::new(RwLock::new(Freshness::new(replicas.len(), s.thresholds)));
         Ok(Db {
             inner: Arc::new(Inner {
                 primary: Primary {
-                    pool: primary,
+                    pools: Arc::new(pools),
+                    leader: Arc::new(AtomicUsize::new(leader)),
+                    timelines: follower.is_some(),
                     down: Arc::default(),
                 },
                 monitor_targets,
+                leader_targets,
+                cluster: follower,
                 replicas,
                 freshness,
                 time: TimeBase::now(),
@@ -367,6 +466,14 @@ impl Db {
 
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The followed Patroni cluster's state (None in the static mode).
+    pub fn cluster_status(&self) -> Option<patroni::ClusterStatus> {
+        self.inner
+            .cluster
+            .as_ref()
+            .map(|c| c.status(self.inner.primary.leader_index()))
     }
 
     pub fn replica_names(&self) -> Vec<String> {
@@ -643,7 +750,7 @@ impl Db {
         F: Fn(ReadPool) -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        let value = f(ReadPool(self.inner.primary.pool.clone())).await?;
+        let value = f(ReadPool(self.inner.primary.current().clone())).await?;
         Ok(Routed {
             value,
             route: route.restated(Instant::now()),
@@ -736,7 +843,7 @@ impl Db {
     pub fn pool_for(&self, replica: Option<usize>) -> ReadPool {
         match replica {
             Some(i) => ReadPool(self.inner.replicas[i].pool.clone()),
-            None => ReadPool(self.inner.primary.pool.clone()),
+            None => ReadPool(self.inner.primary.current().clone()),
         }
     }
 
@@ -838,7 +945,7 @@ impl Db {
         loop {
             let all_have_it = {
                 let f = self.freshness_read();
-                (0..self.inner.replicas.len()).all(|i| f.replay_lsn(i).is_some_and(|r| r >= lsn))
+                (0..self.inner.replicas.len()).all(|i| f.reached(i, lsn))
             };
             let now = Instant::now();
             if all_have_it || now >= deadline {
@@ -898,7 +1005,7 @@ pub fn choose_among(
             continue;
         }
         if let Some(min) = min_lsn
-            && f.replay_lsn(i).is_none_or(|r| r < min)
+            && !f.reached(i, min)
         {
             behind_min_lsn = true;
             continue;

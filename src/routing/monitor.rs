@@ -2,6 +2,9 @@
 //! over a dedicated connection with a client-side timeout (a frozen server completes TCP
 //! handshakes and never enforces its own statement_timeout). Each node has its own task so a
 //! frozen replica cannot delay the primary's samples, and with them everyone's `as_of`.
+//!
+//! Under Patroni the primary's task samples whichever member leads now (it reconnects when
+//! the leader changes), and every sample carries its timeline (see `freshness`).
 
 use super::Db;
 use sqlx::Connection;
@@ -21,17 +24,30 @@ impl Drop for MonitorGuard {
 }
 
 pub(super) fn start(db: Db, interval: Duration) -> MonitorGuard {
-    let handles = (0..db.inner.monitor_targets.len())
+    let mut handles: Vec<_> = (0..db.inner.monitor_targets.len())
         .map(|node| tokio::spawn(sample_node(db.clone(), node, interval)))
         .collect();
+    if db.inner.cluster.is_some() {
+        handles.push(tokio::spawn(super::patroni::follow(db.clone())));
+    }
     MonitorGuard(handles)
 }
 
-const PRIMARY_SQL: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8";
-const REPLICA_SQL: &str = "SELECT (pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::int8";
+/// Position and timeline (0: the static mode does not track timelines).
+pub(super) const PRIMARY_SQL: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, 0::int4";
+const REPLICA_SQL: &str = "SELECT (pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::int8, 0::int4";
+/// The primary's timeline is the one its WAL file names carry.
+pub(super) const PRIMARY_SQL_TIMELINE: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, \
+     ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int4";
+/// A replica's timeline is the one its WAL receiver streams (NULL while not streaming: not
+/// judged fresh until it streams again).
+const REPLICA_SQL_TIMELINE: &str = "SELECT (pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::int8, \
+     (SELECT received_tli FROM pg_stat_wal_receiver)::int4";
 
 async fn sample_node(db: Db, node: usize, interval: Duration) {
-    let (name, options) = db.inner.monitor_targets[node].clone();
+    let (name, mut options) = db.inner.monitor_targets[node].clone();
+    let timelines = db.inner.cluster.is_some();
+    let mut sampled_leader = db.inner.primary.leader_index();
     let timeout = db.inner.replica_timeout;
     let metrics = db.inner.metrics.clone();
     let mut conn: Option<PgConnection> = None;
@@ -40,14 +56,33 @@ async fn sample_node(db: Db, node: usize, interval: Duration) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        if node == 0 && timelines {
+            // Follow the leader: a new one gets a new connection.
+            let leader = db.inner.primary.leader_index();
+            if leader != sampled_leader {
+                sampled_leader = leader;
+                conn = None;
+                last_ok = Instant::now();
+            }
+            if let Some(target) = leader.and_then(|i| db.inner.leader_targets.get(i)) {
+                options = target.clone();
+            }
+        }
         let sent_at = Instant::now();
         let result = tokio::time::timeout(timeout, async {
             if conn.is_none() {
                 conn = Some(PgConnection::connect_with(&options).await?);
             }
             let c = conn.as_mut().ok_or_else(|| sqlx::Error::PoolClosed)?;
-            let sql = if node == 0 { PRIMARY_SQL } else { REPLICA_SQL };
-            sqlx::query_scalar::<_, Option<i64>>(sql).fetch_one(c).await
+            let sql = match (node == 0, timelines) {
+                (true, false) => PRIMARY_SQL,
+                (false, false) => REPLICA_SQL,
+                (true, true) => PRIMARY_SQL_TIMELINE,
+                (false, true) => REPLICA_SQL_TIMELINE,
+            };
+            sqlx::query_as::<_, (Option<i64>, Option<i32>)>(sql)
+                .fetch_one(c)
+                .await
         })
         .await;
         metrics.monitor_samples.with_label_values(&[&name]).inc();
@@ -65,16 +100,19 @@ async fn sample_node(db: Db, node: usize, interval: Duration) {
                 .set_down(!ok && (refused || last_ok.elapsed() > db.inner.primary_timeout));
         }
         let lsn = match result {
-            Ok(Ok(Some(lsn))) => Ok(lsn as u64),
-            Ok(Ok(None)) => Err("not in recovery (promoted?): not a replica".to_string()),
+            Ok(Ok((Some(lsn), Some(tl)))) => Ok((tl as u32, lsn as u64)),
+            Ok(Ok((None, _))) if timelines => Err("the leader (not in recovery)".to_string()),
+            Ok(Ok((None, _))) => Err("not in recovery (promoted?): not a replica".to_string()),
+            Ok(Ok((Some(_), None))) => Err("not streaming from the leader".to_string()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("no answer within {timeout:?}")),
         };
         match lsn {
-            Ok(lsn) if node == 0 => db.freshness_write().record_primary(sent_at, lsn),
-            Ok(lsn) => db
-                .freshness_write()
-                .record_replica(node - 1, Instant::now(), lsn),
+            Ok((tl, lsn)) if node == 0 => db.freshness_write().record_primary_on(tl, sent_at, lsn),
+            Ok((tl, lsn)) => {
+                db.freshness_write()
+                    .record_replica_on(node - 1, tl, Instant::now(), lsn)
+            }
             Err(error) => {
                 // Drop the connection; a fresh one (with its own timeout) next tick.
                 conn = None;

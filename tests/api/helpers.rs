@@ -78,7 +78,7 @@ pub struct TestApp {
     pub admin: String,
     pub primary: sqlx::PgPool,
     pub state: stockgate::http::AppState,
-    shutdown: Option<oneshot::Sender<()>>,
+    pub shutdown: Option<oneshot::Sender<()>>,
 }
 
 pub async fn spawn_app(cluster: &Cluster) -> TestApp {

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod carts;
+mod failover;
 mod foundation;
 mod freshness;
 mod helpers;

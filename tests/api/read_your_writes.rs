@@ -732,6 +732,7 @@ async fn a_write_whose_position_cannot_be_read_pins_the_user_to_the_primary_inst
             primary_timeout: Duration::from_millis(200),
             thresholds: Default::default(),
             monitor_interval: Duration::from_millis(25),
+            patroni: None,
         },
         metrics.clone(),
         store.clone(),

@@ -12,7 +12,9 @@ use std::sync::Arc;
 pub async fn run(ctx: &Ctx, a: HotSkuArgs) -> Result<HotSkuReport> {
     let api = ctx.api.clone();
     let product_id = a.product_id.unwrap_or_else(|| fresh_id("hot"));
-    api.create_product(&product_id, a.stock, 100).await?;
+    if !a.existing {
+        api.create_product(&product_id, a.stock, 100).await?;
+    }
     warm_up(ctx, a.concurrency as usize).await;
 
     let pid: Arc<str> = product_id.as_str().into();
