@@ -381,6 +381,25 @@
     }
   }
 
+  // ---------- holds ----------
+  async function pollHolds() {
+    const body = await (await fetchOrThrow('/v1/admin/holds', true)).json();
+    const held = body.units_held || [];
+    const rows = held.map((h) => {
+      const tr = document.createElement('tr');
+      tr.dataset.product = h.product_id;
+      for (const [text, cls] of [[h.product_id, 'mono'], [String(h.units), 'num']]) {
+        const td = document.createElement('td');
+        td.className = cls;
+        td.textContent = text;
+        tr.appendChild(td);
+      }
+      return tr;
+    });
+    $('holds').tBodies[0].replaceChildren(...rows);
+    $('holds-none').classList.toggle('hidden', held.length > 0);
+  }
+
   // ---------- metrics ----------
   // Parses the Prometheus text format's sample lines for the names asked for.
   function parseMetrics(text, wanted) {
@@ -510,6 +529,7 @@
     every('routing', ROUTING_EVERY_MS, pollRouting);
     every('replicas', REPLICAS_EVERY_MS, pollReplicas);
     every('metrics', METRICS_EVERY_MS, pollMetrics);
+    every('holds', ROUTING_EVERY_MS, pollHolds);
   }
 
   document.addEventListener('DOMContentLoaded', () => {

@@ -233,6 +233,17 @@ async fn the_ops_page_shows_both_replicas_and_follows_replica_1_when_it_is_pause
         app.create_product("ops-demo", 1000, 1299).await.status(),
         StatusCode::CREATED
     );
+    // A buyer holds 7 units: the page lists them under "Units held".
+    let hold = app
+        .client
+        .post(app.url("/v1/holds"))
+        .bearer_auth(app.user_token("ops-buyer"))
+        .header("Idempotency-Key", "ops-hold")
+        .json(&serde_json::json!({"lines": [{"product_id": "ops-demo", "quantity": 7}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hold.status(), StatusCode::CREATED);
     blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
     let _reads = Reader::start(
         app.client.clone(),

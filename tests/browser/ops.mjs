@@ -38,6 +38,10 @@ await waitFor(page, 'the policy table', () => {
   const td = document.querySelector('#policy tr[data-class="stock_gate"] td[data-budget-ms]');
   return td && td.dataset.budgetMs === '250' && document.querySelectorAll('#policy tbody tr').length >= 8;
 });
+await waitFor(page, 'the 7 units the test holds', () => {
+  const row = document.querySelector('#holds tr[data-product="ops-demo"]');
+  return row && row.children[1].textContent === '7';
+});
 await waitFor(page, 'the read-your-writes store', () => {
   const ryw = document.getElementById('ryw');
   return ryw.dataset.kind !== '' && ryw.dataset.healthy === 'true';
