@@ -1,16 +1,8 @@
 //! Per-product order coalescing: application-level group commit on the hot row.
 //!
 //! Concurrent orders for one product queue up for that product's worker, which takes them
-//! in batches: everything queued when a batch slot is free, up to `max_batch` (optionally
-//! waiting a short window for more), and runs each as one primary transaction
-//! ([`super::batch`]).
-//!
-//! Two batches per product may be in flight ([`PIPELINE`]): while one holds the row lock,
-//! the next is already waiting for it inside the database, so the lock passes on at the
-//! commit instead of after a round trip through this process (reply, collect, BEGIN,
-//! SELECT … FOR NO KEY UPDATE). Under load that turnaround was most of a batch's cycle: a
-//! batch's statements are sent one at a time from a runtime busy with HTTP. The row lock
-//! still orders the batches, exactly as it orders batches from different instances.
+//! in batches: everything queued when it is free, up to `max_batch` (optionally waiting a
+//! short window for more), and runs each as one primary transaction ([`super::batch`]).
 //! The guarded UPDATE and the CHECK constraint stay, so correctness never depends on this
 //! module: with several instances, their batches simply take turns on the row lock.
 //!
@@ -38,7 +30,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 type Reply = oneshot::Sender<Result<Placed, CheckoutError>>;
 
@@ -49,10 +41,6 @@ struct Pending {
 
 /// How long an idle product's worker lingers before retiring.
 const IDLE: Duration = Duration::from_secs(5);
-
-/// Batches of one product in flight at once: one holding the row lock, one queued behind
-/// it. A third would only wait longer, and its orders would have joined the next batch.
-const PIPELINE: usize = 2;
 
 /// How many times a batch is rerun after a deadlock or serialization failure.
 const RERUNS: usize = 3;
@@ -131,7 +119,6 @@ impl Coalescer {
     }
 
     async fn worker(self: Arc<Self>, product: ProductId, mut rx: mpsc::UnboundedReceiver<Pending>) {
-        let slots = Arc::new(Semaphore::new(PIPELINE));
         loop {
             let first = match tokio::time::timeout(IDLE, rx.recv()).await {
                 Ok(Some(p)) => p,
@@ -144,10 +131,6 @@ impl Coalescer {
                     }
                     continue;
                 }
-            };
-            // Wait for a slot before taking the rest: what arrives meanwhile joins this batch.
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
             };
             let mut batch = vec![first];
             // Let requests that arrived together join, then take all that is queued.
@@ -165,14 +148,7 @@ impl Coalescer {
             }
             self.metrics.order_queue_depth.sub(batch.len() as i64);
             self.metrics.order_batch_size.observe(batch.len() as f64);
-            // The batch runs in its own task; if that task dies, the replies it holds drop
-            // and their requests answer "unknown", as for a dead worker.
-            let this = self.clone();
-            let product = product.clone();
-            tokio::spawn(async move {
-                this.process(&product, batch).await;
-                drop(slot);
-            });
+            self.process(&product, batch).await;
         }
     }
 
