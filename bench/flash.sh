@@ -12,10 +12,12 @@
 #   4. the HTTP ceiling: nginx serving the availability answer's exact bytes as a static file,
 #      loaded by the same wrk command;
 #   5. pgbench selecting that row on replica 1 at -c 32;
+#   6. rejections after a sell-out: wrk buyers (new keys) on a product with no stock left,
+#      and what each costs the primary (refusal-claim statements, order transactions);
 # then, with instances this script starts itself (same binary, cluster and secret):
-#   6. 1, 2 and 4 instances ordering the same hot product at 64 connections in total
+#   7. 1, 2 and 4 instances ordering the same hot product at 64 connections in total
 #      (one wrk per instance, 64/N connections each), three times each;
-#   7. RSS of the running service under wrk hot SKU at 256 connections.
+#   8. RSS of the running service under wrk hot SKU at 256 connections.
 # The service's CPU per request (utime + stime of the process ÷ requests answered, from
 # /proc) is printed beside each wrk figure: unlike req/s it barely moves with what else runs.
 #
@@ -25,7 +27,8 @@
 # Environment: STOCKGATE_LISTEN (the running service, default 127.0.0.1:8080),
 # STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (the dev cluster, as for ./dev), BENCH_SECONDS (per
 # step, default 10), ROUNDS (default 3), STOCKGATE_TOKEN_SECRET (default: ./dev's secret),
-# SCALE_PORT (first port of the instances of step 6, default 18180), PGBENCH, NGINX.
+# SCALE_PORT (first port of the instances of step 7, default 18180), STOCKGATE_BIN (the binary
+# step 7 runs, default target/release/stockgate), PGBENCH, NGINX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,7 +60,7 @@ REPLICA_URL="${STOCKGATE_REPLICA_URLS%%,*}"
 export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
 ADMIN="$(./dev token --admin)"
 export STOCKGATE_ADMIN_TOKEN="$ADMIN"
-SG="${CARGO_TARGET_DIR:-target}/release/stockgate"
+SG="${STOCKGATE_BIN:-${CARGO_TARGET_DIR:-target}/release/stockgate}"
 
 say "building loadtest (release)"
 cargo build --release --quiet -p loadtest
@@ -113,6 +116,8 @@ wrk_ms() {
       v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 } else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }
       print v }' "$1"
 }
+
+metric() { curl -fsS "$BASE_URL/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
 
 pgb() { # pgb URL SCRIPT CLIENTS -> tps
   local jobs=$(( $3 < 2 ? $3 : 2 ))
@@ -205,6 +210,15 @@ for r in $(seq "$ROUNDS"); do
   record lt.avail "$r" "$(j ltavail .requests_per_s)"
   record lt.avail.stale "$r" "$(j ltavail .max_stale_by_ms)"
   record pgb.select "$r" "$(pgb "$REPLICA_URL" "$work/select.sql" 32)"
+  sold="sold-$(date +%s)-$r"
+  curl -fsS -o /dev/null -X POST "$BASE_URL/v1/products" -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' \
+    -d "{\"product_id\": \"$sold\", \"name\": \"sold out\", \"price_cents\": 100, \"available_quantity\": 60}"
+  wrk -t2 -c64 -d1s -s bench/wrk/orders.lua "$BASE_URL" -- "$ADMIN" "$sold" >/dev/null
+  claims="$(metric stockgate_refusal_statements_total)" txs="$(metric stockgate_order_transactions_total)"
+  wrk_svc soldout "$r" "$SVC_PID" -s bench/wrk/orders.lua "$BASE_URL" -- "$ADMIN" "$sold"
+  refused="$(awk '/^status 409:/ { print $3 }' "$work/soldout.txt")"
+  record soldout.claims "$r" "$(ratio "$refused" "$(( $(metric stockgate_refusal_statements_total) - claims ))")"
+  record soldout.txs "$r" "$(( $(metric stockgate_order_transactions_total) - txs ))"
   record ratio.ceiling "$r" "$(ratio "$(got avail "$r")" "$(got nginx "$r")")"
   record ratio.select "$r" "$(ratio "$(got avail "$r")" "$(got pgb.select "$r")")"
   record ratio.ltselect "$r" "$(ratio "$(got lt.avail "$r")" "$(got pgb.select "$r")")"
@@ -278,6 +292,8 @@ mkdir -p bench/results
   echo "| availability, wrk, 64 connections, req/s | $(fig avail) | $(fig avail.p50 2) | $(fig avail.p99 1) | $(fig avail.cpu_us 1) |"
   echo "| availability, loadtest, 64 connections, req/s | $(fig lt.avail) | | | |"
   echo "| availability, loadtest: max stale_by_ms | $(fig lt.avail.stale) | | | |"
+  echo "| rejections after a sell-out, wrk, 64 connections, req/s | $(fig soldout) | $(fig soldout.p50 1) | $(fig soldout.p99 1) | $(fig soldout.cpu_us 1) |"
+  echo "| sell-out: rejections per refusal-claim statement on the primary / order transactions | $(fig soldout.claims 1) / $(fig soldout.txs) | | | |"
   echo "| HTTP ceiling: nginx, same bytes, same wrk, req/s | $(fig nginx) | $(fig nginx.p50 2) | $(fig nginx.p99 1) | $(fig nginx.cpu_us 1) |"
   echo "| pgbench single-row SELECT on replica 1, -c 32, tps | $(fig pgb.select) | | | |"
   echo "| 1 instance, hot SKU, 64 connections, orders/s | $(fig scale.1) | | | |"
