@@ -214,10 +214,10 @@ for r in $(seq "$ROUNDS"); do
   curl -fsS -o /dev/null -X POST "$BASE_URL/v1/products" -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' \
     -d "{\"product_id\": \"$sold\", \"name\": \"sold out\", \"price_cents\": 100, \"available_quantity\": 60}"
   wrk -t2 -c64 -d1s -s bench/wrk/orders.lua "$BASE_URL" -- "$ADMIN" "$sold" >/dev/null
-  claims="$(metric stockgate_refusal_statements_total)" txs="$(metric stockgate_order_transactions_total)"
+  claims="$(metric stockgate_order_refusal_statements_total)" txs="$(metric stockgate_order_transactions_total)"
   wrk_svc soldout "$r" "$SVC_PID" -s bench/wrk/orders.lua "$BASE_URL" -- "$ADMIN" "$sold"
   refused="$(awk '/^status 409:/ { print $3 }' "$work/soldout.txt")"
-  record soldout.claims "$r" "$(ratio "$refused" "$(( $(metric stockgate_refusal_statements_total) - claims ))")"
+  record soldout.claims "$r" "$(ratio "$refused" "$(( $(metric stockgate_order_refusal_statements_total) - claims ))")"
   record soldout.txs "$r" "$(( $(metric stockgate_order_transactions_total) - txs ))"
   record ratio.ceiling "$r" "$(ratio "$(got avail "$r")" "$(got nginx "$r")")"
   record ratio.select "$r" "$(ratio "$(got avail "$r")" "$(got pgb.select "$r")")"
