@@ -88,13 +88,13 @@ pub async fn build_state(
         config.order_rate_per_user,
     );
     Ok((
-        AppState {
+        AppState::from(http::Shared {
             db,
             tokens,
             metrics,
             checkout,
             imports,
-        },
+        }),
         monitor,
     ))
 }

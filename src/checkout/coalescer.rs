@@ -10,6 +10,14 @@
 //! hangs up or times out leaves its order in the queue, and the order's key — claimed by the
 //! batch on the primary — tells any retry, on any instance, what became of it.
 //!
+//! Instances that sell the same product take turns on its row, and each turn costs a lock
+//! hand-off, a batch's round trips and a commit, however few orders the batch holds. When a
+//! batch finds that another writer took stock since our last commit, the row is contended,
+//! and the next batch gathers orders for as long as this one waited for the lock (at most
+//! [`MAX_WINDOW`]) before it queues: the row is busy with the other writer meanwhile, so the
+//! wait costs no throughput, and the batch that reaches the lock is larger. Uncontended,
+//! the configured window applies (none by default).
+//!
 //! Failures are contained. A batch that hits a row-level error is split in halves and
 //! retried, so one poisoned row fails alone; a deadlock or serialization failure reruns the
 //! batch; a COMMIT whose outcome is unknown answers every request it held "unknown, retry
@@ -29,7 +37,7 @@ use crate::routing::{Db, DbError};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 type Reply = oneshot::Sender<Result<Placed, CheckoutError>>;
@@ -42,6 +50,9 @@ struct Pending {
 /// How long an idle product's worker lingers before retiring.
 const IDLE: Duration = Duration::from_secs(5);
 
+/// The longest a contended product's batch gathers orders before it queues for the row.
+const MAX_WINDOW: Duration = Duration::from_millis(4);
+
 /// How many times a batch is rerun after a deadlock or serialization failure.
 const RERUNS: usize = 3;
 
@@ -49,6 +60,39 @@ const RERUNS: usize = 3;
 /// own timeouts (lock 10 s, statement 30 s) cannot fire when the link itself goes silent,
 /// and a worker stuck on a dead link would stall its product for good.
 const BATCH_LIMIT: Duration = Duration::from_secs(12);
+
+/// What a committed batch saw of its product's row.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// The stock when the batch locked the row.
+    found: i32,
+    /// The stock it left.
+    left: i32,
+    /// From the batch's start to holding the row lock.
+    waited: Duration,
+}
+
+/// How long the next batch gathers orders: as long as this one waited for the row when
+/// another writer took stock since our last commit (bounded), else the configured window.
+fn next_window(configured: Duration, last_left: Option<i32>, seen: Option<Seen>) -> Duration {
+    match seen {
+        Some(seen) if last_left.is_some_and(|left| left != seen.found) => {
+            seen.waited.clamp(configured, MAX_WINDOW.max(configured))
+        }
+        _ => configured,
+    }
+}
+
+/// The units a committed batch took: its new orders' quantities.
+fn taken(fates: &[Fate]) -> i32 {
+    fates
+        .iter()
+        .map(|f| match f {
+            Fate::Decided(Ok(Placed::Created(o))) => o.quantity,
+            _ => 0,
+        })
+        .sum()
+}
 
 pub struct Coalescer {
     db: Db,
@@ -131,6 +175,9 @@ impl Coalescer {
     }
 
     async fn worker(self: Arc<Self>, product: ProductId, mut rx: mpsc::UnboundedReceiver<Pending>) {
+        let mut window = self.window;
+        // The stock our last committed batch left, to notice other writers.
+        let mut last_left: Option<i32> = None;
         loop {
             let first = match tokio::time::timeout(IDLE, rx.recv()).await {
                 Ok(Some(p)) => p,
@@ -147,11 +194,11 @@ impl Coalescer {
             let mut batch = vec![first];
             // Let requests that arrived together join, then take all that is queued.
             tokio::task::yield_now().await;
-            let deadline = tokio::time::Instant::now() + self.window;
+            let deadline = tokio::time::Instant::now() + window;
             while batch.len() < self.max_batch {
                 match rx.try_recv() {
                     Ok(p) => batch.push(p),
-                    Err(_) if self.window.is_zero() => break,
+                    Err(_) if window.is_zero() => break,
                     Err(_) => match tokio::time::timeout_at(deadline, rx.recv()).await {
                         Ok(Some(p)) => batch.push(p),
                         _ => break,
@@ -160,16 +207,36 @@ impl Coalescer {
             }
             self.metrics.order_queue_depth.sub(batch.len() as i64);
             self.metrics.order_batch_size.observe(batch.len() as f64);
-            self.process(&product, batch).await;
+            let seen = self.process(&product, batch).await;
+            window = next_window(self.window, last_left, seen);
+            last_left = seen.map(|s| s.left).or(last_left);
         }
     }
 
-    /// Runs a batch, splitting it around row-level errors, and sends every reply.
-    async fn process(self: &Arc<Self>, product: &ProductId, batch: Vec<Pending>) {
+    /// Runs a batch, splitting it around row-level errors, and sends every reply. Returns
+    /// what its first committed part saw of the row.
+    async fn process(self: &Arc<Self>, product: &ProductId, batch: Vec<Pending>) -> Option<Seen> {
         let mut parts = vec![batch];
+        let mut seen = None;
         while let Some(part) = parts.pop() {
             let reqs: Vec<&OrderRequest> = part.iter().map(|p| &p.req).collect();
-            match self.run(product, &reqs).await {
+            let started = Instant::now();
+            let result = self.run(product, &reqs).await;
+            if let (
+                None,
+                Ok(Committed {
+                    fates,
+                    left: Some((left, locked_at)),
+                }),
+            ) = (&seen, &result)
+            {
+                seen = Some(Seen {
+                    found: left + taken(fates),
+                    left: *left,
+                    waited: locked_at.saturating_duration_since(started),
+                });
+            }
+            match result {
                 Err(Failed::NothingWritten(DbError::Query(e)))
                     if part.len() > 1 && is_row_level(&e) =>
                 {
@@ -183,6 +250,7 @@ impl Coalescer {
                 result => self.reply(part, result),
             }
         }
+        seen
     }
 
     /// One batch transaction, rerun after a deadlock or serialization failure.
@@ -269,6 +337,28 @@ impl Coalescer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_gathers_longer_only_after_another_writer_took_stock() {
+        let ms = Duration::from_millis;
+        let seen = |found, waited| {
+            Some(Seen {
+                found,
+                left: found - 10,
+                waited,
+            })
+        };
+        // Alone on the row: our last batch left 90 and this one found 90.
+        assert_eq!(next_window(ms(0), Some(90), seen(90, ms(3))), ms(0));
+        // Another instance sold 5 in between: gather as long as we waited for the lock.
+        assert_eq!(next_window(ms(0), Some(90), seen(85, ms(3))), ms(3));
+        // Bounded above, and never below the configured window.
+        assert_eq!(next_window(ms(0), Some(90), seen(85, ms(50))), MAX_WINDOW);
+        assert_eq!(next_window(ms(1), Some(90), seen(85, ms(0))), ms(1));
+        // No previous batch, or nothing committed: the configured window.
+        assert_eq!(next_window(ms(0), None, seen(85, ms(3))), ms(0));
+        assert_eq!(next_window(ms(0), Some(90), None), ms(0));
+    }
 
     #[tokio::test]
     async fn a_dead_worker_is_replaced_and_what_it_held_is_answered() {
