@@ -5,14 +5,14 @@
 //! - [`routing`]: the one place that decides where a read goes — pools, the freshness
 //!   monitor (WAL positions on one clock), the policy table, and the `Route` every answer
 //!   carries.
-//! - [`checkout`]: order placement and cancellation; the guarded UPDATE on the primary is
-//!   the only thing that confirms an order.
+//! - [`checkout`]: orders, carts, holds, cancels and restocks; the guarded UPDATE on the
+//!   primary is the only thing that takes stock, and every answer is final for its key.
 //! - [`ryw`]: the read-your-writes store (in-process or Redis), failing closed.
 //! - [`http`]: the REST API, its extractors, errors and middleware.
 //! - [`domain`]: input types parsed at the boundary.
 //! - [`auth`]: bearer tokens and who may act for whom.
 //! - [`import`]: bulk import throttled against live replica staleness.
-//! - [`config`], [`cli`], [`startup`], [`telemetry`], [`metrics`], [`clock`].
+//! - [`config`], [`cli`], [`startup`], [`telemetry`], [`metrics`], [`clock`], [`lsn`].
 
 pub mod auth;
 pub mod checkout;
@@ -22,6 +22,7 @@ pub mod config;
 pub mod domain;
 pub mod http;
 pub mod import;
+pub mod lsn;
 pub mod metrics;
 pub mod routing;
 pub mod ryw;

@@ -19,7 +19,7 @@
 
 use crate::clock::Clock;
 use crate::domain::UserId;
-use crate::routing::freshness::Lsn;
+use crate::lsn::Lsn;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

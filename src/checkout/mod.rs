@@ -26,8 +26,8 @@ pub mod refusals;
 pub mod stock;
 
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
+use crate::lsn::Lsn;
 use crate::metrics::Metrics;
-use crate::routing::freshness::Lsn;
 use crate::routing::policy::QueryClass;
 use crate::routing::{Db, DbError, ReadCtx, Route};
 use chrono::{DateTime, Utc};

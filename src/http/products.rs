@@ -9,7 +9,7 @@ use super::{Admin, ApiError, AppState, Json, Path, Query, stated};
 use crate::checkout::CheckoutError;
 use crate::domain::{PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
-use crate::routing::{DbError, ReadCtx, Reason, Route};
+use crate::routing::{DbError, ReadCtx};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -107,7 +107,7 @@ async fn create(
         ));
     };
     tx.commit().await?;
-    let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
+    let route = state.db.written_route();
     Ok(stated(StatusCode::CREATED, product, &route))
 }
 
@@ -221,7 +221,7 @@ async fn restock(
         price_cents: done.price_cents,
         available_quantity: done.available_quantity,
     };
-    let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
+    let route = state.db.written_route();
     Ok(stated(StatusCode::OK, product, &route))
 }
 

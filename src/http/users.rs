@@ -10,8 +10,9 @@ use super::responses::{BadRequest, ErrorBody, PayloadTooLarge, Stated, Unauthori
 use super::{ApiError, AppState, Json, Path, stated};
 use crate::auth::Caller;
 use crate::domain::{DisplayName, Email, Settings, UserId};
+use crate::lsn::{format_lsn, parse_lsn};
+use crate::routing::ReadCtx;
 use crate::routing::policy::QueryClass;
-use crate::routing::{ReadCtx, Reason, Route, format_lsn, parse_lsn};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -189,7 +190,7 @@ async fn put_settings(
     tx.commit().await?;
     // Committed: from here on nothing may turn this into an error.
     let lsn = state.db.note_write(&user).await;
-    let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
+    let route = state.db.written_route();
     Ok(with_token(
         stated(
             StatusCode::OK,
@@ -330,6 +331,6 @@ async fn put_profile(
     tx.commit().await?;
     // Committed: from here on nothing may turn this into an error.
     let lsn = state.db.note_write(&user).await;
-    let route = Route::primary(QueryClass::Primary, Reason::PrimaryOnly, state.db.now_utc());
+    let route = state.db.written_route();
     Ok(with_token(stated(StatusCode::OK, profile, &route), lsn))
 }

@@ -18,8 +18,7 @@ use serde::Serialize;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// A WAL position as a byte offset (`pg_lsn` - '0/0').
-pub type Lsn = u64;
+pub use crate::lsn::Lsn;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

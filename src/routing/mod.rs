@@ -14,6 +14,8 @@
 //! timeout; only connect errors, point-read timeouts and failed monitor samples count
 //! against a replica — a slow report or a full local pool never evicts one.
 
+pub use crate::lsn::{format_lsn, parse_lsn};
+
 pub mod freshness;
 pub mod monitor;
 pub mod patroni;
@@ -686,6 +688,16 @@ impl Db {
         }
     }
 
+    /// The route of a write's answer: read back on the primary in the write's own
+    /// transaction or right after its commit (restock, settings, profile).
+    pub fn written_route(&self) -> Route {
+        self.decided(Route::primary(
+            QueryClass::Primary,
+            Reason::PrimaryOnly,
+            self.now_utc(),
+        ))
+    }
+
     /// A route for reads that run inside a primary transaction the caller already holds.
     pub fn in_transaction(&self, class: QueryClass) -> Route {
         self.decided(self.primary_route(class, Reason::InTransaction))
@@ -1034,20 +1046,6 @@ pub struct ReplicaStatus {
     pub in_flight: usize,
 }
 
-/// Formats a byte offset as PostgreSQL prints an LSN (`16/B374D848`).
-pub fn format_lsn(lsn: Lsn) -> String {
-    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
-}
-
-/// Parses `16/B374D848` back into a byte offset.
-pub fn parse_lsn(s: &str) -> Option<Lsn> {
-    let (hi, lo) = s.split_once('/')?;
-    if hi.is_empty() || lo.is_empty() || hi.len() > 8 || lo.len() > 8 {
-        return None;
-    }
-    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1165,15 +1163,5 @@ mod tests {
             ..*QueryClass::StockGate.policy()
         };
         assert_eq!(choose(&strict, &f, now, None, &[0, 0], 0), Choice::Refuse);
-    }
-
-    #[test]
-    fn lsns_round_trip_in_postgres_notation() {
-        assert_eq!(format_lsn(0x16_B374_D848), "16/B374D848");
-        assert_eq!(parse_lsn("16/B374D848"), Some(0x16_B374_D848));
-        assert_eq!(parse_lsn("0/0"), Some(0));
-        for bad in ["", "/", "1/", "x/1", "123456789/0", "1/2/3"] {
-            assert_eq!(parse_lsn(bad), None, "{bad:?}");
-        }
     }
 }

@@ -24,7 +24,7 @@
 //! position expires. Until the follower has the history, an old-timeline position is
 //! judged unreachable: a pinned user reads the primary.
 
-use super::freshness::Lsn;
+use crate::lsn::Lsn;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
