@@ -88,7 +88,7 @@ fn taken(fates: &[Fate]) -> i32 {
     fates
         .iter()
         .map(|f| match f {
-            Fate::Decided(Ok(Placed::Created(o))) => o.quantity,
+            Fate::Decided(Ok(Placed::Created(o))) => o.quantity.unwrap_or(0),
             _ => 0,
         })
         .sum()
