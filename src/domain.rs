@@ -134,6 +134,11 @@ impl Lines {
         &self.0
     }
 
+    /// Each line's product and units, for moving stock.
+    pub fn units(&self) -> Vec<(ProductId, i32)> {
+        self.0.iter().map(|(p, q)| (p.clone(), q.get())).collect()
+    }
+
     /// The lines as "p:q,p:q" in product order: what "the same lines" means.
     pub fn fingerprint(&self) -> String {
         let parts: Vec<String> = self

@@ -10,7 +10,7 @@
 
 use super::stock::{self, Short};
 use super::{CheckoutError, Order, Placed, commit, existing_key, order_columns, with_lines};
-use crate::domain::{IdempotencyKey, Lines, ProductId, UserId};
+use crate::domain::{IdempotencyKey, Lines, UserId};
 use crate::routing::Db;
 use uuid::Uuid;
 
@@ -93,12 +93,7 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
         return Err(CheckoutError::Short(short));
     }
     insert_lines(&mut tx, order.order_id, req, &locked).await?;
-    let lines: Vec<(ProductId, i32)> = req
-        .lines
-        .get()
-        .iter()
-        .map(|(p, q)| (p.clone(), q.get()))
-        .collect();
+    let lines = req.lines.units();
     if !stock::take(&mut tx, &lines).await? {
         // Cannot happen while we hold the rows; if it did, nothing may commit.
         tx.rollback().await?;

@@ -141,12 +141,7 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         commit(tx).await?;
         return Err(CheckoutError::Short(short));
     }
-    let lines: Vec<(ProductId, i32)> = req
-        .lines
-        .get()
-        .iter()
-        .map(|(p, q)| (p.clone(), q.get()))
-        .collect();
+    let lines = req.lines.units();
     sqlx::query(
         "INSERT INTO hold_lines (hold_id, product_id, quantity) \
          SELECT $1, l.product_id, l.quantity FROM UNNEST($2::text[], $3::int4[]) AS l(product_id, quantity)",

@@ -113,11 +113,7 @@ async fn conserved(app: &TestApp, given: &[(&str, i64)]) {
 async fn a_thousand_carts_on_two_instances_with_paused_replicas_never_oversell_or_split() {
     let cluster = private_cluster();
     let a = spawn_app(&cluster).await;
-    let b = spawn_app_with(AppOptions {
-        database: Some(a.database.clone()),
-        ..AppOptions::new(&cluster)
-    })
-    .await;
+    let b = spawn_beside(&a, &cluster).await;
     blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
     for i in 1..=2 {
         blocking(|| cluster.pause_replay(i)).unwrap();
@@ -425,11 +421,7 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn holds_that_expire_under_load_and_confirms_racing_them_return_exactly_what_they_held() {
     let a = spawn_app(shared_cluster()).await;
-    let b = spawn_app_with(AppOptions {
-        database: Some(a.database.clone()),
-        ..AppOptions::new(shared_cluster())
-    })
-    .await;
+    let b = spawn_beside(&a, shared_cluster()).await;
     a.create_product("exp-a", 500, 100).await;
     a.create_product("exp-b", 500, 100).await;
     let given = [("exp-a", 500), ("exp-b", 500)];

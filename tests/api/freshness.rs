@@ -297,11 +297,7 @@ async fn every_gate_answer_holds_what_its_as_of_promises_and_states_its_age_hone
     const BUDGET_MS: i64 = 250;
     let cluster = private_cluster();
     let a = spawn_app(&cluster).await;
-    let b = spawn_app_with(AppOptions {
-        database: Some(a.database.clone()),
-        ..AppOptions::new(&cluster)
-    })
-    .await;
+    let b = spawn_beside(&a, &cluster).await;
     assert_eq!(
         a.create_product("flow", STOCK, 100).await.status(),
         StatusCode::CREATED

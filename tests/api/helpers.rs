@@ -153,6 +153,16 @@ pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
     app
 }
 
+/// A second instance of `app`'s deployment: the same database and cluster, its own pools,
+/// monitor and (unless told otherwise) in-process read-your-writes store.
+pub async fn spawn_beside(app: &TestApp, cluster: &Cluster) -> TestApp {
+    spawn_app_with(AppOptions {
+        database: Some(app.database.clone()),
+        ..AppOptions::new(cluster)
+    })
+    .await
+}
+
 /// A new, migrated database on `cluster`, already on its replicas.
 pub async fn fresh_database(cluster: &Cluster) -> String {
     let db = format!("t_{}", uuid::Uuid::new_v4().simple());

@@ -693,11 +693,7 @@ async fn after_a_sell_out_rejections_take_no_order_batch_and_are_made_final_in_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_selling_one_product_take_turns_on_the_row_and_never_oversell() {
     let a = spawn_app(shared_cluster()).await;
-    let b = spawn_app_with(AppOptions {
-        database: Some(a.database.clone()),
-        ..AppOptions::new(shared_cluster())
-    })
-    .await;
+    let b = spawn_beside(&a, shared_cluster()).await;
     sale_product(&a, "shared", 100).await;
     let statuses: Vec<StatusCode> = futures::stream::iter(0..600)
         .map(|i| {

@@ -405,11 +405,7 @@ async fn a_client_carrying_its_consistency_token_is_served_only_by_replicas_that
     let cluster = private_cluster();
     // No shared store in common: two instances, each with its own in-process store.
     let a = spawn_app(&cluster).await;
-    let b = spawn_app_with(AppOptions {
-        database: Some(a.database.clone()),
-        ..AppOptions::new(&cluster)
-    })
-    .await;
+    let b = spawn_beside(&a, &cluster).await;
     blocking(|| {
         cluster.pause_replay(1).unwrap();
         cluster.pause_replay(2).unwrap();

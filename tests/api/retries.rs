@@ -119,11 +119,7 @@ async fn a_key_reused_on_another_product_takes_nothing_and_refuses_no_honest_buy
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_retry_on_another_instance_while_the_original_is_queued_agrees_with_it() {
     let a = spawn_app(shared_cluster()).await;
-    let b = spawn_app_with(AppOptions {
-        database: Some(a.database.clone()),
-        ..AppOptions::new(shared_cluster())
-    })
-    .await;
+    let b = spawn_beside(&a, shared_cluster()).await;
     let mut proven = 0;
     for round in 0..20 {
         let p = format!("retry-{round}");
