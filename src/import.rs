@@ -433,9 +433,7 @@ async fn announce_raised(announce: Announce<'_>, raised: &[ProductId]) {
     let Announce::Gate(checkout) = announce else {
         return;
     };
-    for product in raised {
-        checkout.reopened(product).await;
-    }
+    checkout.reopened(raised).await;
 }
 
 fn fmt_budget(d: Duration) -> String {

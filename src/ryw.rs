@@ -252,28 +252,18 @@ impl RywStore {
     /// Records that `user` wrote, and the primary was at `lsn` after the commit. This
     /// instance remembers it even when the shared store fails.
     pub async fn advance(&self, user: &UserId, lsn: Lsn) -> Result<(), StoreUnavailable> {
-        self.advance_many(&[user], lsn).await
-    }
-
-    /// Records that each of `users` wrote, all at `lsn` (one order batch): one round trip.
-    pub async fn advance_many(&self, users: &[&UserId], lsn: Lsn) -> Result<(), StoreUnavailable> {
         match self {
             RywStore::Local(s) => {
-                users.iter().for_each(|u| s.advance(u, lsn));
+                s.advance(user, lsn);
                 Ok(())
             }
             RywStore::Redis(s) => {
-                users.iter().for_each(|u| s.local.advance(u, lsn));
+                s.local.advance(user, lsn);
                 let mut conn = s.conn.clone();
                 let px = s.ttl.as_millis() as u64;
-                let mut pipe = redis::pipe();
-                pipe.load_script(&s.advance).ignore();
-                for u in users {
-                    let mut invocation = s.advance.key(key(u));
-                    invocation.arg(lsn).arg(px);
-                    pipe.invoke_script(&invocation).ignore();
-                }
-                s.call(pipe.query_async::<()>(&mut conn)).await
+                let mut invocation = s.advance.key(key(user));
+                invocation.arg(lsn).arg(px);
+                s.call(invocation.invoke_async::<()>(&mut conn)).await
             }
         }
     }
@@ -281,14 +271,9 @@ impl RywStore {
     /// The position `user` must be read at, if they wrote within the TTL
     /// ([`PRIMARY_ONLY`] while the store cannot vouch for the window).
     pub async fn get(&self, user: &UserId) -> Result<Option<Lsn>, StoreUnavailable> {
-        self.get_max(&[user]).await
-    }
-
-    /// The furthest position any of `users` must be read at (one round trip for all).
-    pub async fn get_max(&self, users: &[&UserId]) -> Result<Option<Lsn>, StoreUnavailable> {
         match self {
-            RywStore::Local(s) => Ok(users.iter().filter_map(|u| s.get(u)).max()),
-            RywStore::Redis(s) => s.positions(users).await,
+            RywStore::Local(s) => Ok(s.get(user)),
+            RywStore::Redis(s) => s.positions(&[user]).await,
         }
     }
 

@@ -72,11 +72,22 @@ pub(super) enum Failed {
     Unknown,
 }
 
-/// What a committed batch decided: a fate per request, and the stock it left (from the
-/// moment the row was locked), unless the product does not exist.
+/// What a committed batch decided: a fate per request, and what it saw of the product's
+/// row, unless the product does not exist.
 pub(super) struct Committed {
     pub fates: Vec<Fate>,
-    pub left: Option<(i32, Instant)>,
+    pub row: Option<RowSeen>,
+}
+
+/// The product's row as a committed batch saw it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RowSeen {
+    /// The stock when the batch locked the row.
+    pub found: i32,
+    /// The stock it left.
+    pub left: i32,
+    /// When the row lock was taken: the stock figures are exact from then.
+    pub locked_at: Instant,
 }
 
 /// Stage 1, pure: seats in arrival order, given what the keys already hold and the stock.
@@ -158,7 +169,7 @@ pub(super) async fn run(
             .iter()
             .map(|_| Fate::Decided(Err(CheckoutError::ProductNotFound)))
             .collect();
-        return Ok(Committed { fates, left: None });
+        return Ok(Committed { fates, row: None });
     };
     let existing = existing_for(&mut *tx, reqs).await.map_err(nothing)?;
     let plans = allocate(reqs, &existing, stock);
@@ -206,7 +217,11 @@ pub(super) async fn run(
     commit(tx).await.map_err(|_| Failed::Unknown)?;
     Ok(Committed {
         fates: settle(&plans, rows),
-        left: Some((stock - total, locked_at)),
+        row: Some(RowSeen {
+            found: stock,
+            left: stock - total,
+            locked_at,
+        }),
     })
 }
 

@@ -9,7 +9,9 @@
 //! statements, so a hot product's batch waits at most that long.
 
 use super::stock::{self, Short};
-use super::{CheckoutError, Order, Placed, commit, existing_key, order_columns, with_lines};
+use super::{
+    CheckoutError, Order, Placed, commit, existing_under, judge_held, order_columns, with_lines,
+};
 use crate::domain::{IdempotencyKey, Lines, UserId};
 use crate::routing::Db;
 use uuid::Uuid;
@@ -29,27 +31,29 @@ impl CartRequest {
     }
 }
 
-/// The answer for a key that holds something, read from the primary.
-async fn replay(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> {
-    let pool = db.primary().pool()?;
-    let Some(held) = existing_key(pool, &req.user, &req.key).await? else {
-        return Err(CheckoutError::OutcomeUnknown);
-    };
-    if held.request_fingerprint != req.fingerprint() {
-        return Err(CheckoutError::KeyReused);
+/// What the request's key already holds, judged (`None`: the key is free), with a cart
+/// order's lines.
+async fn held(
+    conn: &mut sqlx::PgConnection,
+    req: &CartRequest,
+) -> Result<Option<Placed>, CheckoutError> {
+    let key = (req.user.as_str().to_string(), req.key.as_str().to_string());
+    let found = existing_under(&mut *conn, &[&key.0], &[&key.1]).await?;
+    match judge_held(&req.fingerprint(), found.get(&key))? {
+        None => Ok(None),
+        Some(order) => Ok(Some(Placed::Replayed(with_lines(conn, order).await?))),
     }
-    if held.order.status == super::REFUSED {
-        return Err(CheckoutError::OutOfStock);
-    }
-    Ok(Placed::Replayed(with_lines(pool, held.order).await?))
 }
 
 /// Places a cart: all lines or none.
 pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> {
     let mut tx = db.primary().begin().await?;
-    if existing_key(&mut *tx, &req.user, &req.key).await?.is_some() {
-        tx.rollback().await?;
-        return replay(db, req).await;
+    match held(&mut tx, req).await {
+        Ok(None) => {}
+        answer => {
+            tx.rollback().await?;
+            return answer?.ok_or(CheckoutError::OutcomeUnknown);
+        }
     }
     let products: Vec<&str> = req.lines.get().iter().map(|(p, _)| p.as_str()).collect();
     let locked = stock::lock(&mut tx, &products).await?;
@@ -86,7 +90,10 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
     let Some(order) = inserted else {
         // A concurrent request with this key committed first: answer as it did.
         tx.rollback().await?;
-        return replay(db, req).await;
+        let mut conn = db.primary().pool()?.acquire().await?;
+        return held(&mut conn, req)
+            .await?
+            .ok_or(CheckoutError::OutcomeUnknown);
     };
     if !short.is_empty() {
         commit(tx).await?;

@@ -27,7 +27,7 @@
 //! Sends happen under the queue map's lock, and a worker retires itself under the same lock
 //! only when its queue is empty, so no order is ever sent to a worker that has gone.
 
-use super::batch::{self, Committed, Failed, Fate};
+use super::batch::{self, Committed, Failed, Fate, RowSeen};
 use super::gate_cache::{Answer, GateCache};
 use super::{CheckoutError, OrderRequest, Placed};
 use crate::domain::ProductId;
@@ -61,13 +61,10 @@ const RERUNS: usize = 3;
 /// and a worker stuck on a dead link would stall its product for good.
 const BATCH_LIMIT: Duration = Duration::from_secs(12);
 
-/// What a committed batch saw of its product's row.
+/// What a committed batch saw of its product's row, and how long it waited for it.
 #[derive(Debug, Clone, Copy)]
 struct Seen {
-    /// The stock when the batch locked the row.
-    found: i32,
-    /// The stock it left.
-    left: i32,
+    row: RowSeen,
     /// From the batch's start to holding the row lock.
     waited: Duration,
 }
@@ -76,22 +73,11 @@ struct Seen {
 /// another writer took stock since our last commit (bounded), else the configured window.
 fn next_window(configured: Duration, last_left: Option<i32>, seen: Option<Seen>) -> Duration {
     match seen {
-        Some(seen) if last_left.is_some_and(|left| left != seen.found) => {
+        Some(seen) if last_left.is_some_and(|left| left != seen.row.found) => {
             seen.waited.clamp(configured, MAX_WINDOW.max(configured))
         }
         _ => configured,
     }
-}
-
-/// The units a committed batch took: its new orders' quantities.
-fn taken(fates: &[Fate]) -> i32 {
-    fates
-        .iter()
-        .map(|f| match f {
-            Fate::Decided(Ok(Placed::Created(o))) => o.quantity.unwrap_or(0),
-            _ => 0,
-        })
-        .sum()
 }
 
 pub struct Coalescer {
@@ -209,7 +195,7 @@ impl Coalescer {
             self.metrics.order_batch_size.observe(batch.len() as f64);
             let seen = self.process(&product, batch).await;
             window = next_window(self.window, last_left, seen);
-            last_left = seen.map(|s| s.left).or(last_left);
+            last_left = seen.map(|s| s.row.left).or(last_left);
         }
     }
 
@@ -222,18 +208,10 @@ impl Coalescer {
             let reqs: Vec<&OrderRequest> = part.iter().map(|p| &p.req).collect();
             let started = Instant::now();
             let result = self.run(product, &reqs).await;
-            if let (
-                None,
-                Ok(Committed {
-                    fates,
-                    left: Some((left, locked_at)),
-                }),
-            ) = (&seen, &result)
-            {
+            if let (None, Ok(Committed { row: Some(row), .. })) = (&seen, &result) {
                 seen = Some(Seen {
-                    found: left + taken(fates),
-                    left: *left,
-                    waited: locked_at.saturating_duration_since(started),
+                    row: *row,
+                    waited: row.locked_at.saturating_duration_since(started),
                 });
             }
             match result {
@@ -284,9 +262,9 @@ impl Coalescer {
         let product = batch.first().map(|p| p.req.product.clone());
         tokio::spawn(async move {
             let fates: Vec<Fate> = match result {
-                Ok(Committed { fates, left }) => {
-                    if let (Some(product), Some((stock, locked_at))) = (&product, left) {
-                        this.remember(product, stock, locked_at);
+                Ok(Committed { fates, row }) => {
+                    if let (Some(product), Some(row)) = (&product, row) {
+                        this.remember(product, row.left, row.locked_at);
                     }
                     fates
                 }
@@ -343,8 +321,11 @@ mod tests {
         let ms = Duration::from_millis;
         let seen = |found, waited| {
             Some(Seen {
-                found,
-                left: found - 10,
+                row: RowSeen {
+                    found,
+                    left: found - 10,
+                    locked_at: std::time::Instant::now(),
+                },
                 waited,
             })
         };

@@ -56,6 +56,11 @@ pub struct HoldLine {
 }
 
 impl Hold {
+    /// The products of its lines.
+    pub(crate) fn products(&self) -> Vec<ProductId> {
+        self.units().into_iter().map(|(p, _)| p).collect()
+    }
+
     fn units(&self) -> Vec<(ProductId, i32)> {
         self.lines
             .iter()
@@ -67,12 +72,17 @@ impl Hold {
 /// A hold with its lines; `lock` takes its row for an ending. A `held` hold past its
 /// `expires_at` is stated as `expired`: it can no longer be confirmed.
 async fn load(tx: &mut Tx, hold_id: Uuid, lock: bool) -> Result<Option<Hold>, sqlx::Error> {
+    macro_rules! select {
+        () => {
+            "SELECT hold_id, user_id, \
+             CASE WHEN status = 'held' AND expires_at <= clock_timestamp() THEN 'expired' ELSE status END AS status, \
+             expires_at, order_id FROM holds WHERE hold_id = $1 AND status <> 'refused'"
+        };
+    }
     let sql = if lock {
-        "SELECT hold_id, user_id, CASE WHEN status = 'held' AND expires_at <= clock_timestamp() THEN 'expired' ELSE status END AS status, \
-         expires_at, order_id FROM holds WHERE hold_id = $1 AND status <> 'refused' FOR UPDATE"
+        concat!(select!(), " FOR UPDATE")
     } else {
-        "SELECT hold_id, user_id, CASE WHEN status = 'held' AND expires_at <= clock_timestamp() THEN 'expired' ELSE status END AS status, \
-         expires_at, order_id FROM holds WHERE hold_id = $1 AND status <> 'refused'"
+        select!()
     };
     let Some(mut hold) = sqlx::query_as::<_, Hold>(sql)
         .bind(hold_id)
@@ -114,10 +124,10 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
     let short: Vec<Short> = stock::shortfalls(req.lines.get(), &locked);
     let status = if short.is_empty() { "held" } else { "refused" };
     let hold_id = Uuid::new_v4();
-    let claimed = sqlx::query(
+    let claimed: Option<DateTime<Utc>> = sqlx::query_scalar(
         "INSERT INTO holds (hold_id, user_id, idempotency_key, request_fingerprint, status, expires_at) \
          VALUES ($1, $2, $3, $4, $5, clock_timestamp() + make_interval(secs => $6)) \
-         ON CONFLICT (user_id, idempotency_key) DO NOTHING",
+         ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING expires_at",
     )
     .bind(hold_id)
     .bind(req.user.as_str())
@@ -125,9 +135,9 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
     .bind(req.fingerprint())
     .bind(status)
     .bind(f64::from(req.ttl.secs()))
-    .execute(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
-    if claimed.rows_affected() == 0 {
+    let Some(expires_at) = claimed else {
         // A concurrent request with this key committed first: answer as it did.
         tx.rollback().await?;
         let mut tx = db.primary().begin().await?;
@@ -136,7 +146,7 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         return answer
             .ok_or(CheckoutError::OutcomeUnknown)?
             .map(|h| (h, false));
-    }
+    };
     if !short.is_empty() {
         commit(tx).await?;
         return Err(CheckoutError::Short(short));
@@ -155,10 +165,21 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         tx.rollback().await?;
         return Err(CheckoutError::OutcomeUnknown);
     }
-    let hold = load(&mut tx, hold_id, false)
-        .await?
-        .ok_or(CheckoutError::OutcomeUnknown)?;
     commit(tx).await?;
+    let hold = Hold {
+        hold_id,
+        user_id: req.user.to_string(),
+        status: "held".into(),
+        expires_at,
+        order_id: None,
+        lines: lines
+            .into_iter()
+            .map(|(p, quantity)| HoldLine {
+                product_id: p.to_string(),
+                quantity,
+            })
+            .collect(),
+    };
     Ok((hold, true))
 }
 
@@ -238,18 +259,19 @@ pub async fn confirm(db: &Db, hold_id: Uuid) -> Result<Ended<(Order, bool)>, Che
 /// is; a confirmed hold is 409 `HOLD_CONFIRMED`.
 pub async fn release(db: &Db, hold_id: Uuid) -> Result<Ended<Hold>, CheckoutError> {
     let mut tx = db.primary().begin().await?;
-    let hold = load(&mut tx, hold_id, true)
+    let mut hold = load(&mut tx, hold_id, true)
         .await?
         .ok_or(CheckoutError::HoldNotFound)?;
     let returned = match hold.status.as_str() {
         "confirmed" => return Err(CheckoutError::HoldConfirmed),
-        "held" => end(&mut tx, &hold, "released").await?,
+        "held" => {
+            hold.status = "released".into();
+            end(&mut tx, &hold, "released").await?
+        }
+        // Past its time: it ends as expired (if the sweep has not ended it yet).
         "expired" => end(&mut tx, &hold, "expired").await?,
         _ => vec![],
     };
-    let hold = load(&mut tx, hold_id, false)
-        .await?
-        .ok_or(CheckoutError::HoldNotFound)?;
     commit(tx).await?;
     Ok(Ended {
         value: hold,

@@ -86,6 +86,14 @@ pub struct OrderLine {
 }
 
 impl Order {
+    /// The products of its lines.
+    pub(crate) fn products(&self) -> Vec<ProductId> {
+        self.lines
+            .iter()
+            .filter_map(|l| ProductId::parse(&l.product_id).ok())
+            .collect()
+    }
+
     /// A single-line order with its one line stated; a cart is completed by [`with_lines`].
     pub(crate) fn complete(mut self) -> Order {
         if let (Some(p), Some(q)) = (&self.product_id, self.quantity)
@@ -259,7 +267,11 @@ impl Checkout {
     /// cart, hold and its ending) takes after its commit: this instance's gate forgets its
     /// cached answer and reads only where the change is. It cannot fail: if the primary's position cannot be read, the product is
     /// read from the primary alone until the entry ages out (fail safe), and that is counted.
-    pub async fn reopened(&self, product: &ProductId) {
+    /// One read of the primary's position serves every product the write changed.
+    pub async fn reopened(&self, products: &[ProductId]) {
+        if products.is_empty() {
+            return;
+        }
         let lsn = match self.db.primary().current_lsn().await {
             Ok(lsn) => lsn,
             Err(e) => {
@@ -272,11 +284,15 @@ impl Checkout {
         let keep = QueryClass::StockGate.policy().budget.unwrap_or_default() * 4;
         let mut map = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, (_, at)| now.duration_since(*at) <= keep);
-        let entry = map.entry(product.clone()).or_insert((lsn, now));
-        *entry = (entry.0.max(lsn), now);
+        for product in products {
+            let entry = map.entry(product.clone()).or_insert((lsn, now));
+            *entry = (entry.0.max(lsn), now);
+        }
         drop(map);
         // Pinned first, then forgotten: the next gate read must reach the pinned position.
-        self.cache.invalidate(product);
+        for product in products {
+            self.cache.invalidate(product);
+        }
     }
 
     fn post_commit_failed(&self, step: &str, e: &dyn std::fmt::Display) {
@@ -319,11 +335,7 @@ impl Checkout {
             }
         };
         if let Ok(Placed::Created(order)) = &outcome {
-            for line in &order.lines {
-                if let Ok(product) = ProductId::parse(&line.product_id) {
-                    self.reopened(&product).await;
-                }
-            }
+            self.reopened(&order.products()).await;
         }
         self.count(&outcome);
         outcome
@@ -342,11 +354,7 @@ impl Checkout {
             self.metrics.holds.with_label_values(&["taken"]).inc();
             // The units left availability at once: this instance's gate must not answer
             // from before the hold.
-            for line in &taken.0.lines {
-                if let Ok(product) = ProductId::parse(&line.product_id) {
-                    self.reopened(&product).await;
-                }
-            }
+            self.reopened(&taken.0.products()).await;
         }
         Ok(taken)
     }
@@ -381,9 +389,7 @@ impl Checkout {
             };
             self.metrics.holds.with_label_values(&[event]).inc();
         }
-        for product in &ended.returned {
-            self.reopened(product).await;
-        }
+        self.reopened(&ended.returned).await;
         Ok(ended.value)
     }
 
@@ -415,9 +421,7 @@ impl Checkout {
                         .holds
                         .with_label_values(&["expired"])
                         .inc_by(ended as u64);
-                    for product in &products {
-                        self.reopened(product).await;
-                    }
+                    self.reopened(&products).await;
                     if ended == 0 {
                         break;
                     }
@@ -549,28 +553,33 @@ impl Checkout {
             .bind(order_id)
             .fetch_optional(&mut *tx)
             .await?;
-            let mut returned = vec![];
-            if let Some(order) = cancelled {
-                let order = with_lines(&mut *tx, order).await?;
-                returned = order
+            let now_cancelled = cancelled.is_some();
+            let order = match cancelled {
+                Some(order) => order,
+                // Cancelled before (or never confirmed): answered as it is.
+                None => {
+                    sqlx::query_as(concat!(
+                        "SELECT ",
+                        order_columns!(),
+                        " FROM orders WHERE order_id = $1"
+                    ))
+                    .bind(order_id)
+                    .fetch_one(&mut *tx)
+                    .await?
+                }
+            };
+            let order = with_lines(&mut *tx, order).await?;
+            if now_cancelled {
+                let returned: Vec<(ProductId, i32)> = order
                     .lines
                     .iter()
                     .filter_map(|l| Some((ProductId::parse(&l.product_id).ok()?, l.quantity)))
                     .collect();
                 stock::give_back(&mut tx, &returned).await?;
             }
-            let order: Order = sqlx::query_as(concat!(
-                "SELECT ",
-                order_columns!(),
-                " FROM orders WHERE order_id = $1"
-            ))
-            .bind(order_id)
-            .fetch_one(&mut *tx)
-            .await?;
-            let order = with_lines(&mut *tx, order).await?;
             commit(tx).await?;
-            for (product, _) in &returned {
-                this.reopened(product).await;
+            if now_cancelled {
+                this.reopened(&order.products()).await;
             }
             Ok(order)
         });
@@ -629,7 +638,7 @@ impl Checkout {
                     continue;
                 }
                 commit(tx).await?;
-                this.reopened(&product).await;
+                this.reopened(std::slice::from_ref(&product)).await;
                 return Ok(stocked);
             }
             Err(CheckoutError::OutcomeUnknown)
@@ -698,16 +707,24 @@ pub(crate) async fn existing_for<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     reqs: &[&OrderRequest],
 ) -> Result<HashMap<(String, String), Existing>, sqlx::Error> {
-    let users: Vec<&str> = reqs.iter().map(|r| r.user.as_str()).collect();
-    let keys: Vec<&str> = reqs.iter().map(|r| r.key.as_str()).collect();
-    let found: Vec<Existing> = sqlx::query_as(
-        "SELECT o.idempotency_key, o.request_fingerprint, o.order_id, o.product_id, o.quantity, o.user_id, o.status, \
-                o.total_cents, o.created_at, o.cancelled_at, o.unit_price_cents \
-         FROM orders o JOIN UNNEST($1::text[], $2::text[]) AS k(user_id, idempotency_key) \
-           ON o.user_id = k.user_id AND o.idempotency_key = k.idempotency_key",
-    )
-    .bind(&users)
-    .bind(&keys)
+    let (users, keys): (Vec<&str>, Vec<&str>) = reqs.iter().map(|r| r.key_pair()).unzip();
+    existing_under(exec, &users, &keys).await
+}
+
+/// What each (user, key) pair already holds, whatever the request's shape (order, cart).
+pub(crate) async fn existing_under<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    users: &[&str],
+    keys: &[&str],
+) -> Result<HashMap<(String, String), Existing>, sqlx::Error> {
+    let found: Vec<Existing> = sqlx::query_as(concat!(
+        "SELECT idempotency_key, request_fingerprint, ",
+        order_columns!(),
+        " FROM orders WHERE (user_id, idempotency_key) IN \
+           (SELECT * FROM UNNEST($1::text[], $2::text[]))"
+    ))
+    .bind(users)
+    .bind(keys)
     .fetch_all(exec)
     .await?;
     Ok(found
@@ -716,35 +733,26 @@ pub(crate) async fn existing_for<'e>(
         .collect())
 }
 
-/// What one (user, key) already holds, whatever the request's shape (order, cart).
-pub(crate) async fn existing_key<'e>(
-    exec: impl sqlx::PgExecutor<'e>,
-    user: &UserId,
-    key: &IdempotencyKey,
-) -> Result<Option<Existing>, sqlx::Error> {
-    sqlx::query_as(concat!(
-        "SELECT idempotency_key, request_fingerprint, ",
-        order_columns!(),
-        " FROM orders WHERE user_id = $1 AND idempotency_key = $2"
-    ))
-    .bind(user.as_str())
-    .bind(key.as_str())
-    .fetch_optional(exec)
-    .await
+/// The answer a body gets from what its key already holds: the order again for the same
+/// body, the refusal again for a refused key, 422 for another body. `None`: the key is free.
+pub(crate) fn judge_held(
+    fingerprint: &str,
+    found: Option<&Existing>,
+) -> Result<Option<Order>, CheckoutError> {
+    match found {
+        None => Ok(None),
+        Some(e) if e.request_fingerprint != fingerprint => Err(CheckoutError::KeyReused),
+        Some(e) if e.order.status == REFUSED => Err(CheckoutError::OutOfStock),
+        Some(e) => Ok(Some(e.order.clone().complete())),
+    }
 }
 
-/// The answer a request gets from what its key already holds: the order again for the same
-/// body, the refusal again for a refused key, 422 for another body. `None`: the key is free.
+/// [`judge_held`] for a single-product order.
 pub(crate) fn judge(
     req: &OrderRequest,
     found: Option<&Existing>,
 ) -> Result<Option<Placed>, CheckoutError> {
-    match found {
-        None => Ok(None),
-        Some(e) if e.request_fingerprint != req.fingerprint() => Err(CheckoutError::KeyReused),
-        Some(e) if e.order.status == REFUSED => Err(CheckoutError::OutOfStock),
-        Some(e) => Ok(Some(Placed::Replayed(e.order.clone().complete()))),
-    }
+    Ok(judge_held(&req.fingerprint(), found)?.map(Placed::Replayed))
 }
 
 /// The key's answer read from the primary, for a key that must hold something (it made
