@@ -132,21 +132,33 @@ async fn get_settings(app: &TestApp, user: &str) -> (StatusCode, Value, String) 
     (status, resp.json().await.unwrap(), reason)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn settings_saved_on_one_device_are_seen_on_another_and_on_another_instance() {
-    let cluster = private_cluster();
-    let redis = redis_in_service();
+/// Two instances of one deployment (one database) sharing `redis`, with `env` on both.
+async fn two_instances(
+    cluster: &devcluster::Cluster,
+    redis: &devcluster::Redis,
+    env: Vec<(&'static str, String)>,
+) -> (TestApp, TestApp) {
     let a = spawn_app_with(AppOptions {
         redis_url: Some(redis.url()),
-        ..AppOptions::new(&cluster)
+        env: env.clone(),
+        ..AppOptions::new(cluster)
     })
     .await;
     let b = spawn_app_with(AppOptions {
         redis_url: Some(redis.url()),
         database: Some(a.database.clone()),
-        ..AppOptions::new(&cluster)
+        env,
+        ..AppOptions::new(cluster)
     })
     .await;
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn settings_saved_on_one_device_are_seen_on_another_and_on_another_instance() {
+    let cluster = private_cluster();
+    let redis = redis_in_service();
+    let (a, b) = two_instances(&cluster, &redis, vec![]).await;
     let user = format!("u{}", uuid::Uuid::new_v4().simple());
     assert_eq!(
         put_settings(&a, &user, json!({"theme": "light"}))
@@ -455,19 +467,7 @@ async fn a_write_saved_while_redis_was_down_is_seen_on_another_instance_after_it
     // A short window: each restart below pins everyone for one TTL, and part 2 needs
     // replicas serving again first.
     let ttl = ("STOCKGATE_RYW_TTL_MS", "6000".to_string());
-    let a = spawn_app_with(AppOptions {
-        redis_url: Some(redis.url()),
-        env: vec![ttl.clone()],
-        ..AppOptions::new(&cluster)
-    })
-    .await;
-    let b = spawn_app_with(AppOptions {
-        redis_url: Some(redis.url()),
-        database: Some(a.database.clone()),
-        env: vec![ttl],
-        ..AppOptions::new(&cluster)
-    })
-    .await;
+    let (a, b) = two_instances(&cluster, &redis, vec![ttl]).await;
     let (ann, bea) = (
         format!("ann{}", uuid::Uuid::new_v4().simple()),
         format!("bea{}", uuid::Uuid::new_v4().simple()),
@@ -612,17 +612,7 @@ async fn a_position_newer_than_redis_dump_still_keeps_the_user_off_stale_replica
 async fn position_lost_in_a_restart(from_dump: bool) {
     let cluster = private_cluster();
     let redis = redis_in_service();
-    let a = spawn_app_with(AppOptions {
-        redis_url: Some(redis.url()),
-        ..AppOptions::new(&cluster)
-    })
-    .await;
-    let b = spawn_app_with(AppOptions {
-        redis_url: Some(redis.url()),
-        database: Some(a.database.clone()),
-        ..AppOptions::new(&cluster)
-    })
-    .await;
+    let (a, b) = two_instances(&cluster, &redis, vec![]).await;
     let user = format!("cy{}", uuid::Uuid::new_v4().simple());
     assert_eq!(
         put_settings(&a, &user, json!({"v": "old"})).await.status(),
