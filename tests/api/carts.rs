@@ -460,6 +460,11 @@ async fn holds_that_expire_under_load_and_confirms_racing_them_return_exactly_wh
         .count();
     assert_eq!(confirmed + expired, 200, "{outcomes:?}");
     eprintln!("confirm racing expiry: {confirmed} confirmed, {expired} expired");
+    // Precondition: the race really raced — both endings won some rounds.
+    assert!(
+        confirmed > 0 && expired > 0,
+        "the confirms did not meet the expiry: {confirmed} confirmed, {expired} expired"
+    );
     a.wait_for("every hold ended", Duration::from_secs(15), || async {
         held(&a, "exp-a").await + held(&a, "exp-b").await == 0
     })
