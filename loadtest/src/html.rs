@@ -32,25 +32,32 @@ pub fn render(report: &SaleReport, run: &SaleRun) -> String {
         .chain(run.avail.iter().map(|s| s.recv_us))
         .max()
         .unwrap_or(0);
-    let bucket_us = bucket_size_us(span_us);
-    let x_max = (span_us as f64 / 1e6).max(0.001);
-    let sell_out_s = report
-        .timing
-        .time_to_sell_out_ms
-        .map(|ms| ms / 1000.0 + first_sent_s(run));
+    let axis = TimeAxis {
+        bucket_us: bucket_size_us(span_us),
+        x_max: (span_us as f64 / 1e6).max(0.001),
+        sell_out_s: report
+            .timing
+            .time_to_sell_out_ms
+            .map(|ms| ms / 1000.0 + first_sent_s(run)),
+    };
+    let charts = [
+        confirmed_chart(report, run, &axis),
+        order_latency_chart(run, &axis),
+        avail_latency_chart(run, &axis),
+        served_by_chart(run, &axis),
+        staleness_chart(run, &axis),
+        reported_stock_chart(report, run, &axis),
+    ]
+    .concat();
+    page(report, &charts, axis.bucket_us)
+}
 
-    let mut charts = String::new();
-    charts += &confirmed_chart(report, run, x_max, sell_out_s);
-    charts += &order_latency_chart(run, bucket_us, x_max, sell_out_s);
-    charts += &avail_latency_chart(run, bucket_us, x_max, sell_out_s);
-    charts += &served_by_chart(run, bucket_us, x_max, sell_out_s);
-    charts += &staleness_chart(run, bucket_us, x_max, sell_out_s);
-    charts += &reported_stock_chart(report, run, bucket_us, x_max, sell_out_s);
-
+/// The page around the charts: a summary line, the charts, then the text report.
+fn page(report: &SaleReport, charts: &str, bucket_us: u64) -> String {
     let status = if report.ok {
-        "<span class=ok>OK</span>".to_string()
+        "<span class=ok>OK</span>"
     } else {
-        "<span class=bad>FAIL</span>".to_string()
+        "<span class=bad>FAIL</span>"
     };
     format!(
         r#"<!doctype html>
@@ -80,7 +87,7 @@ time to sell out {tts}; total {total}. Buckets of {bucket} ms; the dashed vertic
         stock = report.stock,
         oversold = report.oversold,
         oos = report.orders.out_of_stock,
-        errors = report.orders.errors_total,
+        errors = report.orders.failed.errors_total,
         tts = report
             .timing
             .time_to_sell_out_ms
@@ -89,6 +96,20 @@ time to sell out {tts}; total {total}. Buckets of {bucket} ms; the dashed vertic
         bucket = bucket_us / 1000,
         text = esc(&report.render()),
     )
+}
+
+/// The time axis every chart of a run shares: seconds from 0 to `x_max`, samples counted
+/// in buckets of `bucket_us`, and the sell-out moment marked.
+struct TimeAxis {
+    bucket_us: u64,
+    x_max: f64,
+    sell_out_s: Option<f64>,
+}
+
+impl TimeAxis {
+    fn chart(&self, title: &str, y_label: &str, series: &[Series]) -> String {
+        chart(title, y_label, series, self.x_max, self.sell_out_s)
+    }
 }
 
 /// 100 ms buckets up to 30 s, then whole seconds, keeping at most ~300 buckets.
@@ -136,17 +157,28 @@ fn series(name: &str, color: &str, points: Vec<(f64, f64)>) -> Series {
     }
 }
 
-fn confirmed_chart(report: &SaleReport, run: &SaleRun, x_max: f64, so: Option<f64>) -> String {
+/// A step line over the run's confirmations: `at(units confirmed so far)` at 0 s, at each
+/// confirmation and at the end.
+fn confirmed_steps(run: &SaleRun, x_max: f64, at: impl Fn(u64) -> f64) -> Vec<(f64, f64)> {
     let mut units = 0u64;
-    let mut points = vec![(0.0, 0.0)];
+    let mut points = vec![(0.0, at(0))];
     for o in &run.orders {
         if let OrderOutcome::Confirmed { quantity } = o.outcome {
             units += u64::from(quantity);
-            points.push((o.recv_us as f64 / 1e6, units as f64));
+            points.push((o.recv_us as f64 / 1e6, at(units)));
         }
     }
-    points.push((x_max, units as f64));
-    let mut confirmed = series("units confirmed", "#1f77b4", points);
+    points.push((x_max, at(units)));
+    points
+}
+
+fn confirmed_chart(report: &SaleReport, run: &SaleRun, axis: &TimeAxis) -> String {
+    let x_max = axis.x_max;
+    let mut confirmed = series(
+        "units confirmed",
+        "#1f77b4",
+        confirmed_steps(run, x_max, |units| units as f64),
+    );
     confirmed.step = true;
     let mut stock = series(
         "stock",
@@ -157,12 +189,10 @@ fn confirmed_chart(report: &SaleReport, run: &SaleRun, x_max: f64, so: Option<f6
         ],
     );
     stock.dashed = true;
-    chart(
+    axis.chart(
         "Orders confirmed over time vs stock",
         "units",
         &[confirmed, stock],
-        x_max,
-        so,
     )
 }
 
@@ -203,25 +233,25 @@ const QUANTILES: [(&str, f64, &str); 4] = [
     ("max", 1.0, "#7f7f7f"),
 ];
 
-fn order_latency_chart(run: &SaleRun, bucket_us: u64, x_max: f64, so: Option<f64>) -> String {
+fn order_latency_chart(run: &SaleRun, axis: &TimeAxis) -> String {
     let s = latency_series(
         run.orders.iter().map(|o| (o.recv_us, o.latency_us())),
-        bucket_us,
+        axis.bucket_us,
         &QUANTILES,
     );
-    chart("Order latency by answer time", "ms", &s, x_max, so)
+    axis.chart("Order latency by answer time", "ms", &s)
 }
 
-fn avail_latency_chart(run: &SaleRun, bucket_us: u64, x_max: f64, so: Option<f64>) -> String {
+fn avail_latency_chart(run: &SaleRun, axis: &TimeAxis) -> String {
     if run.avail.is_empty() {
         return "<p class=note>No availability pollers in this run.</p>".into();
     }
     let s = latency_series(
         run.avail.iter().map(|a| (a.recv_us, a.latency_us())),
-        bucket_us,
+        axis.bucket_us,
         &QUANTILES,
     );
-    chart("Availability latency by answer time", "ms", &s, x_max, so)
+    axis.chart("Availability latency by answer time", "ms", &s)
 }
 
 /// Per served_by, one value per bucket folded from the answers in it.
@@ -273,80 +303,62 @@ fn to_series(
         .collect()
 }
 
-fn served_by_chart(run: &SaleRun, bucket_us: u64, x_max: f64, so: Option<f64>) -> String {
+fn served_by_chart(run: &SaleRun, axis: &TimeAxis) -> String {
     if run.avail.is_empty() {
         return String::new();
     }
+    let bucket_us = axis.bucket_us;
     let by = per_served_by(run, bucket_us, |cur, v| cur.unwrap_or(0.0) + v, |_| 1.0);
-    chart(
+    axis.chart(
         &format!(
             "Availability answers per {} ms by served_by (total)",
             bucket_us / 1000
         ),
         "answers",
         &to_series(by, bucket_us, true),
-        x_max,
-        so,
     )
 }
 
-fn staleness_chart(run: &SaleRun, bucket_us: u64, x_max: f64, so: Option<f64>) -> String {
+fn staleness_chart(run: &SaleRun, axis: &TimeAxis) -> String {
     if run.avail.is_empty() {
         return String::new();
     }
     let mut by = per_served_by(
         run,
-        bucket_us,
+        axis.bucket_us,
         |cur, v| cur.map_or(v, |c| c.max(v)),
         |a| a.stale_by_ms as f64,
     );
     by.remove("errors");
-    chart(
+    axis.chart(
         "Max stale_by_ms per bucket by served_by",
         "ms",
-        &to_series(by, bucket_us, false),
-        x_max,
-        so,
+        &to_series(by, axis.bucket_us, false),
     )
 }
 
-fn reported_stock_chart(
-    report: &SaleReport,
-    run: &SaleRun,
-    bucket_us: u64,
-    x_max: f64,
-    so: Option<f64>,
-) -> String {
+fn reported_stock_chart(report: &SaleReport, run: &SaleRun, axis: &TimeAxis) -> String {
     if run.avail.is_empty() {
         return String::new();
     }
     let mut by = per_served_by(
         run,
-        bucket_us,
+        axis.bucket_us,
         |cur, v| cur.map_or(v, |c| c.max(v)),
         |a| a.available_quantity as f64,
     );
     by.remove("errors");
-    let mut s = to_series(by, bucket_us, false);
-    let mut left = i64::from(report.stock);
-    let mut truth = vec![(0.0, left as f64)];
-    for o in &run.orders {
-        if let OrderOutcome::Confirmed { quantity } = o.outcome {
-            left -= i64::from(quantity);
-            truth.push((o.recv_us as f64 / 1e6, left as f64));
-        }
-    }
-    truth.push((x_max, left as f64));
+    let mut s = to_series(by, axis.bucket_us, false);
+    let stock = i64::from(report.stock);
+    let truth = confirmed_steps(run, axis.x_max, |units| (stock - units as i64) as f64);
     let mut t = series("stock − confirmed", "#000", truth);
     t.step = true;
     t.dashed = true;
     s.push(t);
-    chart(
+    axis.chart(
         "Highest available_quantity answered per bucket vs stock left",
         "units",
         &s,
-        x_max,
-        so,
     )
 }
 
@@ -375,6 +387,45 @@ fn fmt_tick(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// Where a chart's plot area sits and how values map onto it.
+struct Plot {
+    /// Plot area width and height.
+    pw: f64,
+    ph: f64,
+    x_max: f64,
+    x_step: f64,
+    y_max: f64,
+    y_step: f64,
+}
+
+impl Plot {
+    /// Room for `series`: x from 0 to `x_max`, y from 0 to a nice maximum above the data.
+    fn fit(series: &[Series], x_max: f64) -> Self {
+        let y_data = series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+            .fold(0.0f64, f64::max);
+        let y_top = y_data.max(1.0);
+        let y_step = nice_step(y_top);
+        Self {
+            pw: W - LEFT - RIGHT,
+            ph: H - TOP - BOTTOM,
+            x_max,
+            x_step: nice_step(x_max),
+            y_max: (y_top / y_step).ceil() * y_step,
+            y_step,
+        }
+    }
+
+    fn sx(&self, x: f64) -> f64 {
+        LEFT + (x / self.x_max).clamp(0.0, 1.0) * self.pw
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        TOP + self.ph - (y / self.y_max).clamp(0.0, 1.0) * self.ph
+    }
+}
+
 /// An SVG line chart: x in seconds from 0 to `x_max`, y from 0 to a nice maximum.
 pub fn chart(
     title: &str,
@@ -383,19 +434,7 @@ pub fn chart(
     x_max: f64,
     marker_x: Option<f64>,
 ) -> String {
-    let pw = W - LEFT - RIGHT;
-    let ph = H - TOP - BOTTOM;
-    let y_data = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
-        .fold(0.0f64, f64::max);
-    let y_top = y_data.max(1.0);
-    let y_step = nice_step(y_top);
-    let y_max = (y_top / y_step).ceil() * y_step;
-    let x_step = nice_step(x_max);
-    let sx = |x: f64| LEFT + (x / x_max).clamp(0.0, 1.0) * pw;
-    let sy = |y: f64| TOP + ph - (y / y_max).clamp(0.0, 1.0) * ph;
-
+    let p = Plot::fit(series, x_max);
     let mut o = String::new();
     let _ = write!(
         o,
@@ -406,10 +445,30 @@ pub fn chart(
         r#"<text class="title" x="{LEFT}" y="18">{}</text>"#,
         esc(title)
     );
-    // Grid and y ticks.
+    axes(&mut o, &p, y_label);
+    if let Some(mx) = marker_x {
+        let px = p.sx(mx);
+        let _ = write!(
+            o,
+            r##"<line x1="{px:.1}" x2="{px:.1}" y1="{TOP}" y2="{:.1}" stroke="#000" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}">sold out</text>"##,
+            TOP + p.ph,
+            px + 3.0,
+            TOP + 12.0
+        );
+    }
+    for (i, s) in series.iter().enumerate() {
+        line(&mut o, &p, i, s);
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+/// The grid with y ticks, the x ticks, the frame and the axis labels.
+fn axes(o: &mut String, p: &Plot, y_label: &str) {
+    let (pw, ph) = (p.pw, p.ph);
     let mut y = 0.0;
-    while y <= y_max + y_step / 2.0 {
-        let py = sy(y);
+    while y <= p.y_max + p.y_step / 2.0 {
+        let py = p.sy(y);
         let _ = write!(
             o,
             r##"<line x1="{LEFT}" x2="{:.1}" y1="{py:.1}" y2="{py:.1}" stroke="#e5e5e5"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
@@ -418,12 +477,11 @@ pub fn chart(
             py + 4.0,
             fmt_tick(y)
         );
-        y += y_step;
+        y += p.y_step;
     }
-    // X ticks.
     let mut x = 0.0;
-    while x <= x_max + 1e-9 {
-        let px = sx(x);
+    while x <= p.x_max + 1e-9 {
+        let px = p.sx(x);
         let _ = write!(
             o,
             r##"<line x1="{px:.1}" x2="{px:.1}" y1="{:.1}" y2="{:.1}" stroke="#999"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
@@ -432,7 +490,7 @@ pub fn chart(
             TOP + ph + 16.0,
             fmt_tick(x)
         );
-        x += x_step;
+        x += p.x_step;
     }
     let _ = write!(
         o,
@@ -443,66 +501,50 @@ pub fn chart(
         TOP + ph / 2.0,
         esc(y_label)
     );
-    if let Some(mx) = marker_x {
-        let px = sx(mx);
-        let _ = write!(
-            o,
-            r##"<line x1="{px:.1}" x2="{px:.1}" y1="{TOP}" y2="{:.1}" stroke="#000" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}">sold out</text>"##,
-            TOP + ph,
-            px + 3.0,
-            TOP + 12.0
-        );
-    }
-    for (i, s) in series.iter().enumerate() {
-        let mut d = String::new();
-        let mut prev: Option<(f64, f64)> = None;
-        for &(x, y) in &s.points {
-            let (px, py) = (sx(x), sy(y));
-            match prev {
-                None => {
-                    let _ = write!(d, "M{px:.1},{py:.1}");
-                }
-                Some((_, ppy)) if s.step => {
-                    let _ = write!(d, " L{px:.1},{ppy:.1} L{px:.1},{py:.1}");
-                }
-                Some(_) => {
-                    let _ = write!(d, " L{px:.1},{py:.1}");
-                }
-            }
-            prev = Some((px, py));
-        }
-        let dash = if s.dashed {
-            r#" stroke-dasharray="6 4""#
-        } else {
-            ""
+}
+
+/// One series: its path (a dot when it has one point) and its legend entry, `i`th down.
+fn line(o: &mut String, p: &Plot, i: usize, s: &Series) {
+    let mut d = String::new();
+    let mut prev: Option<(f64, f64)> = None;
+    for &(x, y) in &s.points {
+        let (px, py) = (p.sx(x), p.sy(y));
+        let _ = match prev {
+            None => write!(d, "M{px:.1},{py:.1}"),
+            Some((_, ppy)) if s.step => write!(d, " L{px:.1},{ppy:.1} L{px:.1},{py:.1}"),
+            Some(_) => write!(d, " L{px:.1},{py:.1}"),
         };
+        prev = Some((px, py));
+    }
+    let dash = if s.dashed {
+        r#" stroke-dasharray="6 4""#
+    } else {
+        ""
+    };
+    let _ = write!(
+        o,
+        r#"<path d="{d}" fill="none" stroke="{}" stroke-width="1.6"{dash}/>"#,
+        s.color
+    );
+    if s.points.len() == 1 {
+        let (px, py) = (p.sx(s.points[0].0), p.sy(s.points[0].1));
         let _ = write!(
             o,
-            r#"<path d="{d}" fill="none" stroke="{}" stroke-width="1.6"{dash}/>"#,
+            r#"<circle cx="{px:.1}" cy="{py:.1}" r="2.5" fill="{}"/>"#,
             s.color
         );
-        if s.points.len() == 1 {
-            let (px, py) = (sx(s.points[0].0), sy(s.points[0].1));
-            let _ = write!(
-                o,
-                r#"<circle cx="{px:.1}" cy="{py:.1}" r="2.5" fill="{}"/>"#,
-                s.color
-            );
-        }
-        let ly = TOP + 10.0 + i as f64 * 16.0;
-        let lx = LEFT + pw + 12.0;
-        let _ = write!(
-            o,
-            r#"<line x1="{lx:.1}" x2="{:.1}" y1="{ly:.1}" y2="{ly:.1}" stroke="{}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            lx + 18.0,
-            s.color,
-            lx + 24.0,
-            ly + 4.0,
-            esc(&s.name)
-        );
     }
-    o.push_str("</svg>\n");
-    o
+    let ly = TOP + 10.0 + i as f64 * 16.0;
+    let lx = LEFT + p.pw + 12.0;
+    let _ = write!(
+        o,
+        r#"<line x1="{lx:.1}" x2="{:.1}" y1="{ly:.1}" y2="{ly:.1}" stroke="{}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
+        lx + 18.0,
+        s.color,
+        lx + 24.0,
+        ly + 4.0,
+        esc(&s.name)
+    );
 }
 
 /// Escapes text for HTML element content and attribute values.

@@ -37,7 +37,7 @@ pub fn sell_out_moment(
     }
     orders
         .iter()
-        .filter(|o| matches!(o.outcome, OrderOutcome::Confirmed { .. }))
+        .filter(|o| is_confirmed(o))
         .map(|o| o.recv_us)
         .max()
 }
@@ -214,6 +214,50 @@ fn verdict(out: &mut String, problems: &[String]) -> fmt::Result {
     }
 }
 
+/// One `  name   value` row of a report section.
+fn line(out: &mut String, name: &str, value: impl fmt::Display) -> fmt::Result {
+    writeln!(out, "  {name:<26} {value}")
+}
+
+/// Requests that failed, counted by label (status and error code, or a transport label).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Failures {
+    pub errors_total: u64,
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl Failures {
+    fn add(&mut self, label: &str) {
+        self.errors_total += 1;
+        *self.errors.entry(label.to_string()).or_default() += 1;
+    }
+
+    fn of(errors: &BTreeMap<String, u64>) -> Self {
+        Self {
+            errors_total: errors.values().sum(),
+            errors: errors.clone(),
+        }
+    }
+
+    /// The `errors` row, then one row per label.
+    fn render_into(&self, out: &mut String) -> fmt::Result {
+        line(out, "errors", self.errors_total)?;
+        error_lines(out, &self.errors)
+    }
+}
+
+/// Earliest sent and latest received of samples given as `(sent_us, recv_us)`; 0 when none.
+fn span(samples: impl Iterator<Item = (u64, u64)>) -> (u64, u64) {
+    let (first, last) = samples.fold((None, None), |(f, l): (Option<u64>, _), (s, r)| {
+        (Some(f.map_or(s, |f| f.min(s))), l.max(Some(r)))
+    });
+    (first.unwrap_or(0), last.unwrap_or(0))
+}
+
+fn is_confirmed(o: &OrderSample) -> bool {
+    matches!(o.outcome, OrderOutcome::Confirmed { .. })
+}
+
 // ---------------------------------------------------------------------------------------
 // flash-sale and sell-out
 // ---------------------------------------------------------------------------------------
@@ -224,11 +268,35 @@ pub struct OrderCounts {
     pub confirmed_orders: u64,
     pub confirmed_units: u64,
     pub out_of_stock: u64,
-    pub errors_total: u64,
     /// Anything but 201/409 OUT_OF_STOCK, by status and error code.
-    pub errors: BTreeMap<String, u64>,
+    #[serde(flatten)]
+    pub failed: Failures,
     /// Buyers never sent because the --max-seconds safety stop came first.
     pub not_sent: u64,
+}
+
+impl OrderCounts {
+    fn of(run: &SaleRun) -> Self {
+        let mut c = Self {
+            sent: run.orders.len() as u64,
+            confirmed_orders: 0,
+            confirmed_units: 0,
+            out_of_stock: 0,
+            failed: Failures::default(),
+            not_sent: run.not_sent,
+        };
+        for o in &run.orders {
+            match &o.outcome {
+                OrderOutcome::Confirmed { quantity } => {
+                    c.confirmed_orders += 1;
+                    c.confirmed_units += u64::from(*quantity);
+                }
+                OrderOutcome::OutOfStock => c.out_of_stock += 1,
+                OrderOutcome::Failed(label) => c.failed.add(label),
+            }
+        }
+        c
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -248,6 +316,30 @@ pub struct SaleTiming {
     pub rejections_per_s_after_sell_out: Option<f64>,
 }
 
+impl SaleTiming {
+    fn of(run: &SaleRun, sell_out: Option<u64>, rejected_after: u64) -> Self {
+        let (first_sent, last_recv) = span(run.orders.iter().map(|o| (o.sent_us, o.recv_us)));
+        let (avail_first, avail_last) = span(run.avail.iter().map(|s| (s.sent_us, s.recv_us)));
+        let total_us = last_recv.saturating_sub(first_sent);
+        let all_window = last_recv
+            .max(avail_last)
+            .saturating_sub(first_sent.min(avail_first));
+        let (orders, avail) = (run.orders.len() as u64, run.avail.len() as u64);
+        let after_us = sell_out.map(|t| last_recv.saturating_sub(t));
+        Self {
+            sold_out: sell_out.is_some(),
+            time_to_sell_out_ms: sell_out.map(|t| t.saturating_sub(first_sent) as f64 / 1000.0),
+            total_ms: total_us as f64 / 1000.0,
+            order_requests_per_s: per_second(orders, total_us),
+            availability_requests_per_s: per_second(avail, avail_last.saturating_sub(avail_first)),
+            requests_per_s: per_second(orders + avail, all_window),
+            rejections_after_sell_out: rejected_after,
+            after_sell_out_ms: after_us.map(|us| us as f64 / 1000.0),
+            rejections_per_s_after_sell_out: after_us.map(|us| per_second(rejected_after, us)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SaleLatency {
     pub orders: LatencySummary,
@@ -256,12 +348,33 @@ pub struct SaleLatency {
     pub availability: LatencySummary,
 }
 
+impl SaleLatency {
+    fn of(run: &SaleRun, rejected_after: &[&OrderSample]) -> Self {
+        let orders = |keep: fn(&OrderSample) -> bool| {
+            LatencySummary::of_us(
+                run.orders
+                    .iter()
+                    .filter(|o| keep(o))
+                    .map(|o| o.latency_us()),
+            )
+        };
+        Self {
+            orders: orders(|_| true),
+            orders_confirmed: orders(is_confirmed),
+            orders_rejected_after_sell_out: LatencySummary::of_us(
+                rejected_after.iter().map(|o| o.latency_us()),
+            ),
+            availability: LatencySummary::of_us(run.avail.iter().map(AvailSample::latency_us)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct AvailabilitySeen {
     pub requests: u64,
     pub answers: u64,
-    pub errors_total: u64,
-    pub errors: BTreeMap<String, u64>,
+    #[serde(flatten)]
+    pub failed: Failures,
     pub by_served_by: BTreeMap<String, ServedBy>,
     pub max_stale_by_ms: u64,
     /// `available: true` answers received after the sell-out moment (any `as_of`).
@@ -272,12 +385,56 @@ pub struct AvailabilitySeen {
     pub capped: bool,
 }
 
+impl AvailabilitySeen {
+    fn of(run: &SaleRun, sell_out: Option<u64>) -> Self {
+        let mut seen = Self {
+            requests: run.avail.len() as u64,
+            answers: 0,
+            failed: Failures::default(),
+            by_served_by: BTreeMap::new(),
+            max_stale_by_ms: 0,
+            available_true_after_sell_out: 0,
+            lying_after_sell_out: sell_out.map_or(0, |t| lying_answers(&run.avail, t)),
+            capped: run.avail_capped,
+        };
+        for s in &run.avail {
+            match &s.outcome {
+                Ok(a) => {
+                    seen.answers += 1;
+                    let e = seen.by_served_by.entry(a.served_by.clone()).or_default();
+                    e.answers += 1;
+                    e.max_stale_by_ms = e.max_stale_by_ms.max(a.stale_by_ms);
+                    seen.max_stale_by_ms = seen.max_stale_by_ms.max(a.stale_by_ms);
+                    if a.available && sell_out.is_some_and(|t| s.recv_us > t) {
+                        seen.available_true_after_sell_out += 1;
+                    }
+                }
+                Err(label) => seen.failed.add(label),
+            }
+        }
+        seen
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct AfterSale {
     pub expected_available_quantity: i64,
     pub reported: Option<FinalRead>,
     pub read_error: Option<String>,
     pub matches: bool,
+}
+
+impl AfterSale {
+    fn of(final_read: &Result<FinalRead, String>, expected: i64) -> Self {
+        Self {
+            expected_available_quantity: expected,
+            reported: final_read.as_ref().ok().cloned(),
+            read_error: final_read.as_ref().err().cloned(),
+            matches: final_read
+                .as_ref()
+                .is_ok_and(|r| r.available_quantity == expected),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -308,167 +465,18 @@ pub struct SaleReport {
 impl SaleReport {
     pub fn build(run: &SaleRun) -> Self {
         let spec = &run.spec;
-        let stock = u64::from(spec.stock);
-        let qty = u64::from(spec.qty);
-
-        let mut counts = OrderCounts {
-            sent: run.orders.len() as u64,
-            confirmed_orders: 0,
-            confirmed_units: 0,
-            out_of_stock: 0,
-            errors_total: 0,
-            errors: BTreeMap::new(),
-            not_sent: run.not_sent,
-        };
-        for o in &run.orders {
-            match &o.outcome {
-                OrderOutcome::Confirmed { quantity } => {
-                    counts.confirmed_orders += 1;
-                    counts.confirmed_units += u64::from(*quantity);
-                }
-                OrderOutcome::OutOfStock => counts.out_of_stock += 1,
-                OrderOutcome::Failed(label) => {
-                    counts.errors_total += 1;
-                    *counts.errors.entry(label.clone()).or_default() += 1;
-                }
-            }
-        }
-        let oversold = oversold(counts.confirmed_units, stock);
-
+        let (stock, qty) = (u64::from(spec.stock), u64::from(spec.qty));
+        let orders = OrderCounts::of(run);
         let final_stock = run.final_read.as_ref().ok().map(|r| r.available_quantity);
         let sell_out = sell_out_moment(&run.orders, stock, qty, final_stock);
-        let first_sent = run.orders.iter().map(|o| o.sent_us).min().unwrap_or(0);
-        let last_recv = run.orders.iter().map(|o| o.recv_us).max().unwrap_or(0);
-        let total_us = last_recv.saturating_sub(first_sent);
-
-        let avail_first = run.avail.iter().map(|s| s.sent_us).min().unwrap_or(0);
-        let avail_last = run.avail.iter().map(|s| s.recv_us).max().unwrap_or(0);
-        let avail_window = avail_last.saturating_sub(avail_first);
-        let all_window = last_recv
-            .max(avail_last)
-            .saturating_sub(first_sent.min(avail_first));
-
-        let rejected_after: Vec<&OrderSample> = match sell_out {
-            Some(t) => run
-                .orders
-                .iter()
-                .filter(|o| o.recv_us > t && o.outcome == OrderOutcome::OutOfStock)
-                .collect(),
-            None => Vec::new(),
-        };
-        let after_us = sell_out.map(|t| last_recv.saturating_sub(t));
-
-        let timing = SaleTiming {
-            sold_out: sell_out.is_some(),
-            time_to_sell_out_ms: sell_out.map(|t| t.saturating_sub(first_sent) as f64 / 1000.0),
-            total_ms: total_us as f64 / 1000.0,
-            order_requests_per_s: per_second(counts.sent, total_us),
-            availability_requests_per_s: per_second(run.avail.len() as u64, avail_window),
-            requests_per_s: per_second(counts.sent + run.avail.len() as u64, all_window),
-            rejections_after_sell_out: rejected_after.len() as u64,
-            after_sell_out_ms: after_us.map(|us| us as f64 / 1000.0),
-            rejections_per_s_after_sell_out: after_us
-                .map(|us| per_second(rejected_after.len() as u64, us)),
-        };
-
-        let latency = SaleLatency {
-            orders: LatencySummary::of_us(run.orders.iter().map(OrderSample::latency_us)),
-            orders_confirmed: LatencySummary::of_us(
-                run.orders
-                    .iter()
-                    .filter(|o| matches!(o.outcome, OrderOutcome::Confirmed { .. }))
-                    .map(OrderSample::latency_us),
-            ),
-            orders_rejected_after_sell_out: LatencySummary::of_us(
-                rejected_after.iter().map(|o| o.latency_us()),
-            ),
-            availability: LatencySummary::of_us(run.avail.iter().map(AvailSample::latency_us)),
-        };
-
-        let mut seen = AvailabilitySeen {
-            requests: run.avail.len() as u64,
-            answers: 0,
-            errors_total: 0,
-            errors: BTreeMap::new(),
-            by_served_by: BTreeMap::new(),
-            max_stale_by_ms: 0,
-            available_true_after_sell_out: 0,
-            lying_after_sell_out: sell_out.map_or(0, |t| lying_answers(&run.avail, t)),
-            capped: run.avail_capped,
-        };
-        for s in &run.avail {
-            match &s.outcome {
-                Ok(a) => {
-                    seen.answers += 1;
-                    let e = seen.by_served_by.entry(a.served_by.clone()).or_default();
-                    e.answers += 1;
-                    e.max_stale_by_ms = e.max_stale_by_ms.max(a.stale_by_ms);
-                    seen.max_stale_by_ms = seen.max_stale_by_ms.max(a.stale_by_ms);
-                    if a.available && sell_out.is_some_and(|t| s.recv_us > t) {
-                        seen.available_true_after_sell_out += 1;
-                    }
-                }
-                Err(label) => {
-                    seen.errors_total += 1;
-                    *seen.errors.entry(label.clone()).or_default() += 1;
-                }
-            }
-        }
-
-        let expected = i64::from(spec.stock) - counts.confirmed_units as i64;
-        let after = match &run.final_read {
-            Ok(r) => AfterSale {
-                expected_available_quantity: expected,
-                matches: r.available_quantity == expected,
-                reported: Some(r.clone()),
-                read_error: None,
-            },
-            Err(e) => AfterSale {
-                expected_available_quantity: expected,
-                reported: None,
-                read_error: Some(e.clone()),
-                matches: false,
-            },
-        };
-
-        let mut problems = Vec::new();
-        if oversold > 0 {
-            problems.push(format!("OVERSOLD by {oversold} units"));
-        }
-        if counts.errors_total > 0 {
-            problems.push(format!(
-                "{} order requests failed unexpectedly (not 201/409)",
-                counts.errors_total
-            ));
-        }
-        if seen.errors_total > 0 {
-            problems.push(format!(
-                "{} availability requests failed",
-                seen.errors_total
-            ));
-        }
-        if seen.lying_after_sell_out > 0 {
-            problems.push(format!(
-                "{} availability answers said available after the sell-out, as of after it",
-                seen.lying_after_sell_out
-            ));
-        }
-        match &after.reported {
-            Some(r) if !after.matches => problems.push(format!(
-                "service reports available_quantity {} but stock − confirmed units = {expected}",
-                r.available_quantity
-            )),
-            None => problems.push("could not read the product back after the sale".into()),
-            _ => {}
-        }
-        if counts.not_sent > 0 {
-            problems.push(format!(
-                "stopped by --max-seconds: {} buyers never sent",
-                counts.not_sent
-            ));
-        }
-
-        Self {
+        let rejected_after: Vec<&OrderSample> = run
+            .orders
+            .iter()
+            .filter(|o| sell_out.is_some_and(|t| o.recv_us > t))
+            .filter(|o| o.outcome == OrderOutcome::OutOfStock)
+            .collect();
+        let expected = i64::from(spec.stock) - orders.confirmed_units as i64;
+        let mut r = Self {
             mode: spec.mode.to_string(),
             base_url: spec.base_url.clone(),
             product_id: spec.product_id.clone(),
@@ -479,17 +487,62 @@ impl SaleReport {
             concurrency: spec.concurrency,
             qty: spec.qty,
             pollers: spec.pollers,
-            orders: counts,
-            oversold,
-            timing,
-            latency,
-            availability: seen,
-            after,
+            oversold: oversold(orders.confirmed_units, stock),
+            orders,
+            timing: SaleTiming::of(run, sell_out, rejected_after.len() as u64),
+            latency: SaleLatency::of(run, &rejected_after),
+            availability: AvailabilitySeen::of(run, sell_out),
+            after: AfterSale::of(&run.final_read, expected),
             replicas_before: run.replicas_before.clone(),
             replicas_after: run.replicas_after.clone(),
-            ok: problems.is_empty(),
-            problems,
+            ok: false,
+            problems: Vec::new(),
+        };
+        r.problems = r.find_problems();
+        r.ok = r.problems.is_empty();
+        r
+    }
+
+    /// What went wrong, one sentence each; empty means the sale passed.
+    fn find_problems(&self) -> Vec<String> {
+        let (o, seen, after) = (&self.orders, &self.availability, &self.after);
+        let mut problems = Vec::new();
+        if self.oversold > 0 {
+            problems.push(format!("OVERSOLD by {} units", self.oversold));
         }
+        if o.failed.errors_total > 0 {
+            problems.push(format!(
+                "{} order requests failed unexpectedly (not 201/409)",
+                o.failed.errors_total
+            ));
+        }
+        if seen.failed.errors_total > 0 {
+            problems.push(format!(
+                "{} availability requests failed",
+                seen.failed.errors_total
+            ));
+        }
+        if seen.lying_after_sell_out > 0 {
+            problems.push(format!(
+                "{} availability answers said available after the sell-out, as of after it",
+                seen.lying_after_sell_out
+            ));
+        }
+        match &after.reported {
+            Some(r) if !after.matches => problems.push(format!(
+                "service reports available_quantity {} but stock − confirmed units = {}",
+                r.available_quantity, after.expected_available_quantity
+            )),
+            None => problems.push("could not read the product back after the sale".into()),
+            _ => {}
+        }
+        if o.not_sent > 0 {
+            problems.push(format!(
+                "stopped by --max-seconds: {} buyers never sent",
+                o.not_sent
+            ));
+        }
+        problems
     }
 
     pub fn render(&self) -> String {
@@ -500,7 +553,19 @@ impl SaleReport {
     }
 
     fn render_into(&self, out: &mut String) -> fmt::Result {
-        let opt_ms = |v: Option<f64>| v.map_or("never (did not sell out)".into(), fmt_ms);
+        self.render_header(out)?;
+        self.render_orders(out)?;
+        self.render_timing(out)?;
+        self.render_latency(out)?;
+        if self.pollers == 0 {
+            writeln!(out, "\navailability answers: none (no pollers)")?;
+        } else {
+            self.render_availability(out)?;
+        }
+        self.render_after(out)
+    }
+
+    fn render_header(&self, out: &mut String) -> fmt::Result {
         writeln!(out, "== {} against {} ==", self.mode, self.base_url)?;
         writeln!(
             out,
@@ -520,108 +585,100 @@ impl SaleReport {
             out,
             "product visible to availability {} ms after creation (before the clock started)",
             self.product_visible_after_ms
-        )?;
+        )
+    }
+
+    fn render_orders(&self, out: &mut String) -> fmt::Result {
         let o = &self.orders;
         writeln!(out, "\norders")?;
-        writeln!(out, "  {:<26} {}", "sent", o.sent)?;
-        writeln!(
+        line(out, "sent", o.sent)?;
+        line(
             out,
-            "  {:<26} {} orders ({} units)",
-            "confirmed (201)", o.confirmed_orders, o.confirmed_units
+            "confirmed (201)",
+            format_args!(
+                "{} orders ({} units)",
+                o.confirmed_orders, o.confirmed_units
+            ),
         )?;
-        writeln!(out, "  {:<26} {}", "out of stock (409)", o.out_of_stock)?;
-        writeln!(out, "  {:<26} {}", "errors", o.errors_total)?;
-        error_lines(out, &o.errors)?;
+        line(out, "out of stock (409)", o.out_of_stock)?;
+        o.failed.render_into(out)?;
         if o.not_sent > 0 {
-            writeln!(out, "  {:<26} {}", "not sent (safety stop)", o.not_sent)?;
+            line(out, "not sent (safety stop)", o.not_sent)?;
         }
-        writeln!(
+        line(
             out,
-            "  {:<26} {}   (max(0, confirmed units - stock))",
-            "OVERSOLD", self.oversold
-        )?;
+            "OVERSOLD",
+            format_args!("{}   (max(0, confirmed units - stock))", self.oversold),
+        )
+    }
 
+    fn render_timing(&self, out: &mut String) -> fmt::Result {
         let t = &self.timing;
+        let sell_out = t
+            .time_to_sell_out_ms
+            .map_or("never (did not sell out)".into(), fmt_ms);
         writeln!(out, "\ntiming")?;
-        writeln!(
-            out,
-            "  {:<26} {}",
-            "time to sell out",
-            opt_ms(t.time_to_sell_out_ms)
-        )?;
-        writeln!(out, "  {:<26} {}", "total time", fmt_ms(t.total_ms))?;
-        writeln!(
-            out,
-            "  {:<26} {}",
-            "order requests",
-            fmt_rate(t.order_requests_per_s)
-        )?;
+        line(out, "time to sell out", sell_out)?;
+        line(out, "total time", fmt_ms(t.total_ms))?;
+        line(out, "order requests", fmt_rate(t.order_requests_per_s))?;
         if self.pollers > 0 {
-            writeln!(
-                out,
-                "  {:<26} {}",
-                "availability requests",
-                fmt_rate(t.availability_requests_per_s)
-            )?;
-            writeln!(
-                out,
-                "  {:<26} {}",
-                "all requests",
-                fmt_rate(t.requests_per_s)
-            )?;
+            let avail = fmt_rate(t.availability_requests_per_s);
+            line(out, "availability requests", avail)?;
+            line(out, "all requests", fmt_rate(t.requests_per_s))?;
         }
         if let (Some(after), Some(rate)) = (t.after_sell_out_ms, t.rejections_per_s_after_sell_out)
         {
-            writeln!(
+            line(
                 out,
-                "  {:<26} {} in {} after sell-out = {}",
                 "rejections after sell-out",
-                t.rejections_after_sell_out,
-                fmt_ms(after),
-                fmt_rate(rate)
+                format_args!(
+                    "{} in {} after sell-out = {}",
+                    t.rejections_after_sell_out,
+                    fmt_ms(after),
+                    fmt_rate(rate)
+                ),
             )?;
         }
+        Ok(())
+    }
 
+    fn render_latency(&self, out: &mut String) -> fmt::Result {
+        let l = &self.latency;
         writeln!(out, "\nlatency")?;
         let mut rows = vec![
-            ("orders (all)", &self.latency.orders),
-            ("orders confirmed", &self.latency.orders_confirmed),
+            ("orders (all)", &l.orders),
+            ("orders confirmed", &l.orders_confirmed),
             (
                 "orders rejected after s/o",
-                &self.latency.orders_rejected_after_sell_out,
+                &l.orders_rejected_after_sell_out,
             ),
         ];
         if self.pollers > 0 {
-            rows.push(("availability", &self.latency.availability));
+            rows.push(("availability", &l.availability));
         }
-        latency_table(out, &rows)?;
-
-        if self.pollers == 0 {
-            writeln!(out, "\navailability answers: none (no pollers)")?;
-        } else {
-            self.render_availability(out)?;
-        }
-        self.render_after(out)
+        latency_table(out, &rows)
     }
 
     fn render_availability(&self, out: &mut String) -> fmt::Result {
         let a = &self.availability;
         writeln!(out, "\navailability answers")?;
         served_by_lines(out, &a.by_served_by)?;
-        if a.errors_total > 0 {
-            writeln!(out, "  {:<26} {}", "errors", a.errors_total)?;
-            error_lines(out, &a.errors)?;
+        if a.failed.errors_total > 0 {
+            a.failed.render_into(out)?;
         }
-        writeln!(out, "  {:<26} {}", "max stale_by_ms", a.max_stale_by_ms)?;
-        writeln!(
+        line(out, "max stale_by_ms", a.max_stale_by_ms)?;
+        line(
             out,
-            "  {:<26} {}",
-            "available:true after s/o", a.available_true_after_sell_out
+            "available:true after s/o",
+            a.available_true_after_sell_out,
         )?;
-        writeln!(
+        line(
             out,
-            "  {:<26} {}   (available:true, received and as_of after sell-out; must be 0)",
-            "LYING answers", a.lying_after_sell_out
+            "LYING answers",
+            format_args!(
+                "{}   (available:true, received and as_of after sell-out; must be 0)",
+                a.lying_after_sell_out
+            ),
         )?;
         if a.capped {
             writeln!(out, "  (pollers stopped early: sample cap reached)")?;
@@ -632,25 +689,27 @@ impl SaleReport {
     fn render_after(&self, out: &mut String) -> fmt::Result {
         writeln!(out, "\nafter the sale")?;
         match (&self.after.reported, &self.after.read_error) {
-            (Some(r), _) => writeln!(
+            (Some(r), _) => line(
                 out,
-                "  {:<26} {} (expected {}; {}; served_by {}, as_of {}, after {} ms{})",
                 "available_quantity",
-                r.available_quantity,
-                self.after.expected_available_quantity,
-                if self.after.matches {
-                    "matches"
-                } else {
-                    "MISMATCH"
-                },
-                r.served_by,
-                r.as_of,
-                r.waited_ms,
-                if r.covers_all_orders {
-                    ""
-                } else {
-                    ", NOT covering the last order"
-                }
+                format_args!(
+                    "{} (expected {}; {}; served_by {}, as_of {}, after {} ms{})",
+                    r.available_quantity,
+                    self.after.expected_available_quantity,
+                    if self.after.matches {
+                        "matches"
+                    } else {
+                        "MISMATCH"
+                    },
+                    r.served_by,
+                    r.as_of,
+                    r.waited_ms,
+                    if r.covers_all_orders {
+                        ""
+                    } else {
+                        ", NOT covering the last order"
+                    }
+                ),
             )?,
             (None, Some(e)) => writeln!(out, "  could not read the product: {e}")?,
             (None, None) => writeln!(out, "  not read")?,
@@ -664,32 +723,10 @@ impl SaleReport {
 }
 
 // ---------------------------------------------------------------------------------------
-// hot-sku
+// hot-sku and availability
 // ---------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Serialize)]
-pub struct HotSkuReport {
-    pub mode: String,
-    pub base_url: String,
-    pub product_id: String,
-    pub seconds: u64,
-    pub concurrency: u32,
-    pub qty: u32,
-    pub elapsed_s: f64,
-    pub requests: u64,
-    pub confirmed_orders: u64,
-    pub confirmed_units: u64,
-    pub out_of_stock: u64,
-    pub errors_total: u64,
-    pub errors: BTreeMap<String, u64>,
-    pub confirmed_per_s: f64,
-    pub requests_per_s: f64,
-    pub latency: LatencySummary,
-    pub stopped_by_max_seconds: bool,
-    pub ok: bool,
-    pub problems: Vec<String>,
-}
-
+/// What a timed run was asked and how it went, apart from the tally.
 pub struct TimedMeta {
     pub base_url: String,
     pub product_id: String,
@@ -700,95 +737,9 @@ pub struct TimedMeta {
     pub stopped_by_max_seconds: bool,
 }
 
-impl HotSkuReport {
-    pub fn build(m: TimedMeta, t: &Tally) -> Self {
-        let mut problems = Vec::new();
-        if t.errors_total() > 0 {
-            problems.push(format!("{} order requests failed", t.errors_total()));
-        }
-        if t.out_of_stock > 0 {
-            problems.push(format!(
-                "{} orders out of stock (the hot product ran out)",
-                t.out_of_stock
-            ));
-        }
-        if t.ok == 0 {
-            problems.push("no order was confirmed".into());
-        }
-        if m.stopped_by_max_seconds {
-            problems.push("stopped early by --max-seconds".into());
-        }
-        Self {
-            mode: "hot-sku".into(),
-            base_url: m.base_url,
-            product_id: m.product_id,
-            seconds: m.seconds,
-            concurrency: m.concurrency,
-            qty: m.qty,
-            elapsed_s: m.elapsed_us as f64 / 1e6,
-            requests: t.requests(),
-            confirmed_orders: t.ok,
-            confirmed_units: t.units,
-            out_of_stock: t.out_of_stock,
-            errors_total: t.errors_total(),
-            errors: t.errors.clone(),
-            confirmed_per_s: per_second(t.ok, m.elapsed_us),
-            requests_per_s: per_second(t.requests(), m.elapsed_us),
-            latency: LatencySummary::of(&t.latency),
-            stopped_by_max_seconds: m.stopped_by_max_seconds,
-            ok: problems.is_empty(),
-            problems,
-        }
-    }
-
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let _ = self.render_into(&mut out);
-        out
-    }
-
-    fn render_into(&self, out: &mut String) -> fmt::Result {
-        writeln!(out, "== hot-sku against {} ==", self.base_url)?;
-        writeln!(
-            out,
-            "product {}: {} workers ordering qty {} back-to-back for {} s (ran {:.2} s)",
-            self.product_id, self.concurrency, self.qty, self.seconds, self.elapsed_s
-        )?;
-        writeln!(out)?;
-        writeln!(out, "  {:<26} {}", "requests", self.requests)?;
-        writeln!(
-            out,
-            "  {:<26} {} orders ({} units)",
-            "confirmed (201)", self.confirmed_orders, self.confirmed_units
-        )?;
-        writeln!(out, "  {:<26} {}", "out of stock (409)", self.out_of_stock)?;
-        writeln!(out, "  {:<26} {}", "errors", self.errors_total)?;
-        error_lines(out, &self.errors)?;
-        writeln!(
-            out,
-            "  {:<26} {}",
-            "confirmed orders",
-            fmt_rate(self.confirmed_per_s)
-        )?;
-        writeln!(
-            out,
-            "  {:<26} {}",
-            "requests",
-            fmt_rate(self.requests_per_s)
-        )?;
-        writeln!(out, "\nlatency")?;
-        latency_table(out, &[("orders", &self.latency)])?;
-        writeln!(out)?;
-        verdict(out, &self.problems)
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// availability
-// ---------------------------------------------------------------------------------------
-
+/// The report of a timed mode (hot-sku, availability): C workers calling back-to-back.
 #[derive(Debug, Clone, Serialize)]
-pub struct AvailabilityReport {
+pub struct TimedReport {
     pub mode: String,
     pub base_url: String,
     pub product_id: String,
@@ -797,58 +748,54 @@ pub struct AvailabilityReport {
     pub qty: u32,
     pub elapsed_s: f64,
     pub requests: u64,
-    pub answers: u64,
-    pub errors_total: u64,
-    pub errors: BTreeMap<String, u64>,
+    /// What the successful calls were: confirmed orders or availability answers.
+    #[serde(flatten)]
+    pub seen: Seen,
+    #[serde(flatten)]
+    pub failed: Failures,
     pub requests_per_s: f64,
     pub latency: LatencySummary,
-    pub by_served_by: BTreeMap<String, ServedBy>,
-    pub max_stale_by_ms: u64,
-    pub stale_limit_ms: u64,
-    /// Replica answers with `stale_by_ms` over the limit (should be 0).
-    pub replica_answers_over_limit: u64,
     pub stopped_by_max_seconds: bool,
     pub ok: bool,
     pub problems: Vec<String>,
 }
 
-impl AvailabilityReport {
-    pub fn build(m: TimedMeta, t: &Tally, stale_limit_ms: u64) -> Self {
-        let over: u64 = t
-            .served_by
-            .iter()
-            .filter(|(name, _)| name.as_str() != "primary")
-            .map(|(_, s)| s.over_limit)
-            .sum();
-        let mut problems = Vec::new();
-        if t.errors_total() > 0 {
-            problems.push(format!("{} availability requests failed", t.errors_total()));
+/// The mode's own numbers.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Seen {
+    /// hot-sku: orders placed back-to-back on one product.
+    Orders {
+        confirmed_orders: u64,
+        confirmed_units: u64,
+        out_of_stock: u64,
+        confirmed_per_s: f64,
+    },
+    /// availability: GET availability back-to-back on one product.
+    Answers {
+        answers: u64,
+        by_served_by: BTreeMap<String, ServedBy>,
+        max_stale_by_ms: u64,
+        stale_limit_ms: u64,
+        /// Replica answers with `stale_by_ms` over the limit (should be 0).
+        replica_answers_over_limit: u64,
+    },
+}
+
+impl Seen {
+    fn orders(t: &Tally, elapsed_us: u64) -> Self {
+        Self::Orders {
+            confirmed_orders: t.ok,
+            confirmed_units: t.units,
+            out_of_stock: t.out_of_stock,
+            confirmed_per_s: per_second(t.ok, elapsed_us),
         }
-        if over > 0 {
-            problems.push(format!(
-                "{over} replica answers were more than {stale_limit_ms} ms stale"
-            ));
-        }
-        if t.ok == 0 {
-            problems.push("no availability answer".into());
-        }
-        if m.stopped_by_max_seconds {
-            problems.push("stopped early by --max-seconds".into());
-        }
-        Self {
-            mode: "availability".into(),
-            base_url: m.base_url,
-            product_id: m.product_id,
-            seconds: m.seconds,
-            concurrency: m.concurrency,
-            qty: m.qty,
-            elapsed_s: m.elapsed_us as f64 / 1e6,
-            requests: t.requests(),
+    }
+
+    fn answers(t: &Tally, stale_limit_ms: u64) -> Self {
+        let replicas = t.served_by.iter().filter(|(name, _)| *name != "primary");
+        Self::Answers {
             answers: t.ok,
-            errors_total: t.errors_total(),
-            errors: t.errors.clone(),
-            requests_per_s: per_second(t.requests(), m.elapsed_us),
-            latency: LatencySummary::of(&t.latency),
             by_served_by: t.served_by.clone(),
             max_stale_by_ms: t
                 .served_by
@@ -857,7 +804,78 @@ impl AvailabilityReport {
                 .max()
                 .unwrap_or(0),
             stale_limit_ms,
-            replica_answers_over_limit: over,
+            replica_answers_over_limit: replicas.map(|(_, s)| s.over_limit).sum(),
+        }
+    }
+
+    /// The mode's name and what its requests were called (as in "N order requests failed").
+    fn names(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Orders { .. } => ("hot-sku", "order"),
+            Self::Answers { .. } => ("availability", "availability"),
+        }
+    }
+
+    /// The mode's own failure, if any, then what it says when no call succeeded.
+    fn problems(&self) -> (Option<String>, &'static str) {
+        match self {
+            Self::Orders { out_of_stock, .. } => (
+                (*out_of_stock > 0).then(|| {
+                    format!("{out_of_stock} orders out of stock (the hot product ran out)")
+                }),
+                "no order was confirmed",
+            ),
+            Self::Answers {
+                stale_limit_ms,
+                replica_answers_over_limit: over,
+                ..
+            } => (
+                (*over > 0).then(|| {
+                    format!("{over} replica answers were more than {stale_limit_ms} ms stale")
+                }),
+                "no availability answer",
+            ),
+        }
+    }
+}
+
+impl TimedReport {
+    pub fn hot_sku(m: TimedMeta, t: &Tally) -> Self {
+        let seen = Seen::orders(t, m.elapsed_us);
+        Self::build(m, t, seen)
+    }
+
+    pub fn availability(m: TimedMeta, t: &Tally, stale_limit_ms: u64) -> Self {
+        Self::build(m, t, Seen::answers(t, stale_limit_ms))
+    }
+
+    fn build(m: TimedMeta, t: &Tally, seen: Seen) -> Self {
+        let (mode, noun) = seen.names();
+        let (own, none_ok) = seen.problems();
+        let mut problems = Vec::new();
+        if t.errors_total() > 0 {
+            problems.push(format!("{} {noun} requests failed", t.errors_total()));
+        }
+        problems.extend(own);
+        if t.ok == 0 {
+            problems.push(none_ok.into());
+        }
+        if m.stopped_by_max_seconds {
+            problems.push("stopped early by --max-seconds".into());
+        }
+        Self {
+            mode: mode.into(),
+            base_url: m.base_url,
+            product_id: m.product_id,
+            seconds: m.seconds,
+            concurrency: m.concurrency,
+            qty: m.qty,
+            elapsed_s: m.elapsed_us as f64 / 1e6,
+            requests: t.requests(),
+            seen,
+            failed: Failures::of(&t.errors),
+            requests_per_s: per_second(t.requests(), m.elapsed_us),
+            latency: LatencySummary::of(&t.latency),
             stopped_by_max_seconds: m.stopped_by_max_seconds,
             ok: problems.is_empty(),
             problems,
@@ -871,35 +889,80 @@ impl AvailabilityReport {
     }
 
     fn render_into(&self, out: &mut String) -> fmt::Result {
-        writeln!(out, "== availability against {} ==", self.base_url)?;
+        let (asking, latency_row) = match self.seen {
+            Seen::Orders { .. } => (format!("ordering qty {}", self.qty), "orders"),
+            Seen::Answers { .. } => (format!("asking qty={}", self.qty), "availability"),
+        };
+        writeln!(out, "== {} against {} ==", self.mode, self.base_url)?;
         writeln!(
             out,
-            "product {}: {} workers asking qty={} back-to-back for {} s (ran {:.2} s)",
-            self.product_id, self.concurrency, self.qty, self.seconds, self.elapsed_s
+            "product {}: {} workers {asking} back-to-back for {} s (ran {:.2} s)",
+            self.product_id, self.concurrency, self.seconds, self.elapsed_s
         )?;
         writeln!(out)?;
-        writeln!(out, "  {:<26} {}", "requests", self.requests)?;
-        writeln!(out, "  {:<26} {}", "answers (200)", self.answers)?;
-        writeln!(out, "  {:<26} {}", "errors", self.errors_total)?;
-        error_lines(out, &self.errors)?;
-        writeln!(
-            out,
-            "  {:<26} {}",
-            "requests",
-            fmt_rate(self.requests_per_s)
-        )?;
+        line(out, "requests", self.requests)?;
+        self.seen.counts_into(out)?;
+        self.failed.render_into(out)?;
+        self.seen.rates_into(out)?;
+        line(out, "requests", fmt_rate(self.requests_per_s))?;
         writeln!(out, "\nlatency")?;
-        latency_table(out, &[("availability", &self.latency)])?;
-        writeln!(out, "\nanswers by served_by")?;
-        served_by_lines(out, &self.by_served_by)?;
-        writeln!(out, "  {:<26} {}", "max stale_by_ms", self.max_stale_by_ms)?;
-        writeln!(
-            out,
-            "  {:<26} {}   (replica answers with stale_by_ms > {}; should be 0)",
-            "too stale", self.replica_answers_over_limit, self.stale_limit_ms
-        )?;
+        latency_table(out, &[(latency_row, &self.latency)])?;
+        self.seen.answers_into(out)?;
         writeln!(out)?;
         verdict(out, &self.problems)
+    }
+}
+
+impl Seen {
+    /// The rows that count successful calls.
+    fn counts_into(&self, out: &mut String) -> fmt::Result {
+        match self {
+            Self::Orders {
+                confirmed_orders,
+                confirmed_units,
+                out_of_stock,
+                ..
+            } => {
+                let orders = format!("{confirmed_orders} orders ({confirmed_units} units)");
+                line(out, "confirmed (201)", orders)?;
+                line(out, "out of stock (409)", out_of_stock)
+            }
+            Self::Answers { answers, .. } => line(out, "answers (200)", answers),
+        }
+    }
+
+    /// The rate rows above the `requests` rate.
+    fn rates_into(&self, out: &mut String) -> fmt::Result {
+        match self {
+            Self::Orders {
+                confirmed_per_s, ..
+            } => line(out, "confirmed orders", fmt_rate(*confirmed_per_s)),
+            Self::Answers { .. } => Ok(()),
+        }
+    }
+
+    /// The availability answers by `served_by` and their staleness.
+    fn answers_into(&self, out: &mut String) -> fmt::Result {
+        let Self::Answers {
+            by_served_by,
+            max_stale_by_ms,
+            stale_limit_ms,
+            replica_answers_over_limit: over,
+            ..
+        } = self
+        else {
+            return Ok(());
+        };
+        writeln!(out, "\nanswers by served_by")?;
+        served_by_lines(out, by_served_by)?;
+        line(out, "max stale_by_ms", max_stale_by_ms)?;
+        line(
+            out,
+            "too stale",
+            format_args!(
+                "{over}   (replica answers with stale_by_ms > {stale_limit_ms}; should be 0)"
+            ),
+        )
     }
 }
 
@@ -1067,7 +1130,7 @@ mod tests {
         let r = SaleReport::build(&run(orders, avail, 1));
         assert!(!r.ok);
         assert_eq!(r.oversold, 1);
-        assert_eq!(r.orders.errors["503 OVERLOADED"], 1);
+        assert_eq!(r.orders.failed.errors["503 OVERLOADED"], 1);
         assert_eq!(r.availability.lying_after_sell_out, 1);
         assert!(!r.after.matches);
         assert_eq!(r.problems.len(), 4, "{:?}", r.problems);

@@ -1,15 +1,15 @@
 //! hot-sku: one product with huge stock and C workers ordering back-to-back — the
 //! confirmed orders/s one hot row sustains through the whole service.
 
-use super::timed::{self, Hit};
+use super::timed::{self, Hit, TimedSpec};
 use super::{Ctx, fresh_id, run_tag, warm_up};
 use crate::cli::HotSkuArgs;
-use crate::report::{HotSkuReport, TimedMeta};
+use crate::report::TimedReport;
 use crate::samples::OrderOutcome;
 use anyhow::Result;
 use std::sync::Arc;
 
-pub async fn run(ctx: &Ctx, a: HotSkuArgs) -> Result<HotSkuReport> {
+pub async fn run(ctx: &Ctx, a: HotSkuArgs) -> Result<TimedReport> {
     let api = ctx.api.clone();
     let product_id = a.product_id.unwrap_or_else(|| fresh_id("hot"));
     if !a.existing {
@@ -20,9 +20,15 @@ pub async fn run(ctx: &Ctx, a: HotSkuArgs) -> Result<HotSkuReport> {
     let pid: Arc<str> = product_id.as_str().into();
     let tag: Arc<str> = run_tag().into();
     let (qty, deadline) = (a.qty, ctx.deadline);
-    let call_api = api.clone();
-    let t = timed::run(ctx, a.concurrency, a.seconds, u64::MAX, move |w, i| {
-        let (api, pid, tag) = (call_api.clone(), pid.clone(), tag.clone());
+    let spec = TimedSpec {
+        product_id,
+        seconds: a.seconds,
+        concurrency: a.concurrency,
+        qty: a.qty,
+        stale_limit_ms: u64::MAX,
+    };
+    let (meta, tally) = timed::run(ctx, spec, move |w, i| {
+        let (api, pid, tag) = (api.clone(), pid.clone(), tag.clone());
         async move {
             let user = format!("hot-{w}");
             let key = format!("lt-{tag}-{w}-{i}");
@@ -35,16 +41,5 @@ pub async fn run(ctx: &Ctx, a: HotSkuArgs) -> Result<HotSkuReport> {
     })
     .await?;
 
-    Ok(HotSkuReport::build(
-        TimedMeta {
-            base_url: api.base_url().to_string(),
-            product_id,
-            seconds: a.seconds,
-            concurrency: a.concurrency,
-            qty: a.qty,
-            elapsed_us: t.elapsed_us,
-            stopped_by_max_seconds: t.stopped_by_max_seconds,
-        },
-        &t.tally,
-    ))
+    Ok(TimedReport::hot_sku(meta, &tally))
 }
