@@ -3,8 +3,10 @@
 //! the product read back afterwards.
 
 use super::{Ctx, fresh_id, progress, run_tag, warm_up};
+use crate::client::Api;
 use crate::samples::{AvailSample, Clock, OrderOutcome, OrderSample, SaleRun, SaleSpec};
 use anyhow::{Context, Result};
+use indicatif::ProgressBar;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,9 +28,29 @@ pub struct SaleArgs {
     pub pollers: u32,
 }
 
-pub async fn run(ctx: &Ctx, a: SaleArgs) -> Result<SaleRun> {
+/// What the buyers and pollers of one sale share.
+struct Sale {
+    api: Arc<Api>,
+    pid: Arc<str>,
+    tag: String,
+    qty: u32,
+    buyers: u64,
+    deadline: Instant,
+    clock: Clock,
+    /// The next buyer to send.
+    next: AtomicU64,
+    /// For the progress bar: units confirmed, out-of-stock answers, failed orders.
+    units: AtomicU64,
+    rejected: AtomicU64,
+    failed: AtomicU64,
+    /// Set once every buyer is done; the pollers stop then.
+    buyers_done: AtomicBool,
+    pb: ProgressBar,
+}
+
+pub async fn run(ctx: &Ctx, mut a: SaleArgs) -> Result<SaleRun> {
     let api = ctx.api.clone();
-    let product_id = a.product_id.unwrap_or_else(|| fresh_id(a.id_prefix));
+    let product_id = a.product_id.take().unwrap_or_else(|| fresh_id(a.id_prefix));
     api.create_product(&product_id, a.stock, PRICE_CENTS)
         .await?;
     let visible = api.wait_visible(&product_id, &Clock::start()).await?;
@@ -45,128 +67,20 @@ pub async fn run(ctx: &Ctx, a: SaleArgs) -> Result<SaleRun> {
         qty: a.qty,
         pollers: a.pollers,
     };
-    let pid: Arc<str> = product_id.into();
-    let tag = run_tag();
-    let deadline = ctx.deadline;
-    let next = Arc::new(AtomicU64::new(0));
-    let units = Arc::new(AtomicU64::new(0));
-    let rejected = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let buyers_done = Arc::new(AtomicBool::new(false));
-    let pb = progress(
-        a.buyers,
-        "{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} orders  {msg}",
-    );
-    pb.enable_steady_tick(Duration::from_millis(100));
-    let clock = Clock::start();
-
-    let mut buyers = tokio::task::JoinSet::new();
-    for _ in 0..a.concurrency {
-        let (api, pid, tag, pb) = (api.clone(), pid.clone(), tag.clone(), pb.clone());
-        let (next, units, rejected, failed) = (
-            next.clone(),
-            units.clone(),
-            rejected.clone(),
-            failed.clone(),
-        );
-        let (total, qty) = (a.buyers, a.qty);
-        buyers.spawn(async move {
-            let mut out = Vec::new();
-            while Instant::now() < deadline {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n >= total {
-                    break;
-                }
-                let user = format!("buyer-{n}");
-                let key = format!("lt-{tag}-{n}");
-                let sent = Instant::now();
-                let outcome = api.place_order(&pid, &user, qty, &key, deadline).await;
-                let recv = Instant::now();
-                match &outcome {
-                    OrderOutcome::Confirmed { quantity } => {
-                        units.fetch_add(u64::from(*quantity), Ordering::Relaxed);
-                    }
-                    OrderOutcome::OutOfStock => {
-                        rejected.fetch_add(1, Ordering::Relaxed);
-                    }
-                    OrderOutcome::Failed(_) => {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                out.push(OrderSample {
-                    sent_us: clock.us(sent),
-                    recv_us: clock.us(recv),
-                    outcome,
-                });
-                pb.inc(1);
-                pb.set_message(format!(
-                    "{} units confirmed, {} out of stock, {} errors",
-                    units.load(Ordering::Relaxed),
-                    rejected.load(Ordering::Relaxed),
-                    failed.load(Ordering::Relaxed)
-                ));
-            }
-            out
-        });
-    }
-
-    let mut pollers = tokio::task::JoinSet::new();
-    let per_poller_cap = AVAIL_SAMPLE_CAP / a.pollers.max(1) as usize;
-    for _ in 0..a.pollers {
-        let (api, pid, done) = (api.clone(), pid.clone(), buyers_done.clone());
-        let qty = a.qty;
-        pollers.spawn(async move {
-            let mut out = Vec::new();
-            let mut capped = false;
-            while !done.load(Ordering::Relaxed) && Instant::now() < deadline {
-                if out.len() >= per_poller_cap {
-                    capped = true;
-                    break;
-                }
-                let sent = Instant::now();
-                let outcome = api.availability(&pid, qty, &clock, deadline).await;
-                let recv = Instant::now();
-                let failed = outcome.is_err();
-                out.push(AvailSample {
-                    sent_us: clock.us(sent),
-                    recv_us: clock.us(recv),
-                    outcome,
-                });
-                if failed {
-                    // Do not spin on a refusing server; errors are still counted.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-            (out, capped)
-        });
-    }
-
-    let mut orders = Vec::with_capacity(a.buyers.min(10_000_000) as usize);
-    while let Some(r) = buyers.join_next().await {
-        orders.extend(r.context("a buyer task panicked")?);
-    }
-    buyers_done.store(true, Ordering::Relaxed);
-    let mut avail = Vec::new();
-    let mut avail_capped = false;
-    while let Some(r) = pollers.join_next().await {
-        let (samples, capped) = r.context("a poller task panicked")?;
-        avail.extend(samples);
-        avail_capped |= capped;
-    }
-    pb.finish_and_clear();
-    orders.sort_by_key(|o| o.recv_us);
-    avail.sort_by_key(|s| s.recv_us);
+    let sale = Arc::new(Sale::start(api, product_id.into(), &a, ctx.deadline));
+    let (orders, avail, avail_capped) = sale.clone().drive(a.concurrency, a.pollers).await?;
 
     let last_answer = orders.iter().map(|o| o.recv_us).max().unwrap_or(0);
-    let final_read = api
-        .final_read(&pid, clock.wall_at(last_answer))
+    let final_read = sale
+        .api
+        .final_read(&sale.pid, sale.clock.wall_at(last_answer))
         .await
         .map_err(|e| format!("{e:#}"));
-    let replicas_after = api.replicas().await.ok();
+    let replicas_after = sale.api.replicas().await.ok();
 
     Ok(SaleRun {
         spec,
-        clock,
+        clock: sale.clock,
         product_visible_after_ms: visible.as_millis() as u64,
         not_sent: a.buyers - orders.len() as u64,
         orders,
@@ -176,4 +90,132 @@ pub async fn run(ctx: &Ctx, a: SaleArgs) -> Result<SaleRun> {
         replicas_before,
         replicas_after,
     })
+}
+
+impl Sale {
+    /// Shows the progress bar and starts the run's clock.
+    fn start(api: Arc<Api>, pid: Arc<str>, a: &SaleArgs, deadline: Instant) -> Self {
+        let pb = progress(
+            a.buyers,
+            "{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} orders  {msg}",
+        );
+        pb.enable_steady_tick(Duration::from_millis(100));
+        Self {
+            api,
+            pid,
+            tag: run_tag(),
+            qty: a.qty,
+            buyers: a.buyers,
+            deadline,
+            clock: Clock::start(),
+            next: AtomicU64::new(0),
+            units: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            buyers_done: AtomicBool::new(false),
+            pb,
+        }
+    }
+
+    /// Runs `concurrency` buyer tasks and `pollers` poller tasks until every buyer is done
+    /// (or the safety stop); returns the orders and the availability samples, each sorted
+    /// by answer time, and whether a poller hit the sample cap.
+    async fn drive(
+        self: Arc<Self>,
+        concurrency: u32,
+        pollers: u32,
+    ) -> Result<(Vec<OrderSample>, Vec<AvailSample>, bool)> {
+        let mut buyers = tokio::task::JoinSet::new();
+        for _ in 0..concurrency {
+            buyers.spawn(self.clone().buy());
+        }
+        let mut polls = tokio::task::JoinSet::new();
+        let per_poller_cap = AVAIL_SAMPLE_CAP / pollers.max(1) as usize;
+        for _ in 0..pollers {
+            polls.spawn(self.clone().poll(per_poller_cap));
+        }
+
+        let mut orders = Vec::with_capacity(self.buyers.min(10_000_000) as usize);
+        while let Some(r) = buyers.join_next().await {
+            orders.extend(r.context("a buyer task panicked")?);
+        }
+        self.buyers_done.store(true, Ordering::Relaxed);
+        let mut avail = Vec::new();
+        let mut avail_capped = false;
+        while let Some(r) = polls.join_next().await {
+            let (samples, capped) = r.context("a poller task panicked")?;
+            avail.extend(samples);
+            avail_capped |= capped;
+        }
+        self.pb.finish_and_clear();
+        orders.sort_by_key(|o| o.recv_us);
+        avail.sort_by_key(|s| s.recv_us);
+        Ok((orders, avail, avail_capped))
+    }
+
+    /// One buyer task: takes the next buyer number and places its one order, until every
+    /// buyer is sent or the safety stop.
+    async fn buy(self: Arc<Self>) -> Vec<OrderSample> {
+        let mut out = Vec::new();
+        while Instant::now() < self.deadline {
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            if n >= self.buyers {
+                break;
+            }
+            let user = format!("buyer-{n}");
+            let key = format!("lt-{}-{n}", self.tag);
+            let sent = Instant::now();
+            let outcome = (self.api)
+                .place_order(&self.pid, &user, self.qty, &key, self.deadline)
+                .await;
+            let recv = Instant::now();
+            match &outcome {
+                OrderOutcome::Confirmed { quantity } => self
+                    .units
+                    .fetch_add(u64::from(*quantity), Ordering::Relaxed),
+                OrderOutcome::OutOfStock => self.rejected.fetch_add(1, Ordering::Relaxed),
+                OrderOutcome::Failed(_) => self.failed.fetch_add(1, Ordering::Relaxed),
+            };
+            out.push(OrderSample {
+                sent_us: self.clock.us(sent),
+                recv_us: self.clock.us(recv),
+                outcome,
+            });
+            self.pb.inc(1);
+            self.pb.set_message(format!(
+                "{} units confirmed, {} out of stock, {} errors",
+                self.units.load(Ordering::Relaxed),
+                self.rejected.load(Ordering::Relaxed),
+                self.failed.load(Ordering::Relaxed)
+            ));
+        }
+        out
+    }
+
+    /// One poller task: asks availability back-to-back until the buyers are done, keeping
+    /// at most `cap` samples; `true` when it stopped at the cap.
+    async fn poll(self: Arc<Self>, cap: usize) -> (Vec<AvailSample>, bool) {
+        let mut out = Vec::new();
+        while !self.buyers_done.load(Ordering::Relaxed) && Instant::now() < self.deadline {
+            if out.len() >= cap {
+                return (out, true);
+            }
+            let sent = Instant::now();
+            let outcome = (self.api)
+                .availability(&self.pid, self.qty, &self.clock, self.deadline)
+                .await;
+            let recv = Instant::now();
+            let failed = outcome.is_err();
+            out.push(AvailSample {
+                sent_us: self.clock.us(sent),
+                recv_us: self.clock.us(recv),
+                outcome,
+            });
+            if failed {
+                // Do not spin on a refusing server; errors are still counted.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        (out, false)
+    }
 }
