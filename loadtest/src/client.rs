@@ -361,7 +361,8 @@ pub fn classify_order(status: StatusCode, body: &[u8]) -> OrderOutcome {
     }
 }
 
-fn error_code(body: &[u8]) -> Option<String> {
+/// The `error.code` of a contract error body, if it is one.
+pub fn error_code(body: &[u8]) -> Option<String> {
     serde_json::from_slice::<ErrorBody>(body)
         .ok()
         .map(|b| b.error.code)

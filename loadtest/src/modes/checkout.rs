@@ -9,7 +9,7 @@
 //! the latest `expires_at` + 5 s (the contract's bound) plus a little grace.
 
 use super::{Ctx, fresh_id, progress, run_tag, warm_up};
-use crate::client::{Answer, Api, error_label};
+use crate::client::{Answer, Api, error_code, error_label};
 use crate::report::{LatencySummary, fmt_ms, fmt_rate, oversold, per_second};
 use crate::stats::histogram;
 use anyhow::{Context, Result, bail};
@@ -293,6 +293,19 @@ impl CheckoutReport {
     }
 
     fn render_into(&self, out: &mut String) -> fmt::Result {
+        self.render_header(out)?;
+        self.render_counts(out)?;
+        self.render_steps(out)?;
+        self.render_books(out)?;
+        writeln!(out)?;
+        if self.ok {
+            writeln!(out, "OK")
+        } else {
+            writeln!(out, "FAILED: {}", self.problems.join("; "))
+        }
+    }
+
+    fn render_header(&self, out: &mut String) -> fmt::Result {
         writeln!(out, "== checkout against {} ==", self.base_url)?;
         writeln!(
             out,
@@ -318,7 +331,10 @@ impl CheckoutReport {
                 self.buyers_not_started
             )?;
         }
-        writeln!(out)?;
+        writeln!(out)
+    }
+
+    fn render_counts(&self, out: &mut String) -> fmt::Result {
         let c = &self.counts;
         let rows: [(&str, u64); 8] = [
             ("holds taken (201)", c.holds_taken),
@@ -341,7 +357,11 @@ impl CheckoutReport {
             self.units_confirmed,
             self.elapsed_s
         )?;
-        writeln!(out)?;
+        writeln!(out)
+    }
+
+    /// Latency per step, then the retried and unexpected answers.
+    fn render_steps(&self, out: &mut String) -> fmt::Result {
         writeln!(
             out,
             "  {:<10} {:>8} {:>10} {:>10} {:>10}",
@@ -368,7 +388,11 @@ impl CheckoutReport {
         for (label, n) in &self.unexpected {
             writeln!(out, "  UNEXPECTED: {label} x{n}")?;
         }
-        writeln!(out)?;
+        writeln!(out)
+    }
+
+    /// Units left held and the per-product books.
+    fn render_books(&self, out: &mut String) -> fmt::Result {
         writeln!(
             out,
             "  {:<28} {} (polled /v1/admin/holds for {} ms after the last buyer)",
@@ -386,13 +410,7 @@ impl CheckoutReport {
             self.oversold_units,
             self.per_product.len() - off,
             self.per_product.len()
-        )?;
-        writeln!(out)?;
-        if self.ok {
-            writeln!(out, "OK")
-        } else {
-            writeln!(out, "FAILED: {}", self.problems.join("; "))
-        }
+        )
     }
 }
 
@@ -533,11 +551,6 @@ struct HeldLine {
     units: i64,
 }
 
-fn error_code(body: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    Some(v.pointer("/error/code")?.as_str()?.to_string())
-}
-
 /// Sends one step, retrying 503-with-Retry-After and lost answers (every step here is
 /// safe to repeat); `None` when no answer came after [`ATTEMPTS`] (counted unresolved).
 /// A 503 without Retry-After is outside the contract and returned for the caller to flag.
@@ -596,44 +609,59 @@ async fn buyer(plan: &Plan, t: &mut Tally, b: u64) {
     t.started += 1;
     let mut rng = Rng::for_buyer(plan.seed, b);
     let cart = pick_cart(&mut rng, plan.products.len(), a.lines as usize);
+    let Some(hold) = take_hold(plan, t, b, &cart).await else {
+        return;
+    };
+    t.counts.holds_taken += 1;
+    let delay = rng.between(a.delay_min_ms, a.delay_max_ms);
+    let plan_end = ending(rng.unit(), rng.unit(), a.abandon, a.release_share);
+    tokio::time::sleep(Duration::from_millis(delay)).await;
+    end_hold(plan, t, &hold, plan_end, &cart).await;
+}
+
+/// Asks to hold buyer `b`'s cart; `Some` when the units are held, otherwise the answer is
+/// counted (refused, unexpected or unresolved).
+async fn take_hold(plan: &Plan, t: &mut Tally, b: u64, cart: &[usize]) -> Option<HoldBody> {
+    let qty = plan.a.qty;
     let lines: Vec<Value> = cart
         .iter()
-        .map(|&p| json!({"product_id": plan.products[p], "quantity": a.qty}))
+        .map(|&p| json!({"product_id": plan.products[p], "quantity": qty}))
         .collect();
-    let body = json!({"user_id": format!("lt-{}-{b}", plan.tag), "lines": lines, "ttl_s": a.ttl_s});
+    let body =
+        json!({"user_id": format!("lt-{}-{b}", plan.tag), "lines": lines, "ttl_s": plan.a.ttl_s});
     let key = format!("lt-{}-hold-{b}", plan.tag);
-    let Some(ans) = send(
+    let path = "/v1/holds";
+    let ans = send(
         plan,
         t,
         Step::Hold,
         Method::POST,
-        "/v1/holds",
+        path,
         Some(&key),
         Some(&body),
     )
-    .await
-    else {
-        return;
-    };
-    let hold = match ans.status {
+    .await?;
+    let unexpected = match ans.status {
         StatusCode::CREATED => match serde_json::from_slice::<HoldBody>(&ans.body) {
-            Ok(h) if h.status == "held" => h,
-            Ok(h) => return t.unexpected(Step::Hold, format!("201 status {}", h.status)),
-            Err(_) => return t.unexpected(Step::Hold, "201 unreadable body".into()),
+            Ok(h) if h.status == "held" => return Some(h),
+            Ok(h) => format!("201 status {}", h.status),
+            Err(_) => "201 unreadable body".into(),
         },
         StatusCode::CONFLICT if error_code(&ans.body).as_deref() == Some("OUT_OF_STOCK") => {
             t.counts.holds_refused += 1;
-            return;
+            return None;
         }
-        s => return t.unexpected(Step::Hold, error_label(s, &ans.body)),
+        s => error_label(s, &ans.body),
     };
-    t.counts.holds_taken += 1;
+    t.unexpected(Step::Hold, unexpected);
+    None
+}
 
-    let delay = rng.between(a.delay_min_ms, a.delay_max_ms);
-    let plan_end = ending(rng.unit(), rng.unit(), a.abandon, a.release_share);
-    tokio::time::sleep(Duration::from_millis(delay)).await;
+/// Ends a hold the way the buyer planned; whatever comes back, the hold is over by its
+/// expiry at the latest.
+async fn end_hold(plan: &Plan, t: &mut Tally, hold: &HoldBody, end: Ending, cart: &[usize]) {
     let path = format!("/v1/holds/{}", hold.hold_id);
-    match plan_end {
+    match end {
         Ending::WalkAway => {
             t.counts.abandoned += 1;
             t.ended(hold.expires_at);
@@ -641,10 +669,9 @@ async fn buyer(plan: &Plan, t: &mut Tally, b: u64) {
         Ending::Confirm => {
             let path = format!("{path}/confirm");
             let ans = send(plan, t, Step::Confirm, Method::POST, &path, None, None).await;
-            // Whatever came back, the hold is over by its expiry at the latest.
             t.ended(hold.expires_at);
             if let Some(ans) = ans {
-                let held = cart.iter().map(|&p| (p, u64::from(a.qty))).collect();
+                let held = cart.iter().map(|&p| (p, u64::from(plan.a.qty))).collect();
                 confirmed(plan, t, &ans, held);
             }
         }
@@ -781,20 +808,29 @@ pub async fn run(ctx: &Ctx, a: CheckoutArgs) -> Result<CheckoutReport> {
         .seed
         .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
     let plan = Arc::new(Plan {
-        api: api.clone(),
-        products: products.clone(),
+        api,
+        products,
         index,
         tag: run_tag(),
         seed,
-        a: a.clone(),
+        a,
         deadline: ctx.deadline,
     });
 
-    let pb = progress(a.buyers, "{spinner} [{bar:40}] {pos}/{len} buyers");
+    let (t, elapsed) = drive(&plan).await?;
+    let held = wait_holds_ended(&plan.api, &plan.index, t.last_end).await?;
+    let per_product = read_books(&plan, &t.units).await?;
+    Ok(report(&plan, t, elapsed, held, per_product))
+}
+
+/// Runs every buyer, `concurrency` at a time; returns what they saw and how long it took
+/// from the start to the last answer.
+async fn drive(plan: &Arc<Plan>) -> Result<(Tally, Duration)> {
+    let pb = progress(plan.a.buyers, "{spinner} [{bar:40}] {pos}/{len} buyers");
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..a.concurrency {
+    for _ in 0..plan.a.concurrency {
         let (plan, next, pb) = (plan.clone(), next.clone(), pb.clone());
         workers.spawn(async move {
             let mut t = Tally::new(plan.products.len());
@@ -809,33 +845,44 @@ pub async fn run(ctx: &Ctx, a: CheckoutArgs) -> Result<CheckoutReport> {
             t
         });
     }
-    let mut t = Tally::new(products.len());
+    let mut t = Tally::new(plan.products.len());
     while let Some(w) = workers.join_next().await {
         t.merge(w.context("a buyer task panicked")?);
     }
     pb.finish_and_clear();
     let elapsed = t.last_answer.map(|l| l - start).unwrap_or_default();
+    Ok((t, elapsed))
+}
 
-    let (units_left_held, waited) = wait_holds_ended(&api, &plan.index, t.last_end).await?;
+/// Reads every product back once the holds have ended and checks its books against the
+/// units we saw confirmed.
+async fn read_books(plan: &Plan, units: &[u64]) -> Result<Vec<ProductCheck>> {
     let end = Utc::now();
-    let mut per_product = Vec::with_capacity(products.len());
-    for (i, id) in products.iter().enumerate() {
-        let read = api.final_read(id, end).await?;
-        let mut p = ProductCheck::new(
-            id.clone(),
-            u64::from(a.stock),
-            t.units[i],
-            read.available_quantity,
-        );
+    let mut per_product = Vec::with_capacity(plan.products.len());
+    for (i, id) in plan.products.iter().enumerate() {
+        let read = plan.api.final_read(id, end).await?;
+        let given = u64::from(plan.a.stock);
+        let mut p = ProductCheck::new(id.clone(), given, units[i], read.available_quantity);
         p.served_by = read.served_by;
         p.covers_end = read.covers_all_orders;
         per_product.push(p);
     }
-    let c = &t.counts;
+    Ok(per_product)
+}
+
+/// The report of a finished run; `held` is what waiting for the holds to end found.
+fn report(
+    plan: &Plan,
+    t: Tally,
+    elapsed: Duration,
+    (units_left_held, waited): (u64, Duration),
+    per_product: Vec<ProductCheck>,
+) -> CheckoutReport {
+    let a = &plan.a;
     let mut r = CheckoutReport {
         mode: "checkout",
-        base_url: api.base_url().to_string(),
-        seed,
+        base_url: plan.api.base_url().to_string(),
+        seed: plan.seed,
         products: a.products,
         stock_per_product: a.stock,
         buyers: a.buyers,
@@ -848,14 +895,14 @@ pub async fn run(ctx: &Ctx, a: CheckoutArgs) -> Result<CheckoutReport> {
         release_share: a.release_share,
         buyers_not_started: a.buyers - t.started,
         elapsed_s: elapsed.as_secs_f64(),
-        orders_per_s: per_second(c.confirmed, elapsed.as_micros() as u64),
+        orders_per_s: per_second(t.counts.confirmed, elapsed.as_micros() as u64),
         units_confirmed: t.units.iter().sum(),
-        counts: t.counts.clone(),
         latency: Steps {
             hold: LatencySummary::of(&t.hold),
             confirm: LatencySummary::of(&t.confirm),
             release: LatencySummary::of(&t.release),
         },
+        counts: t.counts,
         retried: t.retried,
         unexpected: t.unexpected,
         holds_ended_after_ms: waited.as_millis() as u64,
@@ -867,7 +914,7 @@ pub async fn run(ctx: &Ctx, a: CheckoutArgs) -> Result<CheckoutReport> {
     };
     r.problems = problems(&r);
     r.ok = r.problems.is_empty();
-    Ok(r)
+    r
 }
 
 #[cfg(test)]
