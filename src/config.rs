@@ -69,107 +69,46 @@ impl Config {
         Self::from_lookup(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
     }
 
-    /// Builds a configuration from any key lookup (tests pass a map).
+    /// Builds a configuration from any key lookup (tests pass a map). Values are checked in
+    /// the order below; the first bad one is the error.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let database_url = get("DATABASE_URL")
-            .map(|u| postgres_url("DATABASE_URL", &u))
-            .transpose()?;
-        let patroni_urls = get("STOCKGATE_PATRONI_URLS")
-            .map(|list| {
-                list.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|u| match Url::parse(u) {
-                        Ok(p) if matches!(p.scheme(), "http" | "https") => Ok(u.to_string()),
-                        _ => Err(bad(
-                            "STOCKGATE_PATRONI_URLS",
-                            u,
-                            "expected http://host:8008",
-                        )),
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .transpose()?
-            .unwrap_or_default();
-        let replica_urls = get("STOCKGATE_REPLICA_URLS")
-            .map(|list| {
-                list.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|u| postgres_url("STOCKGATE_REPLICA_URLS", u))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .transpose()?
-            .unwrap_or_default();
-        let redis_url = get("STOCKGATE_REDIS_URL")
-            .map(|u| {
-                let parsed =
-                    Url::parse(&u).map_err(|e| bad("STOCKGATE_REDIS_URL", &u, &e.to_string()))?;
-                if !matches!(parsed.scheme(), "redis" | "rediss") {
-                    return Err(bad(
-                        "STOCKGATE_REDIS_URL",
-                        &u,
-                        "the scheme must be redis://",
-                    ));
-                }
-                Ok(u)
-            })
-            .transpose()?;
-        let listen = match get("STOCKGATE_LISTEN") {
-            Some(v) => v.parse().map_err(|_| {
-                bad(
-                    "STOCKGATE_LISTEN",
-                    &v,
-                    "expected host:port such as 127.0.0.1:8080",
-                )
-            })?,
-            None => SocketAddr::from(([127, 0, 0, 1], 8080)),
-        };
-        let token_secret = get("STOCKGATE_TOKEN_SECRET");
-        if let Some(s) = &token_secret
-            && s.len() < 16
-        {
-            return Err(ConfigError(
-                "STOCKGATE_TOKEN_SECRET must be at least 16 bytes long".into(),
-            ));
-        }
         let ms = |key: &str, default: u64, min: u64| -> Result<Duration, ConfigError> {
             Ok(Duration::from_millis(number(
                 &get, key, default, min, 86_400_000,
             )?))
         };
-        let config = Config {
-            database_url,
-            replica_urls,
-            patroni_urls,
-            redis_url,
-            listen,
-            token_secret,
+        let count =
+            |key: &str, default: u64, min: u64, max: u64| number(&get, key, default, min, max);
+        Ok(Config {
+            database_url: one(&get, "DATABASE_URL", postgres_url)?,
+            patroni_urls: list(&get, "STOCKGATE_PATRONI_URLS", patroni_url)?,
+            replica_urls: list(&get, "STOCKGATE_REPLICA_URLS", postgres_url)?,
+            redis_url: one(&get, "STOCKGATE_REDIS_URL", redis_url)?,
+            listen: one(&get, "STOCKGATE_LISTEN", listen_addr)?
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
+            token_secret: one(&get, "STOCKGATE_TOKEN_SECRET", token_secret)?,
             monitor_interval: ms("STOCKGATE_MONITOR_INTERVAL_MS", 25, 5)?,
             evict_after: ms("STOCKGATE_EVICT_AFTER_MS", 5_000, 100)?,
             replica_timeout: ms("STOCKGATE_REPLICA_TIMEOUT_MS", 500, 10)?,
             dashboard_timeout: ms("STOCKGATE_DASHBOARD_TIMEOUT_MS", 5_000, 10)?,
             report_timeout: ms("STOCKGATE_REPORT_TIMEOUT_MS", 60_000, 10)?,
             export_timeout: ms("STOCKGATE_EXPORT_TIMEOUT_MS", 600_000, 10)?,
-            primary_pool_size: number(&get, "STOCKGATE_PRIMARY_POOL_SIZE", 16, 1, 1000)? as u32,
-            replica_pool_size: number(&get, "STOCKGATE_REPLICA_POOL_SIZE", 16, 1, 1000)? as u32,
+            primary_pool_size: count("STOCKGATE_PRIMARY_POOL_SIZE", 16, 1, 1000)? as u32,
+            replica_pool_size: count("STOCKGATE_REPLICA_POOL_SIZE", 16, 1, 1000)? as u32,
             ryw_ttl: ms("STOCKGATE_RYW_TTL_MS", 60_000, 1)?,
-            max_in_flight: number(&get, "STOCKGATE_MAX_IN_FLIGHT", 1024, 1, 1_000_000)? as usize,
+            max_in_flight: count("STOCKGATE_MAX_IN_FLIGHT", 1024, 1, 1_000_000)? as usize,
             request_timeout: ms("STOCKGATE_REQUEST_TIMEOUT_MS", 10_000, 100)?,
             drain_timeout: ms("STOCKGATE_DRAIN_TIMEOUT_MS", 10_000, 0)?,
-            order_rate_per_user: number(&get, "STOCKGATE_ORDER_RATE_PER_USER", 0, 0, 1_000_000)?
-                as u32,
+            order_rate_per_user: count("STOCKGATE_ORDER_RATE_PER_USER", 0, 0, 1_000_000)? as u32,
             primary_timeout: ms("STOCKGATE_PRIMARY_TIMEOUT_MS", 2_000, 10)?,
-            order_batch_max: number(&get, "STOCKGATE_ORDER_BATCH_MAX", 256, 1, 10_000)? as usize,
-            order_batch_window: Duration::from_micros(number(
-                &get,
+            order_batch_max: count("STOCKGATE_ORDER_BATCH_MAX", 256, 1, 10_000)? as usize,
+            order_batch_window: Duration::from_micros(count(
                 "STOCKGATE_ORDER_BATCH_WINDOW_US",
                 0,
                 0,
                 100_000,
             )?),
-        };
-        Ok(config)
+        })
     }
 
     pub fn require_database_url(&self) -> Result<&str, ConfigError> {
@@ -203,6 +142,31 @@ fn redact(value: &str) -> String {
     }
 }
 
+/// An optional variable, checked by `parse` when set.
+fn one<T>(
+    get: &impl Fn(&str) -> Option<String>,
+    key: &str,
+    parse: impl Fn(&str, &str) -> Result<T, ConfigError>,
+) -> Result<Option<T>, ConfigError> {
+    get(key).map(|v| parse(key, &v)).transpose()
+}
+
+/// A comma-separated list (empty items skipped), each item checked by `parse`; unset: empty.
+fn list(
+    get: &impl Fn(&str) -> Option<String>,
+    key: &str,
+    parse: impl Fn(&str, &str) -> Result<String, ConfigError>,
+) -> Result<Vec<String>, ConfigError> {
+    let Some(list) = get(key) else {
+        return Ok(Vec::new());
+    };
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| parse(key, item))
+        .collect()
+}
+
 fn postgres_url(key: &str, value: &str) -> Result<String, ConfigError> {
     let parsed = Url::parse(value).map_err(|e| bad(key, value, &e.to_string()))?;
     if !matches!(parsed.scheme(), "postgres" | "postgresql") {
@@ -210,6 +174,34 @@ fn postgres_url(key: &str, value: &str) -> Result<String, ConfigError> {
     }
     if parsed.host_str().unwrap_or("").is_empty() {
         return Err(bad(key, value, "no host"));
+    }
+    Ok(value.to_string())
+}
+
+fn patroni_url(key: &str, value: &str) -> Result<String, ConfigError> {
+    match Url::parse(value) {
+        Ok(p) if matches!(p.scheme(), "http" | "https") => Ok(value.to_string()),
+        _ => Err(bad(key, value, "expected http://host:8008")),
+    }
+}
+
+fn redis_url(key: &str, value: &str) -> Result<String, ConfigError> {
+    let parsed = Url::parse(value).map_err(|e| bad(key, value, &e.to_string()))?;
+    if !matches!(parsed.scheme(), "redis" | "rediss") {
+        return Err(bad(key, value, "the scheme must be redis://"));
+    }
+    Ok(value.to_string())
+}
+
+fn listen_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value
+        .parse()
+        .map_err(|_| bad(key, value, "expected host:port such as 127.0.0.1:8080"))
+}
+
+fn token_secret(key: &str, value: &str) -> Result<String, ConfigError> {
+    if value.len() < 16 {
+        return Err(ConfigError(format!("{key} must be at least 16 bytes long")));
     }
     Ok(value.to_string())
 }

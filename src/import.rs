@@ -321,6 +321,8 @@ pub enum Announce<'a> {
 const MIN_BATCH: usize = 50;
 const MAX_BATCH: usize = 20_000;
 const CLAMPED_LISTED: usize = 100;
+/// How long one wait for the replicas lasts before they are read again.
+const WAIT_TICK: Duration = Duration::from_millis(50);
 
 /// Writes `rows` in throttled batches. Stops between batches when `stop` is set. The final
 /// state is the caller's to record ([`finish`]), with its own clock.
@@ -334,97 +336,186 @@ pub async fn run_engine(
     stop: &AtomicBool,
 ) -> anyhow::Result<Ended> {
     let start = Instant::now();
-    let budget = opts.lag_budget;
-    let floor = MIN_BATCH.min(opts.batch_size.max(1));
-    let mut batch = opts.batch_size.clamp(floor, MAX_BATCH);
+    let mut throttle = Throttle::new(&opts);
     let mut done = 0usize;
     let mut paused = Duration::ZERO;
     update(progress, |p| {
         p.rows_total = rows.len() as u64;
-        p.lag_budget_ms = budget.as_millis() as u64;
+        p.lag_budget_ms = opts.lag_budget.as_millis() as u64;
     });
     while done < rows.len() {
         if stop.load(Ordering::SeqCst) {
             return Ok(Ended::Cancelled);
         }
-        // Wait while the worst serving replica is over budget (or, if asked, one is down).
-        let (worst, down) = db.worst_serving_staleness();
-        let worst_ms = worst
-            .as_ref()
-            .map(|(_, d)| d.as_millis().min(u64::MAX as u128) as u64);
-        let waiting = match (&worst, down.first()) {
-            (Some((name, d)), _) if *d > budget => Some(format!(
-                "{name} at {:.1} s > {} budget",
-                d.as_secs_f64(),
-                fmt_budget(budget)
-            )),
-            (_, Some(name)) if opts.wait_for_down => Some(format!("{name} is down")),
-            _ => None,
-        };
+        let replicas = Replicas::read(db, &opts);
         update(progress, |p| {
-            p.worst_staleness_ms = worst_ms;
-            p.max_staleness_seen_ms = p.max_staleness_seen_ms.max(worst_ms.unwrap_or(0));
-            p.down_replicas = down.clone();
-            p.status = if stop.load(Ordering::SeqCst) {
-                Status::Stopping
-            } else if waiting.is_some() {
-                Status::Waiting
-            } else {
-                Status::Running
-            };
-            p.waiting = waiting.clone();
-            p.paused_ms = paused.as_millis() as u64;
-            p.elapsed_ms = start.elapsed().as_millis() as u64;
+            p.saw_replicas(&replicas, stop, paused, start.elapsed());
         });
-        if waiting.is_some() {
-            let tick = Duration::from_millis(50);
-            tokio::time::sleep(tick).await;
-            paused += tick;
-            metrics.import_paused_seconds.inc_by(tick.as_secs_f64());
+        if replicas.waiting.is_some() {
+            tokio::time::sleep(WAIT_TICK).await;
+            paused += WAIT_TICK;
+            metrics
+                .import_paused_seconds
+                .inc_by(WAIT_TICK.as_secs_f64());
             // Falling behind: the next batches start smaller.
-            batch = (batch / 2).max(floor);
+            throttle.halve();
             continue;
         }
-        let end = (done + batch).min(rows.len());
-        let t = Instant::now();
-        let applied = write_batch(db, &rows[done..end]).await?;
-        announce_raised(announce, &applied.raised).await;
-        let written = end - done;
+        let end = (done + throttle.batch).min(rows.len());
+        let applied = apply_batch(db, metrics, announce, &rows[done..end]).await?;
         done = end;
-        metrics.import_rows.inc_by(written as u64);
-        let rate = written as f64 / t.elapsed().as_secs_f64().max(1e-6);
-        metrics.import_rate.set(rate);
-        // AIMD: grow while replicas keep well inside the budget, halve when they near it.
-        let (worst, _) = db.worst_serving_staleness();
-        let worst = worst.map(|(_, d)| d);
-        let worst_ms = worst
-            .map(|d| d.as_millis().min(u64::MAX as u128) as u64)
-            .unwrap_or(0);
-        match worst {
-            Some(d) if d > budget / 2 => batch = (batch / 2).max(floor),
-            Some(d) if d < budget / 4 => batch = (batch + 250).min(MAX_BATCH),
-            None => batch = (batch + 250).min(MAX_BATCH),
-            _ => {}
-        }
+        let worst = db.worst_serving_staleness().0.map(|(_, d)| d);
+        throttle.adapt(worst);
         let elapsed = start.elapsed();
         update(progress, |p| {
-            p.rows_done = done as u64;
-            p.rows_created += applied.created;
-            p.rows_changed += applied.changed;
-            p.rows_unchanged += applied.unchanged;
-            p.rows_clamped += applied.clamped.len() as u64;
-            let room = CLAMPED_LISTED.saturating_sub(p.clamped_products.len());
-            p.clamped_products
-                .extend(applied.clamped.into_iter().take(room));
-            p.max_staleness_seen_ms = p.max_staleness_seen_ms.max(worst_ms);
-            p.batch_size = batch;
-            p.rows_per_second = done as f64 / elapsed.as_secs_f64().max(1e-6);
-            p.elapsed_ms = elapsed.as_millis() as u64;
+            p.add_batch(
+                applied,
+                done,
+                worst.map_or(0, millis),
+                throttle.batch,
+                elapsed,
+            );
         });
     }
     update(progress, |p| p.paused_ms = paused.as_millis() as u64);
     metrics.import_rate.set(0.0);
     Ok(Ended::Done)
+}
+
+/// Writes one batch, tells the gate of the stock it raised, and counts its rows and rate.
+async fn apply_batch(
+    db: &Db,
+    metrics: &Metrics,
+    announce: Announce<'_>,
+    rows: &[Row],
+) -> anyhow::Result<Applied> {
+    let t = Instant::now();
+    let applied = write_batch(db, rows).await?;
+    announce_raised(announce, &applied.raised).await;
+    metrics.import_rows.inc_by(rows.len() as u64);
+    let rate = rows.len() as f64 / t.elapsed().as_secs_f64().max(1e-6);
+    metrics.import_rate.set(rate);
+    Ok(applied)
+}
+
+/// The batch size, under AIMD: it grows additively while replicas keep well inside the
+/// budget and halves when they near it or the import has to wait for them.
+struct Throttle {
+    batch: usize,
+    floor: usize,
+    budget: Duration,
+}
+
+impl Throttle {
+    fn new(opts: &Options) -> Throttle {
+        let floor = MIN_BATCH.min(opts.batch_size.max(1));
+        Throttle {
+            batch: opts.batch_size.clamp(floor, MAX_BATCH),
+            floor,
+            budget: opts.lag_budget,
+        }
+    }
+
+    fn halve(&mut self) {
+        self.batch = (self.batch / 2).max(self.floor);
+    }
+
+    fn grow(&mut self) {
+        self.batch = (self.batch + 250).min(MAX_BATCH);
+    }
+
+    /// After a batch, from the worst serving staleness (`None`: no replica serving).
+    fn adapt(&mut self, worst: Option<Duration>) {
+        match worst {
+            Some(d) if d > self.budget / 2 => self.halve(),
+            Some(d) if d < self.budget / 4 => self.grow(),
+            None => self.grow(),
+            _ => {}
+        }
+    }
+}
+
+/// The replicas as the import sees them before a batch.
+struct Replicas {
+    worst_ms: Option<u64>,
+    down: Vec<String>,
+    /// Why the batch must wait: the worst serving replica is over budget, or (with
+    /// `--wait-for-down`) one is down. `None`: go.
+    waiting: Option<String>,
+}
+
+impl Replicas {
+    fn read(db: &Db, opts: &Options) -> Replicas {
+        let (worst, down) = db.worst_serving_staleness();
+        let waiting = match (&worst, down.first()) {
+            (Some((name, d)), _) if *d > opts.lag_budget => Some(format!(
+                "{name} at {:.1} s > {} budget",
+                d.as_secs_f64(),
+                fmt_budget(opts.lag_budget)
+            )),
+            (_, Some(name)) if opts.wait_for_down => Some(format!("{name} is down")),
+            _ => None,
+        };
+        Replicas {
+            worst_ms: worst.map(|(_, d)| millis(d)),
+            down,
+            waiting,
+        }
+    }
+}
+
+impl Progress {
+    /// Before a batch: what the replicas allow, and whether the job runs, waits or stops.
+    fn saw_replicas(
+        &mut self,
+        replicas: &Replicas,
+        stop: &AtomicBool,
+        paused: Duration,
+        elapsed: Duration,
+    ) {
+        self.worst_staleness_ms = replicas.worst_ms;
+        self.max_staleness_seen_ms = self
+            .max_staleness_seen_ms
+            .max(replicas.worst_ms.unwrap_or(0));
+        self.down_replicas = replicas.down.clone();
+        self.status = if stop.load(Ordering::SeqCst) {
+            Status::Stopping
+        } else if replicas.waiting.is_some() {
+            Status::Waiting
+        } else {
+            Status::Running
+        };
+        self.waiting = replicas.waiting.clone();
+        self.paused_ms = paused.as_millis() as u64;
+        self.elapsed_ms = elapsed.as_millis() as u64;
+    }
+
+    /// After a committed batch: its counts, and the import's pace so far.
+    fn add_batch(
+        &mut self,
+        applied: Applied,
+        done: usize,
+        worst_ms: u64,
+        batch: usize,
+        elapsed: Duration,
+    ) {
+        self.rows_done = done as u64;
+        self.rows_created += applied.created;
+        self.rows_changed += applied.changed;
+        self.rows_unchanged += applied.unchanged;
+        self.rows_clamped += applied.clamped.len() as u64;
+        let room = CLAMPED_LISTED.saturating_sub(self.clamped_products.len());
+        self.clamped_products
+            .extend(applied.clamped.into_iter().take(room));
+        self.max_staleness_seen_ms = self.max_staleness_seen_ms.max(worst_ms);
+        self.batch_size = batch;
+        self.rows_per_second = done as f64 / elapsed.as_secs_f64().max(1e-6);
+        self.elapsed_ms = elapsed.as_millis() as u64;
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
 }
 
 /// Reopens the gate for products whose stock rose in a committed batch, through the one
@@ -672,6 +763,28 @@ mod tests {
             restate(i32::MAX, i32::MAX, i32::MAX).map(|r| r.available),
             Some(i32::MAX)
         );
+    }
+
+    #[test]
+    fn batches_halve_near_the_budget_and_grow_well_inside_it() {
+        let mut throttle = Throttle::new(&Options {
+            lag_budget: Duration::from_secs(4),
+            batch_size: 1000,
+            skip_invalid: false,
+            wait_for_down: false,
+        });
+        throttle.adapt(Some(Duration::from_secs(3)));
+        assert_eq!(throttle.batch, 500, "over half the budget");
+        throttle.adapt(Some(Duration::from_millis(1500)));
+        assert_eq!(throttle.batch, 500, "between a quarter and a half: kept");
+        throttle.adapt(Some(Duration::from_millis(500)));
+        assert_eq!(throttle.batch, 750, "under a quarter");
+        throttle.adapt(None);
+        assert_eq!(throttle.batch, 1000, "no replica serving");
+        for _ in 0..10 {
+            throttle.halve();
+        }
+        assert_eq!(throttle.batch, MIN_BATCH, "never below the floor");
     }
 
     #[test]

@@ -34,44 +34,8 @@ pub async fn build_state(
 ) -> anyhow::Result<(AppState, MonitorGuard)> {
     let metrics = Metrics::new();
     let imports = http::Jobs::new(clock.clone());
-    let ryw = match &config.redis_url {
-        Some(url) => RywStore::redis(url, clock, config.ryw_ttl).context("STOCKGATE_REDIS_URL")?,
-        None => RywStore::local(clock, config.ryw_ttl),
-    };
-    let own_data_budget = routing::policy::QueryClass::OwnData
-        .policy()
-        .budget
-        .unwrap_or_default();
-    if config.ryw_ttl <= own_data_budget {
-        anyhow::bail!(
-            "STOCKGATE_RYW_TTL_MS ({} ms) must exceed the read-your-writes budget ({} ms), or a replica could serve a read that misses the write",
-            config.ryw_ttl.as_millis(),
-            own_data_budget.as_millis()
-        );
-    }
-    let db = Db::new(
-        routing::Settings {
-            primary_url: config.require_database_url()?.to_string(),
-            replica_urls: config.replica_urls.clone(),
-            primary_pool_size: config.primary_pool_size,
-            replica_pool_size: config.replica_pool_size,
-            timeouts: routing::Timeouts {
-                point: config.replica_timeout,
-                dashboard: config.dashboard_timeout,
-                report: config.report_timeout,
-                export: config.export_timeout,
-            },
-            primary_timeout: config.primary_timeout,
-            thresholds: Thresholds {
-                evict_after: config.evict_after,
-                ..Thresholds::default()
-            },
-            monitor_interval: config.monitor_interval,
-            patroni: patroni_setup(config).await?,
-        },
-        metrics.clone(),
-        ryw,
-    )?;
+    let ryw = ryw_store(config, clock)?;
+    let db = Db::new(routing_settings(config).await?, metrics.clone(), ryw)?;
     let monitor = db.start_monitor(config.monitor_interval);
     let tokens = Tokens::new(
         config
@@ -87,16 +51,58 @@ pub async fn build_state(
         },
         config.order_rate_per_user,
     );
-    Ok((
-        AppState::from(http::Shared {
-            db,
-            tokens,
-            metrics,
-            checkout,
-            imports,
-        }),
-        monitor,
-    ))
+    let shared = http::Shared {
+        db,
+        tokens,
+        metrics,
+        checkout,
+        imports,
+    };
+    Ok((AppState::from(shared), monitor))
+}
+
+/// The read-your-writes store (Redis when configured, else in-process), whose pins must
+/// outlast the read-your-writes budget.
+fn ryw_store(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<RywStore> {
+    let ryw = match &config.redis_url {
+        Some(url) => RywStore::redis(url, clock, config.ryw_ttl).context("STOCKGATE_REDIS_URL")?,
+        None => RywStore::local(clock, config.ryw_ttl),
+    };
+    let own_data_budget = routing::policy::QueryClass::OwnData
+        .policy()
+        .budget
+        .unwrap_or_default();
+    if config.ryw_ttl <= own_data_budget {
+        anyhow::bail!(
+            "STOCKGATE_RYW_TTL_MS ({} ms) must exceed the read-your-writes budget ({} ms), or a replica could serve a read that misses the write",
+            config.ryw_ttl.as_millis(),
+            own_data_budget.as_millis()
+        );
+    }
+    Ok(ryw)
+}
+
+/// What the router needs from the configuration: nodes, pools, timeouts, thresholds.
+async fn routing_settings(config: &Config) -> anyhow::Result<routing::Settings> {
+    Ok(routing::Settings {
+        primary_url: config.require_database_url()?.to_string(),
+        replica_urls: config.replica_urls.clone(),
+        primary_pool_size: config.primary_pool_size,
+        replica_pool_size: config.replica_pool_size,
+        timeouts: routing::Timeouts {
+            point: config.replica_timeout,
+            dashboard: config.dashboard_timeout,
+            report: config.report_timeout,
+            export: config.export_timeout,
+        },
+        primary_timeout: config.primary_timeout,
+        thresholds: Thresholds {
+            evict_after: config.evict_after,
+            ..Thresholds::default()
+        },
+        monitor_interval: config.monitor_interval,
+        patroni: patroni_setup(config).await?,
+    })
 }
 
 /// With `STOCKGATE_PATRONI_URLS`, the members and leader as Patroni names them now (asked

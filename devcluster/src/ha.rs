@@ -20,6 +20,75 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A node's `patroni.yml`, a template for `format!` (named arguments in braces).
+macro_rules! patroni_yml {
+    () => {
+        "scope: stockgate-{base}
+name: {name}
+log:
+  level: WARNING
+restapi:
+  listen: 127.0.0.1:{rest}
+  connect_address: 127.0.0.1:{rest}
+etcd3:
+  host: 127.0.0.1:{etcd}
+bootstrap:
+  dcs:
+    ttl: 10
+    loop_wait: 2
+    retry_timeout: 4
+    maximum_lag_on_failover: 1048576
+    synchronous_mode: {sync}
+    postgresql:
+      use_pg_rewind: true
+      use_slots: true
+      parameters:
+        wal_level: replica
+        hot_standby: 'on'
+        wal_log_hints: 'on'
+        max_connections: 300
+        max_wal_senders: 10
+        max_replication_slots: 10
+        wal_keep_size: 256MB
+        hot_standby_feedback: 'off'
+        wal_sender_timeout: 5s
+        wal_receiver_timeout: 5s
+        wal_receiver_status_interval: 1s
+        max_standby_streaming_delay: 30s
+  initdb:
+  - encoding: UTF8
+  - locale: C.UTF-8
+  - auth: trust
+postgresql:
+  listen: 127.0.0.1:{pg}
+  connect_address: 127.0.0.1:{pg}
+  data_dir: {data}
+  bin_dir: {pg_bin}
+  pgpass: {pgpass}
+  pg_hba:
+  - local all all trust
+  - host all all 127.0.0.1/32 trust
+  - host replication all 127.0.0.1/32 trust
+  authentication:
+    superuser:
+      username: postgres
+      password: postgres
+    replication:
+      username: postgres
+      password: postgres
+    rewind:
+      username: postgres
+      password: postgres
+  parameters:
+    unix_socket_directories: '{dir}'
+    shared_buffers: 64MB
+    log_min_messages: warning
+    log_checkpoints: 'off'
+"
+    };
+}
+
 /// How many PostgreSQL nodes an HA cluster has.
 pub const NODES: usize = 3;
 
@@ -197,68 +266,7 @@ impl HaCluster {
     fn patroni_yaml(&self, i: usize) -> String {
         let dir = self.node_dir(i);
         format!(
-            "scope: stockgate-{base}
-name: {name}
-log:
-  level: WARNING
-restapi:
-  listen: 127.0.0.1:{rest}
-  connect_address: 127.0.0.1:{rest}
-etcd3:
-  host: 127.0.0.1:{etcd}
-bootstrap:
-  dcs:
-    ttl: 10
-    loop_wait: 2
-    retry_timeout: 4
-    maximum_lag_on_failover: 1048576
-    synchronous_mode: {sync}
-    postgresql:
-      use_pg_rewind: true
-      use_slots: true
-      parameters:
-        wal_level: replica
-        hot_standby: 'on'
-        wal_log_hints: 'on'
-        max_connections: 300
-        max_wal_senders: 10
-        max_replication_slots: 10
-        wal_keep_size: 256MB
-        hot_standby_feedback: 'off'
-        wal_sender_timeout: 5s
-        wal_receiver_timeout: 5s
-        wal_receiver_status_interval: 1s
-        max_standby_streaming_delay: 30s
-  initdb:
-  - encoding: UTF8
-  - locale: C.UTF-8
-  - auth: trust
-postgresql:
-  listen: 127.0.0.1:{pg}
-  connect_address: 127.0.0.1:{pg}
-  data_dir: {data}
-  bin_dir: {PG_BIN}
-  pgpass: {pgpass}
-  pg_hba:
-  - local all all trust
-  - host all all 127.0.0.1/32 trust
-  - host replication all 127.0.0.1/32 trust
-  authentication:
-    superuser:
-      username: postgres
-      password: postgres
-    replication:
-      username: postgres
-      password: postgres
-    rewind:
-      username: postgres
-      password: postgres
-  parameters:
-    unix_socket_directories: '{dir}'
-    shared_buffers: 64MB
-    log_min_messages: warning
-    log_checkpoints: 'off'
-",
+            patroni_yml!(),
             base = self.base,
             name = self.name(i),
             rest = self.rest_port(i),
@@ -266,6 +274,7 @@ postgresql:
             sync = self.synchronous,
             pg = self.pg_port(i),
             data = dir.join("data").display(),
+            pg_bin = PG_BIN,
             pgpass = dir.join("pgpass").display(),
             dir = dir.display(),
         )

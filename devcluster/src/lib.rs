@@ -102,78 +102,75 @@ impl Cluster {
         Err(last_err.unwrap_or_else(|| anyhow!("could not start a temporary cluster")))
     }
 
+    /// Creates what is missing and starts what is stopped: the primary, then each replica.
     fn ensure(&self) -> Result<()> {
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("creating {}", self.dir.display()))?;
         chown_postgres(&self.dir)?;
-        let primary = self.node_dir(0);
-        if !primary.join("PG_VERSION").exists() {
-            let _ = std::fs::remove_dir_all(&primary);
-            as_postgres(
-                Command::new(format!("{PG_BIN}/initdb"))
-                    .args([
-                        "-A",
-                        "trust",
-                        "-U",
-                        "postgres",
-                        "-N",
-                        "-E",
-                        "UTF8",
-                        "--locale=C.UTF-8",
-                        "-D",
-                    ])
-                    .arg(&primary),
-            )
-            .context("initdb")?;
-            append(
-                &primary.join("postgresql.conf"),
-                &format!("{COMMON_CONF}port = {}\n", self.primary_port),
-            )?;
+        if !self.node_dir(0).join("PG_VERSION").exists() {
+            self.init_primary()?;
         }
         self.start_node(0)?;
         for i in 1..=self.replica_ports.len() {
-            let dir = self.node_dir(i);
-            if !dir.join("standby.signal").exists() {
-                let _ = std::fs::remove_dir_all(&dir);
-                // Slot first (with WAL reserved), then the base backup; `-C` in parallel
-                // loses WAL segments on this machine.
-                self.psql(
-                    0,
-                    &format!(
-                        "SELECT pg_create_physical_replication_slot('r{i}', true) \
-                         WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'r{i}')"
-                    ),
-                )?;
-                as_postgres(
-                    Command::new(format!("{PG_BIN}/pg_basebackup"))
-                        .args([
-                            "-h",
-                            "127.0.0.1",
-                            "-U",
-                            "postgres",
-                            "-R",
-                            "-N",
-                            "-c",
-                            "fast",
-                        ])
-                        .args([
-                            "-p",
-                            &self.primary_port.to_string(),
-                            "-S",
-                            &format!("r{i}"),
-                            "-D",
-                        ])
-                        .arg(&dir),
-                )
-                .with_context(|| format!("pg_basebackup for replica-{i}"))?;
-                append(
-                    &dir.join("postgresql.conf"),
-                    &format!("port = {}\n", self.port(i)),
-                )?;
+            if !self.node_dir(i).join("standby.signal").exists() {
+                self.init_replica(i)?;
             }
             self.start_node(i)?;
         }
         Ok(())
+    }
+
+    /// A fresh primary data directory (anything half-made there is removed first).
+    fn init_primary(&self) -> Result<()> {
+        let primary = self.node_dir(0);
+        let _ = std::fs::remove_dir_all(&primary);
+        as_postgres(
+            Command::new(format!("{PG_BIN}/initdb"))
+                .args(["-A", "trust", "-U", "postgres", "-N", "-E", "UTF8"])
+                .args(["--locale=C.UTF-8", "-D"])
+                .arg(&primary),
+        )
+        .context("initdb")?;
+        append(
+            &primary.join("postgresql.conf"),
+            &format!("{COMMON_CONF}port = {}\n", self.primary_port),
+        )
+    }
+
+    /// Replica `i` from a base backup of the running primary, streaming through slot `r{i}`.
+    fn init_replica(&self, i: usize) -> Result<()> {
+        let dir = self.node_dir(i);
+        let _ = std::fs::remove_dir_all(&dir);
+        // Slot first (with WAL reserved), then the base backup; `-C` in parallel
+        // loses WAL segments on this machine.
+        self.psql(
+            0,
+            &format!(
+                "SELECT pg_create_physical_replication_slot('r{i}', true) \
+                 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'r{i}')"
+            ),
+        )?;
+        as_postgres(
+            Command::new(format!("{PG_BIN}/pg_basebackup"))
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                    "-R",
+                    "-N",
+                    "-c",
+                    "fast",
+                ])
+                .args(["-p", &self.primary_port.to_string()])
+                .args(["-S", &format!("r{i}"), "-D"])
+                .arg(&dir),
+        )
+        .with_context(|| format!("pg_basebackup for replica-{i}"))?;
+        append(
+            &dir.join("postgresql.conf"),
+            &format!("port = {}\n", self.port(i)),
+        )
     }
 
     fn node_dir(&self, node: usize) -> PathBuf {

@@ -16,6 +16,10 @@ use crate::domain::{IdempotencyKey, Lines, UserId};
 use crate::routing::Db;
 use uuid::Uuid;
 
+type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+/// Each locked product's (available, price).
+type Locked = std::collections::BTreeMap<String, (i32, i32)>;
+
 /// A cart order as the boundary parsed it.
 #[derive(Debug, Clone)]
 pub struct CartRequest {
@@ -55,39 +59,12 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
             return answer?.ok_or(CheckoutError::OutcomeUnknown);
         }
     }
-    let products: Vec<&str> = req.lines.get().iter().map(|(p, _)| p.as_str()).collect();
-    let locked = stock::lock(&mut tx, &products).await?;
-    if locked.len() != products.len() {
+    let Some(locked) = stock::lock_lines(&mut tx, req.lines.get()).await? else {
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
-    }
-    let short = stock::shortfalls(req.lines.get(), &locked);
-    let total: i64 = req
-        .lines
-        .get()
-        .iter()
-        .map(|(p, q)| i64::from(locked[p.as_str()].1) * i64::from(q.get()))
-        .sum();
-    let status = if short.is_empty() {
-        "confirmed"
-    } else {
-        super::REFUSED
     };
-    let inserted: Option<Order> = sqlx::query_as(concat!(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-         VALUES ($1, NULL, $2, NULL, 0, $3, $4, $5, $6) \
-         ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
-        order_columns!()
-    ))
-    .bind(Uuid::new_v4())
-    .bind(req.user.as_str())
-    .bind(if short.is_empty() { total } else { 0 })
-    .bind(status)
-    .bind(req.key.as_str())
-    .bind(req.fingerprint())
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(order) = inserted else {
+    let short = stock::shortfalls(req.lines.get(), &locked);
+    let Some(order) = claim(&mut tx, req, &locked, short.is_empty()).await? else {
         // A concurrent request with this key committed first: answer as it did.
         tx.rollback().await?;
         let mut conn = db.primary().pool()?.acquire().await?;
@@ -111,11 +88,50 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
     Ok(Placed::Created(order))
 }
 
+/// Claims the request's key with the order: `confirmed` at the locked prices when every line
+/// fits, else `refused` (total 0), so the 409 is final for the key. `None`: another request
+/// claimed the key first.
+async fn claim(
+    tx: &mut Tx,
+    req: &CartRequest,
+    locked: &Locked,
+    fits: bool,
+) -> Result<Option<Order>, sqlx::Error> {
+    let (status, total) = if fits {
+        ("confirmed", total(req, locked))
+    } else {
+        (super::REFUSED, 0)
+    };
+    sqlx::query_as(concat!(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         VALUES ($1, NULL, $2, NULL, 0, $3, $4, $5, $6) \
+         ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
+        order_columns!()
+    ))
+    .bind(Uuid::new_v4())
+    .bind(req.user.as_str())
+    .bind(total)
+    .bind(status)
+    .bind(req.key.as_str())
+    .bind(req.fingerprint())
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// The cart's price: every line at its product's locked price.
+fn total(req: &CartRequest, locked: &Locked) -> i64 {
+    req.lines
+        .get()
+        .iter()
+        .map(|(p, q)| i64::from(locked[p.as_str()].1) * i64::from(q.get()))
+        .sum()
+}
+
 async fn insert_lines(
-    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    tx: &mut Tx,
     order_id: Uuid,
     req: &CartRequest,
-    locked: &std::collections::BTreeMap<String, (i32, i32)>,
+    locked: &Locked,
 ) -> Result<(), sqlx::Error> {
     let products: Vec<&str> = req.lines.get().iter().map(|(p, _)| p.as_str()).collect();
     let qty: Vec<i32> = req.lines.get().iter().map(|(_, q)| q.get()).collect();

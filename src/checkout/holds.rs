@@ -61,6 +61,29 @@ impl Hold {
         self.units().into_iter().map(|(p, _)| p).collect()
     }
 
+    /// The hold [`take`] just wrote.
+    fn taken(
+        hold_id: Uuid,
+        req: &HoldRequest,
+        expires_at: DateTime<Utc>,
+        lines: Vec<(ProductId, i32)>,
+    ) -> Hold {
+        Hold {
+            hold_id,
+            user_id: req.user.to_string(),
+            status: "held".into(),
+            expires_at,
+            order_id: None,
+            lines: lines
+                .into_iter()
+                .map(|(p, quantity)| HoldLine {
+                    product_id: p.to_string(),
+                    quantity,
+                })
+                .collect(),
+        }
+    }
+
     fn units(&self) -> Vec<(ProductId, i32)> {
         self.lines
             .iter()
@@ -115,16 +138,40 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         tx.rollback().await?;
         return answer.map(|h| (h, false));
     }
-    let products: Vec<&str> = req.lines.get().iter().map(|(p, _)| p.as_str()).collect();
-    let locked = stock::lock(&mut tx, &products).await?;
-    if locked.len() != products.len() {
+    let Some(locked) = stock::lock_lines(&mut tx, req.lines.get()).await? else {
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
-    }
+    };
     let short: Vec<Short> = stock::shortfalls(req.lines.get(), &locked);
-    let status = if short.is_empty() { "held" } else { "refused" };
     let hold_id = Uuid::new_v4();
-    let claimed: Option<DateTime<Utc>> = sqlx::query_scalar(
+    let Some(expires_at) = claim(&mut tx, hold_id, req, short.is_empty()).await? else {
+        // A concurrent request with this key committed first: answer as it did.
+        tx.rollback().await?;
+        return replay_committed(db, req).await;
+    };
+    if !short.is_empty() {
+        commit(tx).await?;
+        return Err(CheckoutError::Short(short));
+    }
+    let lines = req.lines.units();
+    insert_lines(&mut tx, hold_id, &lines).await?;
+    if !stock::take(&mut tx, &lines).await? {
+        tx.rollback().await?;
+        return Err(CheckoutError::OutcomeUnknown);
+    }
+    commit(tx).await?;
+    Ok((Hold::taken(hold_id, req, expires_at, lines), true))
+}
+
+/// Claims the request's key with a hold: `held`, or `refused` when a line is short (so the
+/// 409 stays true for the key). `None`: another request claimed the key first.
+async fn claim(
+    tx: &mut Tx,
+    hold_id: Uuid,
+    req: &HoldRequest,
+    fits: bool,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar(
         "INSERT INTO holds (hold_id, user_id, idempotency_key, request_fingerprint, status, expires_at) \
          VALUES ($1, $2, $3, $4, $5, clock_timestamp() + make_interval(secs => $6)) \
          ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING expires_at",
@@ -133,54 +180,37 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
     .bind(req.user.as_str())
     .bind(req.key.as_str())
     .bind(req.fingerprint())
-    .bind(status)
+    .bind(if fits { "held" } else { "refused" })
     .bind(f64::from(req.ttl.secs()))
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(expires_at) = claimed else {
-        // A concurrent request with this key committed first: answer as it did.
-        tx.rollback().await?;
-        let mut tx = db.primary().begin().await?;
-        let answer = replay(&mut tx, req).await?;
-        tx.rollback().await?;
-        return answer
-            .ok_or(CheckoutError::OutcomeUnknown)?
-            .map(|h| (h, false));
-    };
-    if !short.is_empty() {
-        commit(tx).await?;
-        return Err(CheckoutError::Short(short));
-    }
-    let lines = req.lines.units();
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+async fn insert_lines(
+    tx: &mut Tx,
+    hold_id: Uuid,
+    lines: &[(ProductId, i32)],
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO hold_lines (hold_id, product_id, quantity) \
          SELECT $1, l.product_id, l.quantity FROM UNNEST($2::text[], $3::int4[]) AS l(product_id, quantity)",
     )
     .bind(hold_id)
-    .bind(&products)
+    .bind(lines.iter().map(|(p, _)| p.as_str()).collect::<Vec<&str>>())
     .bind(lines.iter().map(|(_, q)| *q).collect::<Vec<i32>>())
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    if !stock::take(&mut tx, &lines).await? {
-        tx.rollback().await?;
-        return Err(CheckoutError::OutcomeUnknown);
-    }
-    commit(tx).await?;
-    let hold = Hold {
-        hold_id,
-        user_id: req.user.to_string(),
-        status: "held".into(),
-        expires_at,
-        order_id: None,
-        lines: lines
-            .into_iter()
-            .map(|(p, quantity)| HoldLine {
-                product_id: p.to_string(),
-                quantity,
-            })
-            .collect(),
-    };
-    Ok((hold, true))
+    Ok(())
+}
+
+/// The answer of the request that claimed the key first, read after it committed.
+async fn replay_committed(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutError> {
+    let mut tx = db.primary().begin().await?;
+    let answer = replay(&mut tx, req).await?;
+    tx.rollback().await?;
+    answer
+        .ok_or(CheckoutError::OutcomeUnknown)?
+        .map(|h| (h, false))
 }
 
 /// What the request's key already holds, if anything.

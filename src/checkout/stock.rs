@@ -40,6 +40,16 @@ pub(crate) async fn lock(
     Ok(rows.into_iter().map(|(p, a, c)| (p, (a, c))).collect())
 }
 
+/// Locks the lines' products ([`lock`]); `None` when one of them does not exist.
+pub(crate) async fn lock_lines(
+    tx: &mut Tx,
+    lines: &[(ProductId, Quantity)],
+) -> Result<Option<BTreeMap<String, (i32, i32)>>, sqlx::Error> {
+    let products: Vec<&str> = lines.iter().map(|(p, _)| p.as_str()).collect();
+    let locked = lock(tx, &products).await?;
+    Ok((locked.len() == products.len()).then_some(locked))
+}
+
 /// The lines the locked stock cannot serve (none: all can).
 pub(crate) fn shortfalls(
     lines: &[(ProductId, Quantity)],

@@ -6,8 +6,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::domain::ProductId;
 use crate::import::{
-    Announce, Ended, Options, Progress, SharedProgress, clock_now, finish, parse_csv, request_stop,
-    run_engine, update,
+    Announce, Ended, Options, Progress, Row, SharedProgress, clock_now, finish, parse_csv,
+    request_stop, run_engine, update,
 };
 use clap::Args;
 use std::path::PathBuf;
@@ -46,12 +46,63 @@ pub struct ImportArgs {
 /// terminal); Ctrl-C stops after the current batch.
 pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
     config.require_database_url()?;
-    let file = std::fs::File::open(&args.file)
-        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", args.file.display()))?;
-    let (rows, bad) = parse_csv(std::io::BufReader::new(file))
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
+    let (rows, skipped) = read_rows(&args)?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (state, _monitor) = crate::startup::build_state(config, clock.clone()).await?;
+    // Let the monitor take its first samples so the first batch is judged on real data.
+    tokio::time::sleep(config.monitor_interval * 4 + Duration::from_millis(100)).await;
+    let progress: SharedProgress = Arc::default();
+    update(&progress, |p| p.rows_skipped = skipped as u64);
+    let stop = Arc::new(AtomicBool::new(false));
+    stop_on_ctrl_c(progress.clone(), stop.clone());
+    let reporter = tokio::spawn(report_progress(progress.clone()));
+    // Another process: the servers' gates see risen stock when their cached answers expire.
+    let result = run_engine(
+        &state.db,
+        &state.metrics,
+        Announce::Nobody,
+        &rows,
+        args.options(),
+        &progress,
+        &stop,
+    )
+    .await;
+    finish(&progress, &result, clock_now(&*clock));
+    reporter.abort();
+    let _ = reporter.await;
+    let summary = summary(&progress.lock().unwrap_or_else(|e| e.into_inner()));
+    match result? {
+        Ended::Cancelled => {
+            anyhow::bail!("interrupted: {summary}. Re-running the same file is safe and continues.")
+        }
+        Ended::Done => {
+            println!("{summary}");
+            Ok(())
+        }
+    }
+}
+
+impl ImportArgs {
+    fn options(&self) -> Options {
+        Options {
+            lag_budget: self.lag_budget,
+            batch_size: self.batch_size as usize,
+            skip_invalid: self.skip_invalid,
+            wait_for_down: self.wait_for_down,
+        }
+    }
+}
+
+/// Reads and validates the whole file: the valid rows and how many lines were skipped. Bad
+/// lines go to stderr (the first 50); any refuses the file unless `--skip-invalid`.
+fn read_rows(args: &ImportArgs) -> anyhow::Result<(Vec<Row>, usize)> {
+    let path = args.file.display();
+    let file =
+        std::fs::File::open(&args.file).map_err(|e| anyhow::anyhow!("cannot open {path}: {e}"))?;
+    let (rows, bad) =
+        parse_csv(std::io::BufReader::new(file)).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
     for b in bad.iter().take(50) {
-        eprintln!("{}:{}: {}", args.file.display(), b.line, b.reason);
+        eprintln!("{path}:{}: {}", b.line, b.reason);
     }
     if bad.len() > 50 {
         eprintln!("… and {} more bad lines", bad.len() - 50);
@@ -62,56 +113,19 @@ pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
             bad.len()
         );
     }
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (state, _monitor) = crate::startup::build_state(config, clock.clone()).await?;
-    // Let the monitor take its first samples so the first batch is judged on real data.
-    tokio::time::sleep(config.monitor_interval * 4 + Duration::from_millis(100)).await;
-    let opts = Options {
-        lag_budget: args.lag_budget,
-        batch_size: args.batch_size as usize,
-        skip_invalid: args.skip_invalid,
-        wait_for_down: args.wait_for_down,
-    };
-    let progress: SharedProgress = Arc::default();
-    update(&progress, |p| p.rows_skipped = bad.len() as u64);
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let (stop, progress) = (stop.clone(), progress.clone());
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!(
-                    "\ninterrupt: stopping after the current batch (each batch is one transaction)"
-                );
-                request_stop(&progress, &stop);
-            }
-        });
-    }
-    let reporter = tokio::spawn(report_progress(progress.clone()));
-    // Another process: the servers' gates see risen stock when their cached answers expire.
-    let result = run_engine(
-        &state.db,
-        &state.metrics,
-        Announce::Nobody,
-        &rows,
-        opts,
-        &progress,
-        &stop,
-    )
-    .await;
-    finish(&progress, &result, clock_now(&*clock));
-    reporter.abort();
-    let _ = reporter.await;
-    let p = progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let summary = summary(&p);
-    match result? {
-        Ended::Cancelled => {
-            anyhow::bail!("interrupted: {summary}. Re-running the same file is safe and continues.")
+    Ok((rows, bad.len()))
+}
+
+/// On Ctrl-C, asks the engine to stop after the batch in flight.
+fn stop_on_ctrl_c(progress: SharedProgress, stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!(
+                "\ninterrupt: stopping after the current batch (each batch is one transaction)"
+            );
+            request_stop(&progress, &stop);
         }
-        Ended::Done => {
-            println!("{summary}");
-            Ok(())
-        }
-    }
+    });
 }
 
 /// The CLI's last line (`bench/import.sh` reads rows/s, "waited" and "staleness seen").

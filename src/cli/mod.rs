@@ -81,66 +81,74 @@ impl From<anyhow::Error> for Failure {
 pub async fn run(cli: Cli) -> Result<(), Failure> {
     let config = Config::from_env()?;
     match cli.command {
-        Command::Serve => {
-            config.require_database_url()?;
-            let app = Application::build(&config).await?;
-            tracing::info!(listen = %config.listen, replicas = config.replica_urls.len(), "stockgate serving");
-            app.run_until(startup::shutdown_signal())
-                .await
-                .map_err(|e| Failure::Runtime(e.into()))?;
-            tracing::info!("stopped");
-            Ok(())
-        }
+        Command::Serve => serve(&config).await,
         Command::Migrate => {
             startup::migrate(config.require_database_url()?).await?;
             println!("migrations applied");
             Ok(())
         }
-        Command::Replicas => {
-            config.require_database_url()?;
-            let (state, _monitor) = startup::build_state(&config, Arc::new(SystemClock)).await?;
-            // Give the monitor a few samples to measure with.
-            tokio::time::sleep(config.monitor_interval * 6 + Duration::from_millis(200)).await;
-            let status = state.db.replica_status();
-            if status.is_empty() {
-                println!(
-                    "no replicas configured (STOCKGATE_REPLICA_URLS is empty): every read goes to the primary"
-                );
-            }
-            for r in status {
-                let staleness = match (r.state, r.staleness) {
-                    (ReplicaState::Down, _) | (_, None) => "-".to_string(),
-                    (_, Some(d)) => format!("{} ms", d.as_millis()),
-                };
-                let lag = r
-                    .lag_bytes
-                    .map(|b| format!("{b} B"))
-                    .unwrap_or_else(|| "-".into());
-                let why = r.last_error.map(|e| format!("  ({e})")).unwrap_or_default();
-                println!(
-                    "{:<10}  {:<8}  {:>10}  {:>12}{why}",
-                    r.name,
-                    r.state.as_str(),
-                    staleness,
-                    lag
-                );
-            }
-            Ok(())
-        }
-        Command::Token(args) => {
-            let tokens = Tokens::new(config.require_token_secret()?);
-            let caller = match (args.who.user, args.who.admin) {
-                (Some(u), _) => Caller::User(
-                    UserId::parse(&u)
-                        .map_err(|e| Failure::Config(format!("--user: {}", e.message)))?,
-                ),
-                (None, _) => Caller::Admin,
-            };
-            println!("{}", tokens.issue(&caller, args.ttl)?);
-            Ok(())
-        }
+        Command::Replicas => replicas(&config).await,
+        Command::Token(args) => token(&config, args),
         Command::Import(args) => import::run(&config, args).await.map_err(Failure::from),
     }
+}
+
+/// `stockgate serve`: until SIGINT/SIGTERM, then drain.
+async fn serve(config: &Config) -> Result<(), Failure> {
+    config.require_database_url()?;
+    let app = Application::build(config).await?;
+    tracing::info!(listen = %config.listen, replicas = config.replica_urls.len(), "stockgate serving");
+    app.run_until(startup::shutdown_signal())
+        .await
+        .map_err(|e| Failure::Runtime(e.into()))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// `stockgate replicas`: one line per replica, as the freshness monitor measures it.
+async fn replicas(config: &Config) -> Result<(), Failure> {
+    config.require_database_url()?;
+    let (state, _monitor) = startup::build_state(config, Arc::new(SystemClock)).await?;
+    // Give the monitor a few samples to measure with.
+    tokio::time::sleep(config.monitor_interval * 6 + Duration::from_millis(200)).await;
+    let status = state.db.replica_status();
+    if status.is_empty() {
+        println!(
+            "no replicas configured (STOCKGATE_REPLICA_URLS is empty): every read goes to the primary"
+        );
+    }
+    for r in status {
+        let staleness = match (r.state, r.staleness) {
+            (ReplicaState::Down, _) | (_, None) => "-".to_string(),
+            (_, Some(d)) => format!("{} ms", d.as_millis()),
+        };
+        let lag = r
+            .lag_bytes
+            .map(|b| format!("{b} B"))
+            .unwrap_or_else(|| "-".into());
+        let why = r.last_error.map(|e| format!("  ({e})")).unwrap_or_default();
+        println!(
+            "{:<10}  {:<8}  {:>10}  {:>12}{why}",
+            r.name,
+            r.state.as_str(),
+            staleness,
+            lag
+        );
+    }
+    Ok(())
+}
+
+/// `stockgate token`: a signed bearer token for a user or an admin.
+fn token(config: &Config, args: TokenArgs) -> Result<(), Failure> {
+    let tokens = Tokens::new(config.require_token_secret()?);
+    let caller = match (args.who.user, args.who.admin) {
+        (Some(u), _) => Caller::User(
+            UserId::parse(&u).map_err(|e| Failure::Config(format!("--user: {}", e.message)))?,
+        ),
+        (None, _) => Caller::Admin,
+    };
+    println!("{}", tokens.issue(&caller, args.ttl)?);
+    Ok(())
 }
 
 #[cfg(test)]
