@@ -209,7 +209,7 @@ pub(super) async fn run(
         if taken.rows_affected() != 1 {
             // Cannot happen while we hold the row lock; if it did, nothing may commit.
             let _ = tx.rollback().await;
-            return Err(Failed::NothingWritten(DbError::Unavailable(
+            return Err(Failed::NothingWritten(DbError::Internal(
                 "the guarded stock update changed no row; the batch was rolled back".into(),
             )));
         }

@@ -152,7 +152,7 @@ impl Coalescer {
                 tokio::spawn(self.clone().worker(product.clone(), receiver));
                 sender
             })
-            .map_err(|_| DbError::Unavailable("no order worker could be started".into()))?;
+            .map_err(|_| DbError::Internal("no order worker could be started".into()))?;
             self.metrics.order_queue_depth.inc();
         }
         // The reply is dropped only if the worker died holding this order: it may have
@@ -244,10 +244,7 @@ impl Coalescer {
                 });
             attempt += 1;
             match &result {
-                Err(Failed::NothingWritten(DbError::Query(sqlx::Error::Database(e))))
-                    if attempt < RERUNS
-                        && matches!(e.code().as_deref(), Some("40P01" | "40001")) =>
-                {
+                Err(Failed::NothingWritten(DbError::Conflict(e))) if attempt < RERUNS => {
                     tracing::warn!(%product, error = %e, "order batch lost a lock race; rerunning it");
                 }
                 _ => return result,
@@ -279,9 +276,7 @@ impl Coalescer {
                                 Failed::NothingWritten(DbError::Query(e)) if is_row_level(e) => {
                                     CheckoutError::Refused(e.to_string())
                                 }
-                                Failed::NothingWritten(e) => {
-                                    CheckoutError::Db(DbError::Unavailable(e.to_string()))
-                                }
+                                Failed::NothingWritten(e) => CheckoutError::Db(e.shared()),
                                 Failed::Unknown => CheckoutError::OutcomeUnknown,
                             }))
                         })
@@ -306,7 +301,6 @@ impl Coalescer {
             Answer {
                 available: Some(stock),
                 route,
-                as_of: locked_at,
             },
         );
     }

@@ -9,6 +9,7 @@
 
 use crate::domain::ProductId;
 use crate::routing::Route;
+use crate::routing::policy::QueryClass;
 use crate::routing::route::ceil_ms;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,17 +21,20 @@ use tokio::sync::OnceCell;
 pub struct Answer {
     pub available: Option<i32>,
     pub route: Route,
-    /// `route.as_of` on the monotonic clock, for expiry.
-    pub as_of: Instant,
 }
 
 impl Answer {
+    /// `route`'s `as_of` on the monotonic clock: what the answer expires by.
+    fn as_of(&self) -> Instant {
+        self.route.as_of_instant()
+    }
+
     /// The answer as it should be stated now: same `as_of`, staleness measured afresh.
     pub fn restated(&self, now: Instant) -> Answer {
-        let mut a = self.clone();
-        a.route.stale_by = now.saturating_duration_since(self.as_of);
-        a.route.as_of_instant = Some(self.as_of);
-        a
+        Answer {
+            available: self.available,
+            route: self.route.clone().restated(now),
+        }
     }
 }
 
@@ -38,21 +42,28 @@ type Slot = Arc<OnceCell<Answer>>;
 
 pub struct GateCache {
     budget: Duration,
+    /// How long an invalidation's floor is kept.
+    keep_floors: Duration,
     // A std Mutex: held only to look up or swap a slot, never across an await.
     slots: Mutex<HashMap<ProductId, Slot>>,
     /// When each product was last invalidated: no answer from before that is used again.
     floors: Mutex<HashMap<ProductId, Instant>>,
 }
 
-impl GateCache {
-    pub fn new(budget: Duration) -> Self {
+impl Default for GateCache {
+    /// A cache for the stock gate, its answers' lifetimes from the gate's row of the policy.
+    fn default() -> Self {
+        let policy = QueryClass::StockGate.policy();
         GateCache {
-            budget,
+            budget: policy.budget(),
+            keep_floors: policy.marks_kept_for(),
             slots: Mutex::new(HashMap::new()),
             floors: Mutex::new(HashMap::new()),
         }
     }
+}
 
+impl GateCache {
     /// A fresh-enough answer for `product`, reading through `fetch` on a miss. Callers
     /// that miss together wait for one read. A cached answer is served only while its
     /// staleness, stated at the moment it is served, is within the budget; a fetched one is
@@ -66,8 +77,8 @@ impl GateCache {
         let floor = self.floor(product);
         let budget_ms = ceil_ms(self.budget);
         let usable = |a: &Answer| {
-            ceil_ms(now.saturating_duration_since(a.as_of)) <= budget_ms
-                && floor.is_none_or(|f| a.as_of >= f)
+            ceil_ms(now.saturating_duration_since(a.as_of())) <= budget_ms
+                && floor.is_none_or(|f| a.as_of() >= f)
         };
         let slot = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
@@ -76,7 +87,7 @@ impl GateCache {
                 let budget = self.budget;
                 slots.retain(|_, s| {
                     s.get()
-                        .is_none_or(|a| now.saturating_duration_since(a.as_of) <= budget)
+                        .is_none_or(|a| now.saturating_duration_since(a.as_of()) <= budget)
                 });
             }
             let fresh = slots
@@ -103,14 +114,14 @@ impl GateCache {
     /// Stores an authoritative answer (the primary's stock right after a commit), unless a
     /// newer one is already there.
     pub fn put(&self, product: &ProductId, answer: Answer) {
-        if self.floor(product).is_some_and(|f| answer.as_of < f) {
+        if self.floor(product).is_some_and(|f| answer.as_of() < f) {
             return;
         }
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let newer = slots
             .get(product)
             .and_then(|s| s.get())
-            .is_some_and(|a| a.as_of > answer.as_of);
+            .is_some_and(|a| a.as_of() > answer.as_of());
         if !newer {
             slots.insert(product.clone(), Arc::new(OnceCell::new_with(Some(answer))));
         }
@@ -121,7 +132,7 @@ impl GateCache {
         let now = Instant::now();
         {
             let mut floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
-            floors.retain(|_, at| now.saturating_duration_since(*at) <= self.budget * 4);
+            floors.retain(|_, at| now.saturating_duration_since(*at) <= self.keep_floors);
             floors.insert(product.clone(), now);
         }
         self.slots
@@ -142,25 +153,23 @@ impl GateCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::Reason;
-    use crate::routing::policy::QueryClass;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn answer(available: i32, as_of: Instant) -> Answer {
         Answer {
             available: Some(available),
-            route: Route::primary(
+            route: Route::example(
                 QueryClass::StockGate,
-                Reason::PrimaryOnly,
+                "primary",
                 chrono::Utc::now(),
+                Instant::now().saturating_duration_since(as_of),
             ),
-            as_of,
         }
     }
 
     #[tokio::test]
     async fn concurrent_misses_share_one_read_and_answers_expire_with_the_budget() {
-        let cache = Arc::new(GateCache::new(Duration::from_millis(250)));
+        let cache = Arc::new(GateCache::default());
         let reads = Arc::new(AtomicUsize::new(0));
         let id = ProductId::parse("p").expect("valid");
         let fetch = |reads: Arc<AtomicUsize>| async move {
@@ -189,12 +198,12 @@ mod tests {
             .await
             .expect("fetches");
         assert_eq!((a.available, reads.load(Ordering::SeqCst)), (Some(7), 2));
-        assert!(a.route.stale_by < Duration::from_millis(250));
+        assert!(a.route.stale_by() < Duration::from_millis(250));
     }
 
     #[tokio::test]
     async fn a_newer_put_wins_and_invalidate_forces_a_read() {
-        let cache = GateCache::new(Duration::from_millis(250));
+        let cache = GateCache::default();
         let id = ProductId::parse("p").expect("valid");
         let now = Instant::now();
         cache.put(&id, answer(5, now));

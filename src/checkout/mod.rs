@@ -241,8 +241,7 @@ pub struct Batching {
 
 impl Checkout {
     pub fn new(db: Db, metrics: Metrics, batching: Batching, rate_per_user: u32) -> Self {
-        let budget = QueryClass::StockGate.policy().budget.unwrap_or_default();
-        let cache = Arc::new(GateCache::new(budget));
+        let cache = Arc::new(GateCache::default());
         let coalescer = Coalescer::new(
             db.clone(),
             metrics.clone(),
@@ -281,7 +280,7 @@ impl Checkout {
             }
         };
         let now = Instant::now();
-        let keep = QueryClass::StockGate.policy().budget.unwrap_or_default() * 4;
+        let keep = QueryClass::StockGate.policy().marks_kept_for();
         let mut map = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, (_, at)| now.duration_since(*at) <= keep);
         for product in products {
@@ -492,17 +491,9 @@ impl Checkout {
                         }
                     })
                     .await?;
-                // The replica's state when the query was sent (the router's stamp), not
-                // "now minus the staleness at routing", which loses the query's latency.
-                let as_of = read.route.as_of_instant.unwrap_or_else(|| {
-                    Instant::now()
-                        .checked_sub(read.route.stale_by)
-                        .unwrap_or_else(Instant::now)
-                });
                 Ok::<_, DbError>(Answer {
                     available: read.value,
                     route: read.route,
-                    as_of,
                 })
             })
             .await?;

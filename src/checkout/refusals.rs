@@ -47,7 +47,7 @@ impl Refusals {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send((req, reply))
-            .map_err(|_| DbError::Unavailable("the refusal worker stopped".into()))?;
+            .map_err(|_| DbError::Internal("the refusal worker stopped".into()))?;
         // Dropped only if the claim's task died mid-statement: it may have committed.
         rx.await.map_err(|_| CheckoutError::OutcomeUnknown)?
     }
@@ -83,7 +83,8 @@ async fn worker(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<(Order
 async fn claim(db: &Db, reqs: &[&OrderRequest]) -> Vec<Result<Placed, CheckoutError>> {
     let fail = |e: &CheckoutError| match e {
         CheckoutError::OutcomeUnknown => CheckoutError::OutcomeUnknown,
-        other => CheckoutError::Db(DbError::Unavailable(other.to_string())),
+        CheckoutError::Db(e) => CheckoutError::Db(e.shared()),
+        other => CheckoutError::Db(DbError::Internal(other.to_string())),
     };
     let claimed = match insert(db, reqs).await {
         Ok(claimed) => claimed,
@@ -172,7 +173,7 @@ async fn insert<'r>(
         .map_err(|e| {
             if matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
                 // Never sent: nothing was written.
-                CheckoutError::Db(DbError::Unavailable(e.to_string()))
+                CheckoutError::from(e)
             } else if is_connection_error(&e) {
                 // The statement may have committed before the connection went.
                 CheckoutError::OutcomeUnknown

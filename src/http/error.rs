@@ -147,6 +147,7 @@ impl From<Invalid> for ApiError {
     }
 }
 
+/// Every database failure's answer, in one place.
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
         match e {
@@ -157,44 +158,34 @@ impl From<DbError> for ApiError {
                     "the database is not answering; retry shortly",
                 )
             }
+            DbError::Busy(why) => {
+                tracing::warn!(%why, "database busy");
+                ApiError::unavailable("BUSY", "the database is busy; retry shortly")
+            }
+            DbError::Conflict(why) => {
+                tracing::warn!(%why, "a concurrent change won");
+                ApiError::unavailable("CONFLICT_RETRY", "a concurrent change won; retry")
+            }
             DbError::NoFreshReplica(class) => ApiError::unavailable(
                 "NO_FRESH_REPLICA",
                 format!("no replica is fresh enough for {class}; retry shortly"),
             ),
-            DbError::Query(e) => ApiError::from(e),
+            DbError::Internal(why) => ApiError::Internal(anyhow::anyhow!(why)),
+            // numeric_value_out_of_range: a sum that would pass 2^31.
+            DbError::Query(sqlx::Error::Database(db)) if db.code().as_deref() == Some("22003") => {
+                ApiError::invalid(
+                    "VALUE_OUT_OF_RANGE",
+                    "the resulting value would be out of range",
+                )
+            }
+            DbError::Query(e) => ApiError::Internal(e.into()),
         }
     }
 }
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        if crate::routing::is_connection_error(&e) || crate::routing::is_read_only_node(&e) {
-            return ApiError::from(DbError::Unavailable(e.to_string()));
-        }
-        if let sqlx::Error::Database(db) = &e {
-            match db.code().as_deref() {
-                // numeric_value_out_of_range: a sum that would pass 2^31.
-                Some("22003") => {
-                    return ApiError::invalid(
-                        "VALUE_OUT_OF_RANGE",
-                        "the resulting value would be out of range",
-                    );
-                }
-                // lock_not_available / query_canceled (our lock and statement timeouts).
-                Some("55P03") | Some("57014") => {
-                    return ApiError::unavailable("BUSY", "the database is busy; retry shortly");
-                }
-                // serialization_failure / deadlock_detected: safe to retry.
-                Some("40001") | Some("40P01") => {
-                    return ApiError::unavailable(
-                        "CONFLICT_RETRY",
-                        "a concurrent change won; retry",
-                    );
-                }
-                _ => {}
-            }
-        }
-        ApiError::Internal(e.into())
+        DbError::from(e).into()
     }
 }
 

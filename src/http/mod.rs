@@ -192,12 +192,12 @@ pub fn stated<T: Serialize>(status: StatusCode, body: T, route: &Route) -> Respo
             body,
             as_of: route.as_of_rfc3339(),
             stale_by_ms: route.stale_by_ms(),
-            served_by: route.served_by.clone(),
+            served_by: route.served_by().to_owned(),
         }),
     )
         .into_response();
     let h = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&route.served_by) {
+    if let Ok(v) = HeaderValue::from_str(route.served_by()) {
         h.insert(HeaderName::from_static("x-served-by"), v);
     }
     h.insert(
@@ -206,7 +206,7 @@ pub fn stated<T: Serialize>(status: StatusCode, body: T, route: &Route) -> Respo
     );
     h.insert(
         HeaderName::from_static("x-route-reason"),
-        HeaderValue::from_static(route.reason.as_str()),
+        HeaderValue::from_static(route.reason().as_str()),
     );
     response
 }

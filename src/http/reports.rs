@@ -229,11 +229,11 @@ fn revenue_text(r: &Revenue, route: &Route, produced: DateTime<Utc>) -> String {
          It includes every order committed before {} UTC; later orders may also be included.\n",
         r.date,
         r.order_count,
-        route.as_of.format("%H:%M:%S"),
-        humanize(route.stale_by),
+        route.as_of().format("%H:%M:%S"),
+        humanize(route.stale_by()),
         produced.format("%H:%M:%S"),
-        route.served_by,
-        route.as_of.format("%H:%M:%S%.3f"),
+        route.served_by(),
+        route.as_of().format("%H:%M:%S%.3f"),
     )
 }
 
@@ -322,8 +322,10 @@ async fn export_orders(
             .map(parse_instant)
             .transpose()?
             .unwrap_or_else(|| Utc::now() + chrono::Duration::days(1));
-    let (replica, route) = state.db.route(QueryClass::Export, &ReadCtx::none()).await?;
-    let pool = state.db.pool_for(replica);
+    let (pool, route) = state
+        .db
+        .stream(QueryClass::Export, &ReadCtx::none())
+        .await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
     let limit = state.db.class_timeout(QueryClass::Export);
     tokio::spawn(async move {
@@ -352,11 +354,10 @@ async fn export_orders(
         header::CONTENT_DISPOSITION,
         HeaderValue::from_static("attachment; filename=\"orders.csv\""),
     );
-    if let Ok(v) = HeaderValue::from_str(&route.as_of.to_rfc3339_opts(SecondsFormat::Millis, true))
-    {
+    if let Ok(v) = HeaderValue::from_str(&route.as_of_rfc3339()) {
         h.insert("x-as-of", v);
     }
-    if let Ok(v) = HeaderValue::from_str(&route.served_by) {
+    if let Ok(v) = HeaderValue::from_str(route.served_by()) {
         h.insert("x-served-by", v);
     }
     h.insert("x-stale-by-ms", HeaderValue::from(route.stale_by_ms()));
@@ -434,7 +435,6 @@ async fn stream_csv(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::Reason;
     use std::time::Duration;
 
     #[test]
@@ -443,13 +443,12 @@ mod tests {
             .with_ymd_and_hms(2026, 11, 29, 17, 0, 3)
             .single()
             .expect("valid");
-        let mut route = Route::primary(
+        let route = Route::example(
             QueryClass::RevenueReport,
-            Reason::FreshReplica,
-            produced - chrono::Duration::minutes(3),
+            "replica-2",
+            produced,
+            Duration::from_secs(180),
         );
-        route.served_by = "replica-2".into();
-        route.stale_by = Duration::from_secs(180);
         let r = Revenue {
             date: "2026-11-29".into(),
             total_cents: 123_456,

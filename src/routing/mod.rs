@@ -38,29 +38,81 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
-/// A database failure as the router sees it.
+/// A database failure, said as what happened. Classified once, here, from the driver's
+/// error; answered once, in `http::error`.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    /// The primary (or every place that could answer) is unreachable or saturated.
+    /// No place can answer: the primary is unreachable or refusing connections, the cluster
+    /// has no leader, or a write met a node in recovery. Nothing was done.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The database answered, but not in time: our pool had no connection in time, a lock
+    /// or statement timeout fired, or it has too many connections. Nothing was done.
+    #[error("database busy: {0}")]
+    Busy(String),
+    /// A concurrent transaction won (deadlock or serialization failure): nothing was done,
+    /// and running the same transaction again is safe.
+    #[error("a concurrent change won: {0}")]
+    Conflict(String),
     /// The class refuses to read the primary and no replica is fresh enough.
     #[error("no replica is fresh enough for {0}")]
     NoFreshReplica(QueryClass),
+    /// Something that should not happen did: an invariant broke or a worker vanished.
+    #[error("internal: {0}")]
+    Internal(String),
+    /// The database refused the statement for a reason of its own (a row-level rule, or a
+    /// bug in the query): the caller may know what it means.
     #[error(transparent)]
     Query(sqlx::Error),
 }
 
 impl From<sqlx::Error> for DbError {
     fn from(e: sqlx::Error) -> Self {
-        // 25006 read_only_sql_transaction: a write met a node in recovery (a leader demoted
-        // under an open connection). Nothing was written; the next leader will answer.
-        if is_connection_error(&e) || is_read_only_node(&e) {
+        if is_conflict(&e) {
+            DbError::Conflict(e.to_string())
+        } else if is_busy(&e) {
+            DbError::Busy(e.to_string())
+        } else if is_connection_error(&e) || is_read_only_node(&e) {
+            // 25006 read_only_sql_transaction: a write met a node in recovery (a leader
+            // demoted under an open connection). Nothing was written; the next leader will.
             DbError::Unavailable(e.to_string())
         } else {
             DbError::Query(e)
         }
     }
+}
+
+impl DbError {
+    /// The same failure, for every request of a batch that shared it (`sqlx::Error` is not
+    /// `Clone`): a driver error keeps its kind, its text becomes internal.
+    pub fn shared(&self) -> DbError {
+        match self {
+            DbError::Unavailable(s) => DbError::Unavailable(s.clone()),
+            DbError::Busy(s) => DbError::Busy(s.clone()),
+            DbError::Conflict(s) => DbError::Conflict(s.clone()),
+            DbError::NoFreshReplica(c) => DbError::NoFreshReplica(*c),
+            DbError::Internal(s) => DbError::Internal(s.clone()),
+            DbError::Query(e) => DbError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// Errors that say "too busy now", as opposed to "not there" or "this query is wrong".
+fn is_busy(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut => true,
+        // 55P03 lock_not_available, 57014 query_canceled (our lock and statement timeouts),
+        // 53300 too_many_connections.
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("55P03" | "57014" | "53300"))
+        }
+        _ => false,
+    }
+}
+
+/// 40001 serialization_failure, 40P01 deadlock_detected: safe to run again.
+fn is_conflict(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
 }
 
 /// Errors that say "this server is not answering", as opposed to "this query is wrong".
@@ -565,7 +617,23 @@ impl Db {
     }
 
     /// Decides where a read of `class` goes, without running it.
-    pub async fn route(
+    pub async fn route(&self, class: QueryClass, ctx: &ReadCtx) -> Result<Route, DbError> {
+        Ok(self.place(class, ctx).await?.1)
+    }
+
+    /// A read of `class` that streams (an export): where it goes, and a pool there. The
+    /// stream runs outside the router's retries: a failure mid-stream ends it.
+    pub async fn stream(
+        &self,
+        class: QueryClass,
+        ctx: &ReadCtx,
+    ) -> Result<(ReadPool, Route), DbError> {
+        let (replica, route) = self.place(class, ctx).await?;
+        Ok((self.pool_for(replica), route))
+    }
+
+    /// The replica (or `None`: the primary) a read of `class` goes to, and its route.
+    async fn place(
         &self,
         class: QueryClass,
         ctx: &ReadCtx,
@@ -589,12 +657,7 @@ impl Db {
             match self.inner.ryw.get(user).await {
                 Ok(lsn) => min_lsn = min_lsn.max(lsn),
                 Err(e) => {
-                    self.inner
-                        .metrics
-                        .ryw_store_failures
-                        .with_label_values(&["get"])
-                        .inc();
-                    tracing::warn!(error = %e, user = %user, "read-your-writes store unavailable; reading the primary");
+                    self.ryw_failed("get", user, &e, "reading the primary");
                     return Err(
                         self.decided(self.primary_route(class, Reason::RywStoreUnavailable))
                     );
@@ -607,10 +670,7 @@ impl Db {
     /// A primary route whose `as_of` is now (before the query is sent).
     fn primary_route(&self, class: QueryClass, reason: Reason) -> Route {
         let now = Instant::now();
-        Route {
-            as_of_instant: Some(now),
-            ..Route::primary(class, reason, self.inner.time.wall(now))
-        }
+        Route::primary(class, reason, now, self.inner.time.wall(now))
     }
 
     /// Where a read of `class` at `min_lsn` goes, skipping the replicas in `excluded`.
@@ -643,7 +703,7 @@ impl Db {
                     reason: Reason::FreshReplica,
                     as_of: self.inner.time.wall(as_of),
                     stale_by: now.saturating_duration_since(as_of),
-                    as_of_instant: Some(as_of),
+                    as_of_instant: as_of,
                 };
                 Ok((Some(i), self.decided(route)))
             }
@@ -681,21 +741,19 @@ impl Db {
     /// The route of what a primary transaction read while it held its row lock (the stock
     /// an order batch left behind): as of `locked_at`, when the lock was taken.
     pub fn committed_route(&self, class: QueryClass, locked_at: Instant) -> Route {
-        Route {
-            as_of: self.wall(locked_at),
-            stale_by: locked_at.elapsed(),
-            ..Route::primary(class, Reason::InTransaction, self.now_utc())
-        }
+        Route::primary(
+            class,
+            Reason::InTransaction,
+            locked_at,
+            self.wall(locked_at),
+        )
+        .restated(Instant::now())
     }
 
     /// The route of a write's answer: read back on the primary in the write's own
     /// transaction or right after its commit (restock, settings, profile).
     pub fn written_route(&self) -> Route {
-        self.decided(Route::primary(
-            QueryClass::Primary,
-            Reason::PrimaryOnly,
-            self.now_utc(),
-        ))
+        self.decided(self.primary_route(QueryClass::Primary, Reason::PrimaryOnly))
     }
 
     /// A route for reads that run inside a primary transaction the caller already holds.
@@ -797,7 +855,7 @@ impl Db {
         };
         let mut route = Route {
             as_of: self.inner.time.wall(as_of),
-            as_of_instant: Some(as_of),
+            as_of_instant: as_of,
             ..route
         };
         let outcome = tokio::time::timeout(timeout, f(ReadPool(r.pool.clone()))).await;
@@ -851,8 +909,8 @@ impl Db {
         self.on_primary(route, &f).await
     }
 
-    /// The pool a route chose, for reads that stream (exports) and cannot be retried.
-    pub fn pool_for(&self, replica: Option<usize>) -> ReadPool {
+    /// The pool of a placed read.
+    fn pool_for(&self, replica: Option<usize>) -> ReadPool {
         match replica {
             Some(i) => ReadPool(self.inner.replicas[i].pool.clone()),
             None => ReadPool(self.inner.primary.current().clone()),
@@ -914,35 +972,42 @@ impl Db {
         {
             Ok(Ok(lsn)) => Some(lsn),
             Ok(Err(e)) => {
-                self.count_position_failure(user, &e.to_string());
+                self.ryw_failed("position", user, &e, "pinning the user to the primary");
                 None
             }
             Err(_) => {
-                self.count_position_failure(user, "timed out");
+                self.ryw_failed(
+                    "position",
+                    user,
+                    &"timed out",
+                    "pinning the user to the primary",
+                );
                 None
             }
         };
         let pin = lsn.unwrap_or(PRIMARY_ONLY);
         if let Err(e) = self.inner.ryw.advance(user, pin).await {
-            self.inner
-                .metrics
-                .ryw_store_failures
-                .with_label_values(&["advance"])
-                .inc();
-            tracing::warn!(error = %e, user = %user, "could not record a write for read-your-writes; waiting until no replica without it can serve the user");
+            self.ryw_failed(
+                "advance",
+                user,
+                &e,
+                "waiting until no replica without the write can serve the user",
+            );
             let waited = self.wait_out_replicas_behind(pin, committed).await;
             tracing::info!(user = %user, ?waited, "write acknowledged without the shared store");
         }
         lsn
     }
 
-    fn count_position_failure(&self, user: &UserId, error: &str) {
+    /// The one place a read-your-writes failure is counted and logged: `step` is what
+    /// failed (`get`, `advance`, `position`), `then` what the service does instead.
+    fn ryw_failed(&self, step: &str, user: &UserId, error: &dyn std::fmt::Display, then: &str) {
         self.inner
             .metrics
             .ryw_store_failures
-            .with_label_values(&["position"])
+            .with_label_values(&[step])
             .inc();
-        tracing::warn!(%error, user = %user, "could not read the primary's position after a committed write; pinning the user to the primary");
+        tracing::warn!(%error, user = %user, step, "read-your-writes step failed; {then}");
     }
 
     /// Waits until every replica has replayed `lsn` (as this instance's monitor sees it) or

@@ -61,6 +61,21 @@ pub struct Policy {
     pub when_no_fresh_replica: WhenNoFreshReplica,
 }
 
+impl Policy {
+    /// The most staleness a replica answer of this class may carry (zero for the primary,
+    /// unbounded — `Duration::MAX` — for a class without a budget).
+    pub fn budget(&self) -> Duration {
+        self.budget.unwrap_or(Duration::MAX)
+    }
+
+    /// How long a mark this class's reads must respect (a product reopened by a restock,
+    /// an invalidated cached answer) is kept: four budgets, well past the moment after
+    /// which no answer the class may serve can predate it.
+    pub fn marks_kept_for(&self) -> Duration {
+        self.budget().saturating_mul(4)
+    }
+}
+
 fn ser_budget<S: serde::Serializer>(b: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
     match b {
         Some(d) => s.serialize_u64(d.as_millis() as u64),

@@ -57,22 +57,23 @@ impl Reason {
     }
 }
 
-/// Where a read was served and what moment it describes.
+/// Where a read was served and what moment it describes. Only `routing` makes one; the rest
+/// of the service reads it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Route {
-    pub class: QueryClass,
+    pub(super) class: QueryClass,
     /// `"primary"` or the replica's name.
-    pub served_by: String,
-    pub reason: Reason,
+    pub(super) served_by: String,
+    pub(super) reason: Reason,
     /// Every commit acknowledged before this moment is included in the answer.
-    pub as_of: DateTime<Utc>,
+    pub(super) as_of: DateTime<Utc>,
     /// `now − as_of` when the answer was produced.
     #[serde(serialize_with = "ser_ms")]
-    pub stale_by: Duration,
-    /// `as_of` on the monotonic clock, when the router knows it: lets the answer's
-    /// staleness be restated at the moment it is produced.
+    pub(super) stale_by: Duration,
+    /// `as_of` on the monotonic clock: lets the answer's staleness be restated at the moment
+    /// it is produced, and a cached answer expire by it.
     #[serde(skip)]
-    pub as_of_instant: Option<Instant>,
+    pub(super) as_of_instant: Instant,
 }
 
 fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -85,28 +86,81 @@ pub fn ceil_ms(d: Duration) -> u64 {
 }
 
 impl Route {
-    pub fn primary(class: QueryClass, reason: Reason, now: DateTime<Utc>) -> Route {
+    /// The primary's answer as of `at` (`wall` is the same moment on the wall clock).
+    pub(super) fn primary(
+        class: QueryClass,
+        reason: Reason,
+        at: Instant,
+        wall: DateTime<Utc>,
+    ) -> Route {
         Route {
             class,
             served_by: "primary".into(),
             reason,
-            as_of: now,
+            as_of: wall,
             stale_by: Duration::ZERO,
-            as_of_instant: None,
+            as_of_instant: at,
+        }
+    }
+
+    /// A route as a test needs it: served by `served_by`, `stale_by` old at `now`.
+    #[cfg(test)]
+    pub(crate) fn example(
+        class: QueryClass,
+        served_by: &str,
+        now: DateTime<Utc>,
+        stale_by: Duration,
+    ) -> Route {
+        let at = Instant::now();
+        Route {
+            class,
+            served_by: served_by.into(),
+            reason: if served_by == "primary" {
+                Reason::PrimaryOnly
+            } else {
+                Reason::FreshReplica
+            },
+            as_of: now - chrono::Duration::from_std(stale_by).unwrap_or_default(),
+            stale_by,
+            as_of_instant: at.checked_sub(stale_by).unwrap_or(at),
         }
     }
 
     /// The same answer as it should be stated at `now`: same `as_of`, staleness measured
-    /// afresh (a route without a monotonic `as_of` keeps what it has).
+    /// afresh.
     pub fn restated(mut self, now: Instant) -> Route {
-        if let Some(at) = self.as_of_instant {
-            self.stale_by = now.saturating_duration_since(at);
-        }
+        self.stale_by = now.saturating_duration_since(self.as_of_instant);
         self
+    }
+
+    pub fn class(&self) -> QueryClass {
+        self.class
+    }
+
+    pub fn served_by(&self) -> &str {
+        &self.served_by
+    }
+
+    pub fn reason(&self) -> Reason {
+        self.reason
     }
 
     pub fn is_primary(&self) -> bool {
         self.served_by == "primary"
+    }
+
+    /// Every commit acknowledged before this moment is included.
+    pub fn as_of(&self) -> DateTime<Utc> {
+        self.as_of
+    }
+
+    /// `as_of` on the monotonic clock.
+    pub fn as_of_instant(&self) -> Instant {
+        self.as_of_instant
+    }
+
+    pub fn stale_by(&self) -> Duration {
+        self.stale_by
     }
 
     pub fn stale_by_ms(&self) -> u64 {
@@ -137,7 +191,12 @@ mod tests {
 
     #[test]
     fn a_route_reads_as_a_sentence() {
-        let mut r = Route::primary(QueryClass::StockGate, Reason::NoFreshReplica, Utc::now());
+        let mut r = Route::primary(
+            QueryClass::StockGate,
+            Reason::NoFreshReplica,
+            Instant::now(),
+            Utc::now(),
+        );
         assert_eq!(
             r.to_string(),
             "stock_gate -> primary (no_fresh_replica, 0 ms stale)"
@@ -158,8 +217,7 @@ mod tests {
         assert_eq!(ceil_ms(Duration::from_millis(12)), 12);
         assert_eq!(ceil_ms(Duration::ZERO), 0);
         let at = Instant::now();
-        let mut r = Route::primary(QueryClass::StockGate, Reason::PrimaryOnly, Utc::now());
-        r.as_of_instant = Some(at);
+        let r = Route::primary(QueryClass::StockGate, Reason::PrimaryOnly, at, Utc::now());
         let later = r.restated(at + Duration::from_micros(250_400));
         assert_eq!(later.stale_by_ms(), 251);
     }

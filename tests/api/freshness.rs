@@ -443,8 +443,8 @@ async fn a_slow_report_neither_evicts_its_replica_nor_falls_back_to_the_primary(
     let route = sleep_on_replica(&app, QueryClass::RevenueReport, 1.0)
         .await
         .unwrap();
-    assert!(route.served_by.starts_with("replica-"), "{route}");
-    assert_eq!(route.reason, Reason::FreshReplica, "{route}");
+    assert!(route.served_by().starts_with("replica-"), "{route}");
+    assert_eq!(route.reason(), Reason::FreshReplica, "{route}");
     for (name, state, _) in app.replica_states().await {
         assert_eq!(state, "healthy", "{name} after a slow report");
     }
@@ -488,7 +488,7 @@ async fn a_full_local_pool_is_congestion_not_a_replica_failure() {
         .await
         .unwrap();
     assert_eq!(
-        (route.served_by.as_str(), route.reason),
+        (route.served_by(), route.reason()),
         ("primary", Reason::ReplicaBusy),
         "{route}"
     );
@@ -497,7 +497,7 @@ async fn a_full_local_pool_is_congestion_not_a_replica_failure() {
     }
     for h in holders {
         let route = h.await.unwrap().unwrap();
-        assert!(route.served_by.starts_with("replica-"), "{route}");
+        assert!(route.served_by().starts_with("replica-"), "{route}");
     }
 }
 
