@@ -32,8 +32,10 @@ async fn main() -> anyhow::Result<()> {
         config.database_url.is_some(),
         "set DATABASE_URL etc.: eval \"$(./dev cluster env | sed 's/^/export /')\""
     );
-    let (state, _monitor) = stockgate::startup::build_state(&config, Arc::new(SystemClock)).await?;
-    let db = &state.db;
+    let metrics = stockgate::metrics::Metrics::new();
+    let (db, _monitor) =
+        stockgate::startup::build_db(&config, Arc::new(SystemClock), &metrics).await?;
+    let db = &db;
     let start = Instant::now();
     while !db
         .replica_status()

@@ -75,7 +75,7 @@ impl Quantity {
     pub const MAX: i64 = 10_000;
 
     pub fn parse(n: &serde_json::Number) -> Result<Self, Invalid> {
-        match n.as_i64() {
+        match whole(n) {
             Some(q) => Self::from_i64(q),
             None => Err(invalid(
                 "INVALID_QUANTITY",
@@ -158,7 +158,7 @@ impl HoldTtl {
     pub const DEFAULT: HoldTtl = HoldTtl(600);
 
     pub fn parse(n: &serde_json::Number) -> Result<Self, Invalid> {
-        match n.as_u64() {
+        match whole(n) {
             Some(s) if (1..=3600).contains(&s) => Ok(HoldTtl(s as u32)),
             _ => Err(invalid(
                 "INVALID_TTL",
@@ -172,8 +172,20 @@ impl HoldTtl {
     }
 }
 
+/// A JSON number that is a whole number: `3`, and also `3.0` (JSON Schema, which the
+/// OpenAPI document speaks, counts `3.0` as an integer, so the parsers agree with it).
+/// `2.5` is not; neither is a float beyond ±2^53, where whole and rounded look alike.
+fn whole(n: &serde_json::Number) -> Option<i64> {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    n.as_i64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && f.abs() <= EXACT)
+            .map(|f| f as i64)
+    })
+}
+
 fn parse_amount(n: &serde_json::Number, code: &'static str, what: &str) -> Result<i32, Invalid> {
-    match n.as_i64() {
+    match whole(n) {
         Some(v) if (0..=i32::MAX as i64).contains(&v) => Ok(v as i32),
         _ => Err(invalid(
             code,
@@ -437,7 +449,13 @@ mod tests {
             Quantity::parse(&num(json!(10000))).map(Quantity::get),
             Ok(10000)
         );
+        // Whole numbers written as floats are integers (as JSON Schema counts them).
+        assert_eq!(Quantity::parse(&num(json!(3.0))).map(Quantity::get), Ok(3));
+        assert_eq!(HoldTtl::parse(&num(json!(60.0))).map(HoldTtl::secs), Ok(60));
+        assert!(PriceCents::parse(&num(json!(0.0))).is_ok());
         for bad in [
+            json!(0.0),
+            json!(2.5),
             json!(0),
             json!(-1),
             json!(10001),

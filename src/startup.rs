@@ -26,22 +26,29 @@ pub struct Application {
     _sweeper: crate::checkout::SweeperGuard,
 }
 
-/// Builds the router (pools, store, monitor) without an HTTP listener: for `stockgate
-/// replicas` and `import`, which need the same freshness signal as the service.
-pub async fn build_state(
+/// The router alone (pools, read-your-writes store, freshness monitor): for `stockgate
+/// replicas`, `import` and the router benchmark, which need the service's freshness signal
+/// and nothing of its HTTP side.
+pub async fn build_db(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+    metrics: &Metrics,
+) -> anyhow::Result<(Db, MonitorGuard)> {
+    let ryw = ryw_store(config, clock)?;
+    let db = Db::new(routing_settings(config).await?, metrics.clone(), ryw)?;
+    let monitor = db.start_monitor(config.monitor_interval);
+    Ok((db, monitor))
+}
+
+/// The application's state: the router, tokens, checkout and import jobs.
+async fn build_state(
     config: &Config,
     clock: Arc<dyn Clock>,
 ) -> anyhow::Result<(AppState, MonitorGuard)> {
     let metrics = Metrics::new();
     let imports = http::Jobs::new(clock.clone());
-    let ryw = ryw_store(config, clock)?;
-    let db = Db::new(routing_settings(config).await?, metrics.clone(), ryw)?;
-    let monitor = db.start_monitor(config.monitor_interval);
-    let tokens = Tokens::new(
-        config
-            .require_token_secret()
-            .unwrap_or("token-secret-not-configured!"),
-    );
+    let (db, monitor) = build_db(config, clock, &metrics).await?;
+    let tokens = Tokens::new(config.require_token_secret()?);
     let checkout = Checkout::new(
         db.clone(),
         metrics.clone(),

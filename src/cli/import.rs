@@ -48,7 +48,8 @@ pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
     config.require_database_url()?;
     let (rows, skipped) = read_rows(&args)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (state, _monitor) = crate::startup::build_state(config, clock.clone()).await?;
+    let metrics = crate::metrics::Metrics::new();
+    let (db, _monitor) = crate::startup::build_db(config, clock.clone(), &metrics).await?;
     // Let the monitor take its first samples so the first batch is judged on real data.
     tokio::time::sleep(config.monitor_interval * 4 + Duration::from_millis(100)).await;
     let progress: SharedProgress = Arc::default();
@@ -58,8 +59,8 @@ pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
     let reporter = tokio::spawn(report_progress(progress.clone()));
     // Another process: the servers' gates see risen stock when their cached answers expire.
     let result = run_engine(
-        &state.db,
-        &state.metrics,
+        &db,
+        &metrics,
         Announce::Nobody,
         &rows,
         args.options(),

@@ -108,10 +108,15 @@ async fn serve(config: &Config) -> Result<(), Failure> {
 /// `stockgate replicas`: one line per replica, as the freshness monitor measures it.
 async fn replicas(config: &Config) -> Result<(), Failure> {
     config.require_database_url()?;
-    let (state, _monitor) = startup::build_state(config, Arc::new(SystemClock)).await?;
+    let (db, _monitor) = startup::build_db(
+        config,
+        Arc::new(SystemClock),
+        &crate::metrics::Metrics::new(),
+    )
+    .await?;
     // Give the monitor a few samples to measure with.
     tokio::time::sleep(config.monitor_interval * 6 + Duration::from_millis(200)).await;
-    let status = state.db.replica_status();
+    let status = db.replica_status();
     if status.is_empty() {
         println!(
             "no replicas configured (STOCKGATE_REPLICA_URLS is empty): every read goes to the primary"
