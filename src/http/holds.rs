@@ -7,27 +7,23 @@ use crate::auth::Caller;
 use crate::checkout::Order;
 use crate::checkout::holds::{Hold, HoldRequest};
 use crate::domain::HoldTtl;
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/holds", post(take))
-        .route("/v1/holds/{hold_id}", get(show).delete(release))
-        .route("/v1/holds/{hold_id}/confirm", post(confirm))
-        .route("/v1/admin/holds", get(held))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(take))
+        .routes(routes!(show, release))
+        .routes(routes!(confirm))
+        .routes(routes!(held))
 }
-
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(take, show, confirm, release, held))]
-pub(super) struct Api;
 
 #[derive(Deserialize, ToSchema)]
 struct NewHold {

@@ -8,26 +8,22 @@ use crate::auth::Caller;
 use crate::checkout::cart::CartRequest;
 use crate::checkout::{CheckoutError, Order, OrderRequest, Placed};
 use crate::domain::{Lines, ProductId, Quantity};
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::Number;
 use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/orders", post(place))
-        .route("/v1/orders/{order_id}", get(show))
-        .route("/v1/orders/{order_id}/cancel", post(cancel))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(place))
+        .routes(routes!(show))
+        .routes(routes!(cancel))
 }
-
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(place, show, cancel))]
-pub(super) struct Api;
 
 impl From<CheckoutError> for ApiError {
     fn from(e: CheckoutError) -> Self {
