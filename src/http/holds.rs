@@ -27,8 +27,7 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
 
 #[derive(Deserialize, ToSchema)]
 struct NewHold {
-    /// 1–50 lines, each product once.
-    #[schema(min_items = 1, max_items = 50)]
+    #[schema(schema_with = hold_lines)]
     lines: Vec<NewLine>,
     /// Seconds the units stay held (1–3600, default 600).
     #[schema(value_type = Option<i64>, minimum = 1, maximum = 3600, example = 600)]
@@ -36,6 +35,10 @@ struct NewHold {
     /// Admin tokens name the user they hold for; user tokens may omit it.
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     user_id: Option<String>,
+}
+
+fn hold_lines() -> utoipa::openapi::schema::ArrayBuilder {
+    super::orders::lines_schema("The units to hold.")
 }
 
 /// Hold units (all lines or none)

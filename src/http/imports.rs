@@ -21,6 +21,8 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
@@ -145,8 +147,10 @@ impl ImportJob {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct StartQuery {
-    /// Replica staleness to stay under, e.g. `5s`, `500ms` (default `5s`).
-    #[param(example = "5s")]
+    /// Replica staleness to stay under, e.g. `5s`, `500ms` (default `5s`): a number and
+    /// `ms`, `s` (the default unit), `m` or `h`, above 0 and at most ten years. The pattern
+    /// admits whole numbers 1–9999 of any unit, all of which the service takes.
+    #[param(example = "5s", pattern = "^[1-9][0-9]{0,3}(ms|s|m|h)?$")]
     lag_budget: Option<String>,
     /// Rows per transaction (default 1000).
     #[param(minimum = 1, maximum = 20000)]
@@ -157,6 +161,35 @@ struct StartQuery {
     wait_for_down: Option<bool>,
 }
 
+/// The body's schema: the CSV as a string with the pattern below.
+struct CsvFile;
+
+impl utoipa::PartialSchema for CsvFile {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(CSV_PATTERN))
+            .description(Some(CSV_BODY))
+            .into()
+    }
+}
+
+impl ToSchema for CsvFile {}
+
+/// What the CSV body's documented schema says, beside its pattern.
+const CSV_BODY: &str = "The header `product_id,name,price_cents,available_quantity`, then a \
+    line per product: its id (1–64 of `A-Z a-z 0-9 _ - .`, each once), its name (1–200 \
+    characters, no control characters; quoted if it holds a comma or a quote) and two whole \
+    numbers from 0 to 2147483647. The schema's pattern admits a file of at most one line \
+    with an unquoted name, which the service always takes; the service takes more.";
+
+/// A valid file of the header and at most one product (see [`CSV_BODY`]).
+const CSV_PATTERN: &str = concat!(
+    r"^product_id,name,price_cents,available_quantity\n",
+    r#"([A-Za-z0-9_.-]{1,64},[^,"\s\x00-\x1F\x7F-\x9F][^,"\r\n\x00-\x1F\x7F-\x9F]{0,199},"#,
+    r"[0-9]{1,9},[0-9]{1,9}\n)?$"
+);
+
 /// Start a bulk import (admin)
 ///
 /// The body is the CSV (`product_id,name,price_cents,available_quantity`, up to 64 MiB),
@@ -166,7 +199,7 @@ struct StartQuery {
     path = "/v1/admin/imports",
     tag = "admin",
     params(StartQuery),
-    request_body(content = String, content_type = "text/csv",
+    request_body(content = CsvFile, content_type = "text/csv",
         example = "product_id,name,price_cents,available_quantity\nmug-classic,Classic mug,1299,500\n"),
     security(("bearer" = [])),
     responses(
