@@ -248,11 +248,30 @@ fn humanize(d: std::time::Duration) -> String {
 #[into_params(parameter_in = Query)]
 struct ExportQuery {
     /// Orders created at or after: `YYYY-MM-DD` (UTC midnight) or RFC 3339 (default: all).
-    #[param(example = "2026-11-29")]
+    #[param(example = "2026-11-29", schema_with = day_or_instant)]
     from: Option<String>,
     /// Orders created before: `YYYY-MM-DD` (UTC midnight) or RFC 3339 (default: tomorrow).
-    #[param(example = "2026-11-30T00:00:00Z")]
+    #[param(example = "2026-11-30T00:00:00Z", schema_with = day_or_instant)]
     to: Option<String>,
+}
+
+/// What [`parse_instant`] takes: a `date` or a `date-time` (four-digit years, as both formats
+/// have them).
+fn day_or_instant() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{
+        KnownFormat, ObjectBuilder, OneOfBuilder, Schema, SchemaFormat, Type,
+    };
+    let string = |format| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(format)))
+    };
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(string(KnownFormat::Date))
+            .item(string(KnownFormat::DateTime))
+            .build(),
+    )
 }
 
 fn parse_instant(raw: &str) -> Result<DateTime<Utc>, ApiError> {

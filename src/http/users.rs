@@ -263,11 +263,13 @@ struct PutProfile {
         pattern = r"^[^\x00-\x1F\x7F-\x9F]*[^\s\x00-\x1F\x7F-\x9F][^\x00-\x1F\x7F-\x9F]*$"
     )]
     display_name: String,
-    /// `name@example.com`, at most 254 characters.
+    /// `name@example.com`, at most 254 bytes, the part before the `@` at most 64, no
+    /// whitespace or control characters. (The pattern admits the ASCII addresses, whose
+    /// characters are bytes; the service also takes other characters within those limits.)
     #[schema(
         max_length = 254,
         example = "ada@example.com",
-        pattern = r"^[^\s@]{1,64}@[^\s@.]+(\.[^\s@.]+)+$"
+        pattern = r"^[!-?A-~]{1,64}@[!-\-/-?A-~]+(\.[!-\-/-?A-~]+)+$"
     )]
     email: String,
 }
