@@ -2,51 +2,45 @@
 
 use super::responses::{Forbidden, Unauthorized, Unavailable};
 use super::{Admin, AppState, Json};
-use crate::routing::format_lsn;
-use crate::routing::policy::POLICY;
-use axum::Router;
+use crate::lsn::format_lsn;
+use crate::routing::freshness::ReplicaState;
+use crate::routing::patroni::ClusterStatus;
+use crate::routing::policy::{POLICY, Policy, Target, WhenNoFreshReplica};
+use crate::routing::{Db, ReplicaStatus};
 use axum::extract::State;
-use axum::routing::get;
-use serde_json::{Value, json};
+use serde::Serialize;
 use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/admin/replicas", get(replicas))
-        .route("/v1/admin/routing", get(routing))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(replicas))
+        .routes(routes!(routing))
 }
 
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(replicas, routing))]
-pub(super) struct Api;
-
-// The shapes below document what `replicas_json` and `routing` build with `json!`.
-
-#[allow(dead_code)]
-#[derive(ToSchema)]
+#[derive(Serialize, ToSchema)]
 struct ReplicasView {
     primary: PrimaryView,
     replicas: Vec<ReplicaView>,
     /// With `STOCKGATE_PATRONI_URLS`: the members, the leader and the timeline; else null.
-    cluster: Option<crate::routing::patroni::ClusterStatus>,
+    cluster: Option<ClusterStatus>,
 }
 
-#[allow(dead_code)]
-#[derive(ToSchema)]
+#[derive(Serialize, ToSchema)]
 struct PrimaryView {
     /// The primary's last sampled WAL position (`16/B374D848`); null before the first sample.
     lsn: Option<String>,
 }
 
-#[allow(dead_code)]
-#[derive(ToSchema)]
+#[derive(Serialize, ToSchema)]
 struct ReplicaView {
     /// `replica-1`, `replica-2`, … in `STOCKGATE_REPLICA_URLS` order; under Patroni, the
     /// member names (the leader's entry is `down`: it is not a replica).
     name: String,
     /// `healthy`, `lagging` (over the eviction threshold) or `down`.
-    #[schema(pattern = "^(healthy|lagging|down)$")]
-    state: String,
+    #[schema(value_type = String, pattern = "^(healthy|lagging|down)$")]
+    state: ReplicaState,
     /// `now - as_of`; null before the first sample.
     staleness_ms: Option<u64>,
     /// Primary position minus replay position.
@@ -59,59 +53,70 @@ struct ReplicaView {
     last_error: Option<String>,
 }
 
-#[allow(dead_code)]
-#[derive(ToSchema)]
+impl From<ReplicaStatus> for ReplicaView {
+    fn from(r: ReplicaStatus) -> Self {
+        ReplicaView {
+            name: r.name,
+            state: r.state,
+            staleness_ms: r.staleness.map(|d| d.as_millis() as u64),
+            lag_bytes: r.lag_bytes,
+            replay_lsn: r.replay_lsn.map(format_lsn),
+            as_of: r.as_of,
+            in_flight: r.in_flight as u64,
+            last_error: r.last_error,
+        }
+    }
+}
+
+impl ReplicasView {
+    fn of(db: &Db) -> Self {
+        ReplicasView {
+            primary: PrimaryView {
+                lsn: db.primary_lsn().map(format_lsn),
+            },
+            replicas: db.replica_status().into_iter().map(Into::into).collect(),
+            cluster: db.cluster_status(),
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
 struct RoutingView {
     classes: Vec<ClassPolicyView>,
     /// `in_process` or `redis`.
     #[schema(pattern = "^(in_process|redis)$")]
-    read_your_writes_store: String,
+    read_your_writes_store: &'static str,
     read_your_writes_store_healthy: bool,
     read_your_writes_ttl_ms: u64,
     /// Staleness at which a healthy replica becomes `lagging`.
     eviction_threshold_ms: u64,
 }
 
-#[allow(dead_code)]
-#[derive(ToSchema)]
+#[derive(Serialize, ToSchema)]
 struct ClassPolicyView {
     /// The query class, e.g. `stock_gate`.
-    name: String,
+    name: &'static str,
     /// `primary` or `replica`.
-    #[schema(pattern = "^(primary|replica)$")]
-    target: String,
+    #[schema(value_type = String, pattern = "^(primary|replica)$")]
+    target: Target,
     /// The most staleness a replica answer may carry; null: any replica that is not down.
     staleness_budget_ms: Option<u64>,
     read_your_writes: bool,
     /// `use_primary` or `refuse` (503).
-    #[schema(pattern = "^(use_primary|refuse)$")]
-    when_no_fresh_replica: String,
+    #[schema(value_type = String, pattern = "^(use_primary|refuse)$")]
+    when_no_fresh_replica: WhenNoFreshReplica,
 }
 
-/// The replicas' state as JSON (shared with `stockgate replicas`).
-pub fn replicas_json(state: &AppState) -> Value {
-    let replicas: Vec<Value> = state
-        .db
-        .replica_status()
-        .into_iter()
-        .map(|r| {
-            json!({
-                "name": r.name,
-                "state": r.state,
-                "staleness_ms": r.staleness.map(|d| d.as_millis() as u64),
-                "lag_bytes": r.lag_bytes,
-                "replay_lsn": r.replay_lsn.map(format_lsn),
-                "as_of": r.as_of,
-                "in_flight": r.in_flight,
-                "last_error": r.last_error,
-            })
-        })
-        .collect();
-    json!({
-        "primary": { "lsn": state.db.primary_lsn().map(format_lsn) },
-        "replicas": replicas,
-        "cluster": state.db.cluster_status(),
-    })
+impl From<&Policy> for ClassPolicyView {
+    fn from(p: &Policy) -> Self {
+        ClassPolicyView {
+            name: p.class.name(),
+            target: p.target,
+            staleness_budget_ms: p.budget.map(|d| d.as_millis() as u64),
+            read_your_writes: p.read_your_writes,
+            when_no_fresh_replica: p.when_no_fresh_replica,
+        }
+    }
 }
 
 /// Replica freshness (admin)
@@ -127,8 +132,8 @@ pub fn replicas_json(state: &AppState) -> Value {
         (status = 503, response = Unavailable),
     )
 )]
-async fn replicas(State(state): State<AppState>, _: Admin) -> Json<Value> {
-    Json(replicas_json(&state))
+async fn replicas(State(state): State<AppState>, _: Admin) -> Json<ReplicasView> {
+    Json(ReplicasView::of(&state.db))
 }
 
 /// The routing policy of every query class (admin)
@@ -144,24 +149,13 @@ async fn replicas(State(state): State<AppState>, _: Admin) -> Json<Value> {
         (status = 503, response = Unavailable),
     )
 )]
-async fn routing(State(state): State<AppState>, _: Admin) -> Json<Value> {
-    let classes: Vec<Value> = POLICY
-        .iter()
-        .map(|p| {
-            json!({
-                "name": p.class.name(),
-                "target": p.target,
-                "staleness_budget_ms": p.budget.map(|d| d.as_millis() as u64),
-                "read_your_writes": p.read_your_writes,
-                "when_no_fresh_replica": p.when_no_fresh_replica,
-            })
-        })
-        .collect();
-    Json(json!({
-        "classes": classes,
-        "read_your_writes_store": state.db.ryw().kind(),
-        "read_your_writes_store_healthy": state.db.ryw().healthy().await,
-        "read_your_writes_ttl_ms": state.db.ryw().ttl().as_millis() as u64,
-        "eviction_threshold_ms": state.db.thresholds().evict_after.as_millis() as u64,
-    }))
+async fn routing(State(state): State<AppState>, _: Admin) -> Json<RoutingView> {
+    let ryw = state.db.ryw();
+    Json(RoutingView {
+        classes: POLICY.iter().map(Into::into).collect(),
+        read_your_writes_store: ryw.kind(),
+        read_your_writes_store_healthy: ryw.healthy().await,
+        read_your_writes_ttl_ms: ryw.ttl().as_millis() as u64,
+        eviction_threshold_ms: state.db.thresholds().evict_after.as_millis() as u64,
+    })
 }

@@ -2,12 +2,12 @@
 //! `{"error": {"code": "SCREAMING_SNAKE_CASE", "message": "human sentence"}}`.
 //! 4xx carry a helpful message; 5xx carry none of the internals (those go to the log).
 
+use super::responses::ErrorBody;
 use crate::domain::Invalid;
 use crate::routing::DbError;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -122,9 +122,9 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(e) = &self {
             tracing::error!(error = ?e, "internal error");
         }
-        let mut body = json!({ "error": { "code": self.code(), "message": self.to_string() } });
-        if let ApiError::ShortLines(lines) = &self {
-            body["error"]["lines"] = lines.clone();
+        let mut body = ErrorBody::new(self.code(), self.to_string());
+        if let ApiError::ShortLines(lines) = self {
+            body.error.lines = Some(lines);
         }
         let mut response = (status, axum::Json(body)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {

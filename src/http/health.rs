@@ -2,33 +2,28 @@
 
 use super::responses::{ErrorBody, Unavailable};
 use super::{ApiError, AppState, Json};
-use axum::Router;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::routing::get;
-use serde_json::{Value, json};
+use serde::Serialize;
 use std::time::Duration;
 use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
 }
 
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(healthz, readyz, metrics))]
-pub(super) struct Api;
-
-/// What `healthz` and `readyz` build with `json!`.
-#[allow(dead_code)]
-#[derive(ToSchema)]
+/// What `healthz` and `readyz` answer.
+#[derive(Serialize, ToSchema)]
 struct HealthStatus {
     /// `ok` (alive) or `ready`.
     #[schema(pattern = "^(ok|ready)$")]
-    status: String,
+    status: &'static str,
 }
 
 /// Alive
@@ -41,8 +36,8 @@ struct HealthStatus {
         (status = 503, response = Unavailable),
     )
 )]
-async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+async fn healthz() -> Json<HealthStatus> {
+    Json(HealthStatus { status: "ok" })
 }
 
 /// Ready when the primary answers within a second.
@@ -56,11 +51,11 @@ async fn healthz() -> Json<Value> {
             headers(("Retry-After" = String, description = "Seconds to wait"))),
     )
 )]
-async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn readyz(State(state): State<AppState>) -> Result<Json<HealthStatus>, ApiError> {
     let pool = state.db.primary().pool()?;
     let ping = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(pool);
     match tokio::time::timeout(Duration::from_secs(1), ping).await {
-        Ok(Ok(_)) => Ok(Json(json!({ "status": "ready" }))),
+        Ok(Ok(_)) => Ok(Json(HealthStatus { status: "ready" })),
         _ => Err(ApiError::unavailable(
             "PRIMARY_UNAVAILABLE",
             "the primary is not answering",

@@ -7,32 +7,27 @@ use crate::auth::Caller;
 use crate::checkout::Order;
 use crate::checkout::holds::{Hold, HoldRequest};
 use crate::domain::HoldTtl;
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/holds", post(take))
-        .route("/v1/holds/{hold_id}", get(show).delete(release))
-        .route("/v1/holds/{hold_id}/confirm", post(confirm))
-        .route("/v1/admin/holds", get(held))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(take))
+        .routes(routes!(show, release))
+        .routes(routes!(confirm))
+        .routes(routes!(held))
 }
-
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(take, show, confirm, release, held))]
-pub(super) struct Api;
 
 #[derive(Deserialize, ToSchema)]
 struct NewHold {
-    /// 1–50 lines, each product once.
-    #[schema(min_items = 1, max_items = 50)]
+    #[schema(schema_with = hold_lines)]
     lines: Vec<NewLine>,
     /// Seconds the units stay held (1–3600, default 600).
     #[schema(value_type = Option<i64>, minimum = 1, maximum = 3600, example = 600)]
@@ -40,6 +35,10 @@ struct NewHold {
     /// Admin tokens name the user they hold for; user tokens may omit it.
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     user_id: Option<String>,
+}
+
+fn hold_lines() -> utoipa::openapi::schema::ArrayBuilder {
+    super::orders::lines_schema("The units to hold.")
 }
 
 /// Hold units (all lines or none)

@@ -10,21 +10,22 @@ use super::responses::{
 };
 use super::{Admin, ApiError, AppState, Json, Path, Query};
 use crate::clock::{Clock, SystemClock};
-use crate::import::{self, Announce, Options, SharedProgress};
-use axum::Router;
+use crate::import::{self, Announce, BadLine, Options, Row, SharedProgress};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 /// How long a finished job (and its id) stays answerable.
@@ -101,18 +102,11 @@ fn expires(ended: DateTime<Utc>) -> DateTime<Utc> {
 /// CSV bodies may be large; everything else keeps the 64 KiB limit.
 const IMPORT_BODY_LIMIT: usize = 64 * 1024 * 1024;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/v1/admin/imports",
-            post(start).layer(DefaultBodyLimit::max(IMPORT_BODY_LIMIT)),
-        )
-        .route("/v1/admin/imports/{job_id}", get(show).delete(stop))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(start).layer(DefaultBodyLimit::max(IMPORT_BODY_LIMIT)))
+        .routes(routes!(show, stop))
 }
-
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(start, show, stop))]
-pub(super) struct Api;
 
 /// What `start` answers.
 #[derive(Serialize, ToSchema)]
@@ -153,8 +147,10 @@ impl ImportJob {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct StartQuery {
-    /// Replica staleness to stay under, e.g. `5s`, `500ms` (default `5s`).
-    #[param(example = "5s")]
+    /// Replica staleness to stay under, e.g. `5s`, `500ms` (default `5s`): a number and
+    /// `ms`, `s` (the default unit), `m` or `h`, above 0 and at most ten years. The pattern
+    /// admits whole numbers 1–9999 of any unit, all of which the service takes.
+    #[param(example = "5s", pattern = "^[1-9][0-9]{0,3}(ms|s|m|h)?$")]
     lag_budget: Option<String>,
     /// Rows per transaction (default 1000).
     #[param(minimum = 1, maximum = 20000)]
@@ -165,6 +161,35 @@ struct StartQuery {
     wait_for_down: Option<bool>,
 }
 
+/// The body's schema: the CSV as a string with the pattern below.
+struct CsvFile;
+
+impl utoipa::PartialSchema for CsvFile {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(CSV_PATTERN))
+            .description(Some(CSV_BODY))
+            .into()
+    }
+}
+
+impl ToSchema for CsvFile {}
+
+/// What the CSV body's documented schema says, beside its pattern.
+const CSV_BODY: &str = "The header `product_id,name,price_cents,available_quantity`, then a \
+    line per product: its id (1–64 of `A-Z a-z 0-9 _ - .`, each once), its name (1–200 \
+    characters, no control characters; quoted if it holds a comma or a quote) and two whole \
+    numbers from 0 to 2147483647. The schema's pattern admits a file of at most one line \
+    with an unquoted name, which the service always takes; the service takes more.";
+
+/// A valid file of the header and at most one product (see [`CSV_BODY`]).
+const CSV_PATTERN: &str = concat!(
+    r"^product_id,name,price_cents,available_quantity\n",
+    r#"([A-Za-z0-9_.-]{1,64},[^,"\s\x00-\x1F\x7F-\x9F][^,"\r\n\x00-\x1F\x7F-\x9F]{0,199},"#,
+    r"[0-9]{1,9},[0-9]{1,9}\n)?$"
+);
+
 /// Start a bulk import (admin)
 ///
 /// The body is the CSV (`product_id,name,price_cents,available_quantity`, up to 64 MiB),
@@ -174,7 +199,7 @@ struct StartQuery {
     path = "/v1/admin/imports",
     tag = "admin",
     params(StartQuery),
-    request_body(content = String, content_type = "text/csv",
+    request_body(content = CsvFile, content_type = "text/csv",
         example = "product_id,name,price_cents,available_quantity\nmug-classic,Classic mug,1299,500\n"),
     security(("bearer" = [])),
     responses(
@@ -194,36 +219,59 @@ async fn start(
     Query(q): Query<StartQuery>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let lag_budget = match q.lag_budget.as_deref() {
-        None => std::time::Duration::from_secs(5),
-        Some(s) => crate::config::parse_duration(s)
-            .map_err(|e| ApiError::bad_request("INVALID_QUERY", format!("lag_budget: {e}")))?,
-    };
-    let batch_size = q.batch_size.unwrap_or(1000);
-    if !(1..=20_000).contains(&batch_size) {
-        return Err(ApiError::invalid(
-            "INVALID_BATCH_SIZE",
-            "batch_size must be from 1 to 20000",
-        ));
-    }
-    let opts = Options {
-        lag_budget,
-        batch_size,
-        skip_invalid: q.skip_invalid.unwrap_or(false),
-        wait_for_down: q.wait_for_down.unwrap_or(false),
-    };
+    let opts = q.options()?;
     let parsed = tokio::task::spawn_blocking(move || import::parse_csv(&body[..]))
         .await
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("csv parser task: {e}")))?;
     let (rows, bad) = parsed.map_err(|e| ApiError::invalid("INVALID_CSV", e))?;
     if !bad.is_empty() && !opts.skip_invalid {
-        let body = json!({ "error": {
-            "code": "INVALID_CSV",
-            "message": format!("{} invalid line(s); nothing was written (fix them, or pass skip_invalid=true)", bad.len()),
-            "bad_lines": bad.iter().take(100).collect::<Vec<_>>(),
-        }});
-        return Ok((StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response());
+        return Ok(invalid_csv(bad));
     }
+    let job_id = spawn_job(&state, rows, bad, opts);
+    let started = ImportStarted {
+        job_id,
+        status: import::Status::Running,
+    };
+    Ok((StatusCode::ACCEPTED, axum::Json(started)).into_response())
+}
+
+impl StartQuery {
+    /// The engine's options: the defaults for what the query leaves out.
+    fn options(&self) -> Result<Options, ApiError> {
+        let lag_budget = match self.lag_budget.as_deref() {
+            None => Duration::from_secs(5),
+            Some(s) => crate::config::parse_duration(s)
+                .map_err(|e| ApiError::bad_request("INVALID_QUERY", format!("lag_budget: {e}")))?,
+        };
+        let batch_size = self.batch_size.unwrap_or(1000);
+        if !(1..=20_000).contains(&batch_size) {
+            return Err(ApiError::invalid(
+                "INVALID_BATCH_SIZE",
+                "batch_size must be from 1 to 20000",
+            ));
+        }
+        Ok(Options {
+            lag_budget,
+            batch_size,
+            skip_invalid: self.skip_invalid.unwrap_or(false),
+            wait_for_down: self.wait_for_down.unwrap_or(false),
+        })
+    }
+}
+
+/// 422 `INVALID_CSV` naming the first 100 bad lines; nothing was written.
+fn invalid_csv(bad: Vec<BadLine>) -> Response {
+    let message = format!(
+        "{} invalid line(s); nothing was written (fix them, or pass skip_invalid=true)",
+        bad.len()
+    );
+    let mut body = ErrorBody::new("INVALID_CSV", message);
+    body.error.bad_lines = Some(bad.into_iter().take(100).collect());
+    (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response()
+}
+
+/// Registers a job for `rows` and runs the engine on it in its own task; its id.
+fn spawn_job(state: &AppState, rows: Vec<Row>, bad: Vec<BadLine>, opts: Options) -> Uuid {
     let id = Uuid::new_v4();
     let job = Job {
         progress: Arc::default(),
@@ -243,29 +291,15 @@ async fn start(
     );
     let jobs = state.imports.clone();
     tokio::spawn(async move {
-        let result = import::run_engine(
-            &db,
-            &metrics,
-            Announce::Gate(&checkout),
-            &rows,
-            opts,
-            &job.progress,
-            &job.stop,
-        )
-        .await;
+        let announce = Announce::Gate(&checkout);
+        let (progress, stop) = (&job.progress, &job.stop);
+        let result = import::run_engine(&db, &metrics, announce, &rows, opts, progress, stop).await;
         if let Err(e) = &result {
             tracing::warn!(job = %id, error = %e, "import failed");
         }
         import::finish(&job.progress, &result, jobs.now());
     });
-    Ok((
-        StatusCode::ACCEPTED,
-        axum::Json(ImportStarted {
-            job_id: id,
-            status: import::Status::Running,
-        }),
-    )
-        .into_response())
+    id
 }
 
 /// An import job's progress (admin)

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
+use utoipa_axum::router::OpenApiRouter;
 
 /// Everything a handler may use, behind one `Arc`: axum clones the state for every request,
 /// and cloning the parts (two dozen metric handles, the pools, the token keys) one by one
@@ -122,14 +123,19 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-/// A body plus the moment it describes: `as_of`, `stale_by_ms` and `served_by` in the JSON,
-/// `X-Served-By` and `X-Stale-By-Ms` in the headers.
-#[derive(Serialize)]
+/// A routed read's answer: the body's own fields plus the moment the answer describes
+/// (`as_of`, `stale_by_ms`, `served_by`; also in the `X-Served-By` and `X-Stale-By-Ms` headers).
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Stated<T> {
     #[serde(flatten)]
     pub body: T,
+    /// Every commit acknowledged before this moment is included (RFC 3339, UTC).
+    #[schema(format = DateTime, example = "2026-11-29T17:00:03.123Z")]
     pub as_of: String,
+    /// `now - as_of` when the answer was produced (0 or near it on the primary).
     pub stale_by_ms: u64,
+    /// `primary` or the replica's name (`replica-1`, …).
+    #[schema(example = "replica-1")]
     pub served_by: String,
 }
 
@@ -214,8 +220,11 @@ pub fn stated<T: Serialize>(status: StatusCode, body: T, route: &Route) -> Respo
 /// Largest request body accepted (the contract's 413).
 pub const BODY_LIMIT: usize = 64 * 1024;
 
-pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) -> Router {
-    let api = Router::new()
+/// Every route with its OpenAPI operation: each module's `routes!()` gives both, so the
+/// router and the document cannot differ. The base document (info, tags, shared components)
+/// is `openapi`'s.
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::base())
         .merge(products::router())
         .merge(orders::router())
         .merge(holds::router())
@@ -226,6 +235,11 @@ pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) 
         .merge(health::router())
         .merge(pages::router())
         .merge(openapi::router())
+}
+
+pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) -> Router {
+    let (api, _) = routes().split_for_parts();
+    let api = api
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
     // One `Arc` for the layers below: the stack is cloned per request, and a bare `Metrics`

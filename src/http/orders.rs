@@ -8,26 +8,26 @@ use crate::auth::Caller;
 use crate::checkout::cart::CartRequest;
 use crate::checkout::{CheckoutError, Order, OrderRequest, Placed};
 use crate::domain::{Lines, ProductId, Quantity};
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::Number;
-use utoipa::ToSchema;
+use utoipa::openapi::schema::{
+    ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type,
+};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/orders", post(place))
-        .route("/v1/orders/{order_id}", get(show))
-        .route("/v1/orders/{order_id}/cancel", post(cancel))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(place))
+        .routes(routes!(show))
+        .routes(routes!(cancel))
 }
-
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(place, show, cancel))]
-pub(super) struct Api;
 
 impl From<CheckoutError> for ApiError {
     fn from(e: CheckoutError) -> Self {
@@ -77,19 +77,85 @@ impl From<CheckoutError> for ApiError {
     }
 }
 
-/// A single-product order (`product_id` + `quantity`) or a cart (`lines`).
-#[derive(Deserialize, ToSchema)]
+/// A single-product order (`product_id` + `quantity`) or a cart (`lines`); its schema is
+/// written out below, since it is one of two shapes.
+#[derive(Deserialize)]
 struct NewOrder {
-    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$", example = "flash-60")]
     product_id: Option<String>,
-    #[schema(value_type = Option<i64>, minimum = 1, maximum = 10000, example = 1)]
     quantity: Option<Number>,
-    /// A cart: 1–50 lines, each product once (instead of `product_id` + `quantity`).
-    #[schema(min_items = 1, max_items = 50)]
     lines: Option<Vec<NewLine>>,
-    /// Admin tokens name the user they order for; user tokens may omit it.
-    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     user_id: Option<String>,
+}
+
+/// Exactly one of the two shapes `place` takes, the other's fields absent or null.
+impl PartialSchema for NewOrder {
+    fn schema() -> RefOr<Schema> {
+        let null = || ObjectBuilder::new().schema_type(Type::Null);
+        let user_id = || {
+            ObjectBuilder::new()
+                .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+                .pattern(Some(ID_PATTERN))
+                .description(Some(
+                    "Admin tokens name the user they order for; user tokens may omit it.",
+                ))
+        };
+        let quantity = ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(1))
+            .maximum(Some(Quantity::MAX))
+            .examples([1]);
+        let single = ObjectBuilder::new()
+            .title(Some("One product"))
+            .property("product_id", id_schema().examples(["flash-60"]))
+            .property("quantity", quantity)
+            .required("product_id")
+            .required("quantity")
+            .property("lines", null())
+            .property("user_id", user_id());
+        let cart = ObjectBuilder::new()
+            .title(Some("A cart"))
+            .property(
+                "lines",
+                lines_schema("A cart (instead of `product_id` + `quantity`)."),
+            )
+            .required("lines")
+            .property("product_id", null())
+            .property("quantity", null())
+            .property("user_id", user_id());
+        OneOfBuilder::new()
+            .description(Some("A single-product order or a cart."))
+            .item(single)
+            .item(cart)
+            .into()
+    }
+}
+
+impl ToSchema for NewOrder {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((NewLine::name().into(), NewLine::schema()));
+    }
+}
+
+/// What `ProductId` and `UserId` take.
+pub(super) const ID_PATTERN: &str = "^[A-Za-z0-9_.-]{1,64}$";
+
+fn id_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(ID_PATTERN))
+}
+
+/// `lines` of a cart or hold: 1–50, each product once (`uniqueItems` says part of that: no
+/// line twice).
+pub(super) fn lines_schema(description: &str) -> ArrayBuilder {
+    ArrayBuilder::new()
+        .items(Ref::from_schema_name(NewLine::name()))
+        .min_items(Some(1))
+        .max_items(Some(Lines::MAX))
+        .unique_items(true)
+        .description(Some(format!(
+            "{description} 1–50 lines, each product once."
+        )))
 }
 
 /// One line of a cart or hold.

@@ -5,12 +5,13 @@
 //! `sessionStorage`). Nothing is loaded from anywhere but this service, and the content
 //! security policy says so.
 
+use super::responses::{BadRequest, ErrorBody, Unavailable};
 use super::{ApiError, AppState, Path};
 use crate::domain::ProductId;
-use axum::Router;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 const OPS_HTML: &str = include_str!("../../static/ops.html");
 const SHOP_HTML: &str = include_str!("../../static/shop.html");
@@ -26,24 +27,97 @@ const CSS: &str = "text/css; charset=utf-8";
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
                    img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/ops", get(ops))
-        .route("/shop/{product_id}", get(shop))
-        .route("/static/ops.js", get(|| async { asset(JS, OPS_JS) }))
-        .route("/static/shop.js", get(|| async { asset(JS, SHOP_JS) }))
-        .route("/static/pages.css", get(|| async { asset(CSS, PAGES_CSS) }))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(ops_page))
+        .routes(routes!(shop_page))
+        .routes(routes!(ops_js))
+        .routes(routes!(shop_js))
+        .routes(routes!(pages_css))
 }
 
-async fn ops() -> Response {
+/// The operations page
+///
+/// Static HTML; the page asks for an admin token and reads the JSON API.
+#[utoipa::path(
+    get,
+    path = "/ops",
+    tag = "pages",
+    responses(
+        (status = 200, description = "The page", content_type = "text/html", body = String),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn ops_page() -> Response {
     asset(HTML, OPS_HTML)
 }
 
-/// The product id is checked here, so a malformed one is the contract's JSON error; a
-/// well-formed id that names no product gets the page, which shows the API's 404.
-async fn shop(Path(id): Path<String>) -> Result<Response, ApiError> {
+/// The storefront page of a product
+///
+/// Static HTML; a well-formed id that names no product still gets the page, which shows
+/// the API's 404.
+#[utoipa::path(
+    get,
+    path = "/shop/{product_id}",
+    tag = "pages",
+    params(
+        ("product_id" = String, Path, description = "1–64 of `A-Z a-z 0-9 _ - .`",
+            pattern = "^[A-Za-z0-9_.-]{1,64}$"),
+    ),
+    responses(
+        (status = 200, description = "The page", content_type = "text/html", body = String),
+        (status = 400, response = BadRequest),
+        (status = 404, description = "No such route", body = ErrorBody),
+        (status = 422, description = "INVALID_PRODUCT_ID", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn shop_page(Path(id): Path<String>) -> Result<Response, ApiError> {
+    // Checked here, so a malformed id is the contract's JSON error.
     ProductId::parse(&id)?;
     Ok(asset(HTML, SHOP_HTML))
+}
+
+/// The operations page's script
+#[utoipa::path(
+    get,
+    path = "/static/ops.js",
+    tag = "pages",
+    responses(
+        (status = 200, description = "JavaScript", content_type = "text/javascript", body = String),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn ops_js() -> Response {
+    asset(JS, OPS_JS)
+}
+
+/// The storefront page's script
+#[utoipa::path(
+    get,
+    path = "/static/shop.js",
+    tag = "pages",
+    responses(
+        (status = 200, description = "JavaScript", content_type = "text/javascript", body = String),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn shop_js() -> Response {
+    asset(JS, SHOP_JS)
+}
+
+/// The pages' stylesheet
+#[utoipa::path(
+    get,
+    path = "/static/pages.css",
+    tag = "pages",
+    responses(
+        (status = 200, description = "CSS", content_type = "text/css", body = String),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn pages_css() -> Response {
+    asset(CSS, PAGES_CSS)
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {

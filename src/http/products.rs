@@ -2,34 +2,29 @@
 //! (routed reads).
 
 use super::responses::{
-    BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Stated, Unauthorized, Unavailable,
-    Unprocessable,
+    BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable, Unprocessable,
 };
-use super::{Admin, ApiError, AppState, Json, Path, Query, stated};
+use super::{Admin, ApiError, AppState, Json, Path, Query, Stated, stated};
 use crate::checkout::CheckoutError;
 use crate::domain::{PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
 use crate::routing::{DbError, ReadCtx};
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/products", post(create))
-        .route("/v1/products/{product_id}", get(show))
-        .route("/v1/products/{product_id}/restock", post(restock))
-        .route("/v1/products/{product_id}/availability", get(availability))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(create))
+        .routes(routes!(show))
+        .routes(routes!(restock))
+        .routes(routes!(availability))
 }
-
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(create, show, restock, availability))]
-pub(super) struct Api;
 
 #[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct Product {

@@ -2,32 +2,28 @@
 //! the orders export (any replica that answers) each state the moment they describe, so two
 //! figures that differ explain themselves.
 
-use super::responses::{ErrorBody, Forbidden, Stated, Unauthorized, Unavailable};
-use super::{Admin, ApiError, AppState, Query, stated};
+use super::responses::{ErrorBody, Forbidden, Unauthorized, Unavailable};
+use super::{Admin, ApiError, AppState, Query, Stated, stated};
 use crate::routing::policy::QueryClass;
 use crate::routing::{ReadCtx, ReadPool, Route, Routed};
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use chrono::{DateTime, Datelike, NaiveDate, SecondsFormat, TimeZone, Utc};
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/reports/revenue", get(report))
-        .route("/v1/reports/revenue.txt", get(report_text))
-        .route("/v1/dashboard/revenue", get(dashboard))
-        .route("/v1/exports/orders", get(export_orders))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(report))
+        .routes(routes!(report_text))
+        .routes(routes!(dashboard))
+        .routes(routes!(export_orders))
 }
-
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(report, report_text, dashboard, export_orders))]
-pub(super) struct Api;
 
 /// Unknown query parameters are refused with 400.
 #[derive(Deserialize, IntoParams)]
@@ -252,11 +248,30 @@ fn humanize(d: std::time::Duration) -> String {
 #[into_params(parameter_in = Query)]
 struct ExportQuery {
     /// Orders created at or after: `YYYY-MM-DD` (UTC midnight) or RFC 3339 (default: all).
-    #[param(example = "2026-11-29")]
+    #[param(example = "2026-11-29", schema_with = day_or_instant)]
     from: Option<String>,
     /// Orders created before: `YYYY-MM-DD` (UTC midnight) or RFC 3339 (default: tomorrow).
-    #[param(example = "2026-11-30T00:00:00Z")]
+    #[param(example = "2026-11-30T00:00:00Z", schema_with = day_or_instant)]
     to: Option<String>,
+}
+
+/// What [`parse_instant`] takes: a `date` or a `date-time` (four-digit years, as both formats
+/// have them).
+fn day_or_instant() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{
+        KnownFormat, ObjectBuilder, OneOfBuilder, Schema, SchemaFormat, Type,
+    };
+    let string = |format| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(format)))
+    };
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(string(KnownFormat::Date))
+            .item(string(KnownFormat::DateTime))
+            .build(),
+    )
 }
 
 fn parse_instant(raw: &str) -> Result<DateTime<Utc>, ApiError> {
@@ -364,6 +379,17 @@ async fn export_orders(
     Ok(response)
 }
 
+/// One row per line: a single-product order as it is, a cart's lines each with their own
+/// total (so the column still sums to the revenue).
+const EXPORT_SQL: &str = "SELECT order_id, product_id, user_id, quantity, total_cents, status, created_at, cancelled_at \
+     FROM orders WHERE status <> 'refused' AND product_id IS NOT NULL AND created_at >= $1 AND created_at < $2 \
+     UNION ALL \
+     SELECT o.order_id, l.product_id, o.user_id, l.quantity, l.quantity::int8 * l.unit_price_cents, o.status, o.created_at, o.cancelled_at \
+     FROM orders o JOIN order_lines l USING (order_id) \
+     WHERE o.status <> 'refused' AND o.created_at >= $1 AND o.created_at < $2 \
+     ORDER BY created_at, order_id, product_id";
+
+/// Sends the CSV in chunks of about 60 KiB; stops when the client has gone.
 async fn stream_csv(
     pool: ReadPool,
     from: DateTime<Utc>,
@@ -375,47 +401,19 @@ async fn stream_csv(
     if tx.send(Ok(Bytes::from_static(HEADER))).await.is_err() {
         return;
     }
-    let mut rows = sqlx::query_as::<_, ExportRow>(
-        // One row per line: a single-product order as it is, a cart's lines each with their
-        // own total (so the column still sums to the revenue).
-        "SELECT order_id, product_id, user_id, quantity, total_cents, status, created_at, cancelled_at \
-         FROM orders WHERE status <> 'refused' AND product_id IS NOT NULL AND created_at >= $1 AND created_at < $2 \
-         UNION ALL \
-         SELECT o.order_id, l.product_id, o.user_id, l.quantity, l.quantity::int8 * l.unit_price_cents, o.status, o.created_at, o.cancelled_at \
-         FROM orders o JOIN order_lines l USING (order_id) \
-         WHERE o.status <> 'refused' AND o.created_at >= $1 AND o.created_at < $2 \
-         ORDER BY created_at, order_id, product_id",
-    )
-    .bind(from)
-    .bind(to)
-    .fetch(pool.exec());
+    let mut rows = sqlx::query_as::<_, ExportRow>(EXPORT_SQL)
+        .bind(from)
+        .bind(to)
+        .fetch(pool.exec());
     let mut chunk = Vec::with_capacity(64 * 1024);
     loop {
-        match rows.try_next().await {
+        let sent = match rows.try_next().await {
             Ok(Some(r)) => {
-                use std::io::Write;
-                let ts = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Micros, true);
-                // Ids are restricted to [A-Za-z0-9_.-], so no field needs quoting.
-                let _ = writeln!(
-                    chunk,
-                    "{},{},{},{},{},{},{},{}",
-                    r.order_id,
-                    r.product_id,
-                    r.user_id,
-                    r.quantity,
-                    r.total_cents,
-                    r.status,
-                    ts(r.created_at),
-                    r.cancelled_at.map(ts).unwrap_or_default()
-                );
-                if chunk.len() >= 60 * 1024
-                    && tx
-                        .send(Ok(Bytes::from(std::mem::take(&mut chunk))))
-                        .await
-                        .is_err()
-                {
-                    return;
+                r.write_csv(&mut chunk);
+                if chunk.len() < 60 * 1024 {
+                    continue;
                 }
+                tx.send(Ok(Bytes::from(std::mem::take(&mut chunk)))).await
             }
             Ok(None) => {
                 let _ = tx.send(Ok(Bytes::from(chunk))).await;
@@ -423,12 +421,34 @@ async fn stream_csv(
             }
             Err(e) => {
                 tracing::warn!(error = %e, "export failed mid-stream");
-                let _ = tx
-                    .send(Err(std::io::Error::other("export failed mid-stream")))
-                    .await;
+                let failed = std::io::Error::other("export failed mid-stream");
+                let _ = tx.send(Err(failed)).await;
                 return;
             }
+        };
+        if sent.is_err() {
+            return;
         }
+    }
+}
+
+impl ExportRow {
+    fn write_csv(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let ts = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Micros, true);
+        // Ids are restricted to [A-Za-z0-9_.-], so no field needs quoting.
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{}",
+            self.order_id,
+            self.product_id,
+            self.user_id,
+            self.quantity,
+            self.total_cents,
+            self.status,
+            ts(self.created_at),
+            self.cancelled_at.map(ts).unwrap_or_default()
+        );
     }
 }
 

@@ -1,74 +1,86 @@
-//! The pieces of the OpenAPI document that every route module shares: the one error body,
-//! the freshness fields of a routed read, and the reusable error responses. A leaf: route
-//! modules use it, and `openapi` merges their operations with it, so nothing runs back up.
+//! The pieces of the OpenAPI document that every route module shares: the one error body
+//! (which `ApiError` writes) and the reusable error responses. A leaf: route modules use it,
+//! and `openapi` lists its responses in the document's components, so nothing runs back up.
 
 use serde::Serialize;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder, Type};
 use utoipa::{ToResponse, ToSchema};
 
 /// The one error body: `{"error": {"code": "SCREAMING_SNAKE_CASE", "message": "…"}}`.
-/// (Documentation only: `ApiError` writes it; a test checks the two agree.)
-#[allow(dead_code)]
 #[derive(Serialize, ToSchema)]
 pub(crate) struct ErrorBody {
     pub(crate) error: ErrorDetail,
 }
 
-#[allow(dead_code)]
 #[derive(Serialize, ToSchema)]
 pub(crate) struct ErrorDetail {
     /// A stable machine-readable code, e.g. `OUT_OF_STOCK`.
     #[schema(pattern = "^[A-Z][A-Z0-9_]*$", example = "OUT_OF_STOCK")]
-    pub(crate) code: String,
+    pub(crate) code: &'static str,
     /// A human sentence.
     pub(crate) message: String,
+    /// With 409 `OUT_OF_STOCK` for a cart or hold: the short lines
+    /// (`{"product_id", "requested", "available"}`); nothing was taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub(crate) lines: Option<serde_json::Value>,
+    /// With 422 `INVALID_CSV`: the first 100 bad lines of the file; nothing was written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) bad_lines: Option<Vec<crate::import::BadLine>>,
 }
 
-/// A routed read's answer: the body's own fields plus the moment the answer describes
-/// (documentation only: mirrors `super::Stated`, which a test checks).
-#[allow(dead_code)]
-#[derive(Serialize, ToSchema)]
-pub(crate) struct Stated<T> {
-    #[serde(flatten)]
-    pub(crate) body: T,
-    /// Every commit acknowledged before this moment is included (RFC 3339, UTC).
-    #[schema(format = DateTime, example = "2026-11-29T17:00:03.123Z")]
-    pub(crate) as_of: String,
-    /// `now - as_of` when the answer was produced (0 or near it on the primary).
-    pub(crate) stale_by_ms: u64,
-    /// `primary` or the replica's name (`replica-1`, …).
-    #[schema(example = "replica-1")]
-    pub(crate) served_by: String,
+impl ErrorBody {
+    pub(crate) fn new(code: &'static str, message: String) -> Self {
+        ErrorBody {
+            error: ErrorDetail {
+                code,
+                message,
+                lines: None,
+                bad_lines: None,
+            },
+        }
+    }
 }
 
-/// Malformed: bad JSON or types, an unknown query parameter or value, a missing header.
-#[allow(dead_code)]
-#[derive(ToResponse)]
-pub(crate) struct BadRequest(ErrorBody);
+/// The response components below, for the document's `components(responses(…))`.
+macro_rules! error_responses {
+    ($( $(#[doc = $doc:literal])+ $name:ident $(, header $header:literal = $about:literal)?; )+) => {$(
+        $(#[doc = $doc])+
+        pub(crate) struct $name;
 
-/// No bearer token, or an invalid or expired one.
-#[allow(dead_code)]
-#[derive(ToResponse)]
-#[response(headers(("WWW-Authenticate" = String, description = "`Bearer`")))]
-pub(crate) struct Unauthorized(ErrorBody);
+        impl<'r> ToResponse<'r> for $name {
+            fn response() -> (&'r str, RefOr<Response>) {
+                let description = [$($doc.trim()),+].join("\n");
+                let json = ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build();
+                let response = ResponseBuilder::new()
+                    .description(description)
+                    $(.header($header, HeaderBuilder::new()
+                        .schema(utoipa::openapi::ObjectBuilder::new().schema_type(Type::String))
+                        .description(Some($about))
+                        .build()))?
+                    .content("application/json", json)
+                    .build();
+                (stringify!($name), RefOr::T(response))
+            }
+        }
+    )+};
+}
 
-/// A user token acting for another user, or on an admin route.
-#[allow(dead_code)]
-#[derive(ToResponse)]
-pub(crate) struct Forbidden(ErrorBody);
-
-/// The body is over the limit (64 KiB).
-#[allow(dead_code)]
-#[derive(ToResponse)]
-pub(crate) struct PayloadTooLarge(ErrorBody);
-
-/// Valid JSON that breaks a rule (a bad id, a quantity out of range, …).
-#[allow(dead_code)]
-#[derive(ToResponse)]
-pub(crate) struct Unprocessable(ErrorBody);
-
-/// No safe place to answer from (the primary is unreachable, no replica is fresh enough for
-/// a class that refuses), the database is busy, or the service is shedding load or timed out.
-#[allow(dead_code)]
-#[derive(ToResponse)]
-#[response(headers(("Retry-After" = String, description = "Seconds to wait before retrying")))]
-pub(crate) struct Unavailable(ErrorBody);
+error_responses! {
+    /// Malformed: bad JSON or types, an unknown query parameter or value, a missing header.
+    BadRequest;
+    /// No bearer token, or an invalid or expired one.
+    Unauthorized, header "WWW-Authenticate" = "`Bearer`";
+    /// A user token acting for another user, or on an admin route.
+    Forbidden;
+    /// The body is over the limit (64 KiB).
+    PayloadTooLarge;
+    /// Valid JSON that breaks a rule (a bad id, a quantity out of range, …).
+    Unprocessable;
+    /// No safe place to answer from (the primary is unreachable, no replica is fresh enough for
+    /// a class that refuses), the database is busy, or the service is shedding load or timed out.
+    Unavailable, header "Retry-After" = "Seconds to wait before retrying";
+}

@@ -6,37 +6,29 @@
 //! write is always answered 200: what could not be recorded is made safe by
 //! [`crate::routing::Db::note_write`] instead (a pin to the primary, or a wait).
 
-use super::responses::{BadRequest, ErrorBody, PayloadTooLarge, Stated, Unauthorized, Unavailable};
-use super::{ApiError, AppState, Json, Path, stated};
+use super::responses::{BadRequest, ErrorBody, PayloadTooLarge, Unauthorized, Unavailable};
+use super::{ApiError, AppState, Json, Path, Stated, stated};
 use crate::auth::Caller;
 use crate::domain::{DisplayName, Email, Settings, UserId};
 use crate::lsn::{format_lsn, parse_lsn};
-use crate::routing::ReadCtx;
 use crate::routing::policy::QueryClass;
-use axum::Router;
+use crate::routing::{ReadCtx, Routed};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
-use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::{FromRow, Postgres};
 use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/v1/users/{user_id}/settings",
-            get(get_settings).put(put_settings),
-        )
-        .route(
-            "/v1/users/{user_id}/profile",
-            get(get_profile).put(put_profile),
-        )
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(get_settings, put_settings))
+        .routes(routes!(get_profile, put_profile))
 }
-
-#[derive(utoipa::OpenApi)]
-#[openapi(paths(get_settings, put_settings, get_profile, put_profile))]
-pub(super) struct Api;
 
 const CONSISTENCY_TOKEN: &str = "x-consistency-token";
 
@@ -72,7 +64,45 @@ fn with_token(mut response: Response, lsn: Option<u64>) -> Response {
     response
 }
 
-#[derive(Serialize, ToSchema)]
+/// The shared path of a read: the user's one row, on the `own_data` class with the position
+/// the client carries (read-your-writes).
+async fn read_own<T>(
+    state: &AppState,
+    user: &UserId,
+    headers: &HeaderMap,
+    sql: &'static str,
+) -> Result<Routed<Option<T>>, ApiError>
+where
+    T: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+{
+    let ctx = ReadCtx::user(user.clone(), carried_lsn(headers));
+    let read = state.db.read(QueryClass::OwnData, &ctx, |pool| async move {
+        sqlx::query_as::<_, T>(sql)
+            .bind(user.as_str())
+            .fetch_optional(pool.exec())
+            .await
+    });
+    Ok(read.await?)
+}
+
+/// The shared path of a write: one statement in a primary transaction, then the position
+/// noted for the user and `saved` answered as a GET would, with `X-Consistency-Token`.
+async fn write_own<T: Serialize>(
+    state: &AppState,
+    user: &UserId,
+    statement: sqlx::query::Query<'_, Postgres, PgArguments>,
+    saved: T,
+) -> Result<Response, ApiError> {
+    let mut tx = state.db.primary().begin().await?;
+    statement.execute(&mut *tx).await?;
+    tx.commit().await?;
+    // Committed: from here on nothing may turn this into an error.
+    let lsn = state.db.note_write(user).await;
+    let route = state.db.written_route();
+    Ok(with_token(stated(StatusCode::OK, saved, &route), lsn))
+}
+
+#[derive(Serialize, FromRow, ToSchema)]
 struct SettingsBody {
     user_id: String,
     /// Any JSON object (`{}` for a user who never saved settings).
@@ -113,33 +143,14 @@ async fn get_settings(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let user = authorize(&caller, &user)?;
-    let ctx = ReadCtx::user(user.clone(), carried_lsn(&headers));
-    let read = state
-        .db
-        .read(QueryClass::OwnData, &ctx, |pool| {
-            let user = user.clone();
-            async move {
-                sqlx::query_scalar::<_, Value>(
-                    "SELECT settings FROM user_settings WHERE user_id = $1",
-                )
-                .bind(user.as_str())
-                .fetch_optional(pool.exec())
-                .await
-            }
-        })
-        .await?;
+    const SQL: &str = "SELECT user_id, settings FROM user_settings WHERE user_id = $1";
+    let read = read_own(&state, &user, &headers, SQL).await?;
     // A user who never saved settings has the empty object.
-    let settings = read
-        .value
-        .unwrap_or_else(|| Value::Object(Default::default()));
-    Ok(stated(
-        StatusCode::OK,
-        SettingsBody {
-            user_id: user.to_string(),
-            settings,
-        },
-        &read.route,
-    ))
+    let body = read.value.unwrap_or_else(|| SettingsBody {
+        user_id: user.to_string(),
+        settings: Value::Object(Default::default()),
+    });
+    Ok(stated(StatusCode::OK, body, &read.route))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -178,33 +189,20 @@ async fn put_settings(
 ) -> Result<Response, ApiError> {
     let user = authorize(&caller, &user)?;
     let settings = Settings::parse(body.settings)?.into_value();
-    let mut tx = state.db.primary().begin().await?;
-    sqlx::query(
+    let upsert = sqlx::query(
         "INSERT INTO user_settings (user_id, settings) VALUES ($1, $2) \
          ON CONFLICT (user_id) DO UPDATE SET settings = EXCLUDED.settings, updated_at = clock_timestamp()",
     )
     .bind(user.as_str())
-    .bind(&settings)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    // Committed: from here on nothing may turn this into an error.
-    let lsn = state.db.note_write(&user).await;
-    let route = state.db.written_route();
-    Ok(with_token(
-        stated(
-            StatusCode::OK,
-            SettingsBody {
-                user_id: user.to_string(),
-                settings,
-            },
-            &route,
-        ),
-        lsn,
-    ))
+    .bind(&settings);
+    let saved = SettingsBody {
+        user_id: user.to_string(),
+        settings: settings.clone(),
+    };
+    write_own(&state, &user, upsert, saved).await
 }
 
-#[derive(Serialize, sqlx::FromRow, ToSchema)]
+#[derive(Serialize, FromRow, ToSchema)]
 struct Profile {
     user_id: String,
     display_name: String,
@@ -244,21 +242,8 @@ async fn get_profile(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let user = authorize(&caller, &user)?;
-    let ctx = ReadCtx::user(user.clone(), carried_lsn(&headers));
-    let read = state
-        .db
-        .read(QueryClass::OwnData, &ctx, |pool| {
-            let user = user.clone();
-            async move {
-                sqlx::query_as::<_, Profile>(
-                    "SELECT user_id, display_name, email FROM user_profiles WHERE user_id = $1",
-                )
-                .bind(user.as_str())
-                .fetch_optional(pool.exec())
-                .await
-            }
-        })
-        .await?;
+    const SQL: &str = "SELECT user_id, display_name, email FROM user_profiles WHERE user_id = $1";
+    let read = read_own::<Profile>(&state, &user, &headers, SQL).await?;
     let profile = read.value.ok_or_else(|| {
         ApiError::not_found(
             "PROFILE_NOT_FOUND",
@@ -278,11 +263,13 @@ struct PutProfile {
         pattern = r"^[^\x00-\x1F\x7F-\x9F]*[^\s\x00-\x1F\x7F-\x9F][^\x00-\x1F\x7F-\x9F]*$"
     )]
     display_name: String,
-    /// `name@example.com`, at most 254 characters.
+    /// `name@example.com`, at most 254 bytes, the part before the `@` at most 64, no
+    /// whitespace or control characters. (The pattern admits the ASCII addresses, whose
+    /// characters are bytes; the service also takes other characters within those limits.)
     #[schema(
         max_length = 254,
         example = "ada@example.com",
-        pattern = r"^[^\s@]{1,64}@[^\s@.]+(\.[^\s@.]+)+$"
+        pattern = r"^[!-?A-~]{1,64}@[!-\-/-?A-~]+(\.[!-\-/-?A-~]+)+$"
     )]
     email: String,
 }
@@ -317,20 +304,17 @@ async fn put_profile(
     let user = authorize(&caller, &user)?;
     let name = DisplayName::parse(&body.display_name)?;
     let email = Email::parse(&body.email)?;
-    let mut tx = state.db.primary().begin().await?;
-    let profile: Profile = sqlx::query_as(
+    let upsert = sqlx::query(
         "INSERT INTO user_profiles (user_id, display_name, email) VALUES ($1, $2, $3) \
-         ON CONFLICT (user_id) DO UPDATE SET display_name = EXCLUDED.display_name, email = EXCLUDED.email, updated_at = clock_timestamp() \
-         RETURNING user_id, display_name, email",
+         ON CONFLICT (user_id) DO UPDATE SET display_name = EXCLUDED.display_name, email = EXCLUDED.email, updated_at = clock_timestamp()",
     )
     .bind(user.as_str())
     .bind(name.as_str())
-    .bind(email.as_str())
-    .fetch_one(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    // Committed: from here on nothing may turn this into an error.
-    let lsn = state.db.note_write(&user).await;
-    let route = state.db.written_route();
-    Ok(with_token(stated(StatusCode::OK, profile, &route), lsn))
+    .bind(email.as_str());
+    let saved = Profile {
+        user_id: user.to_string(),
+        display_name: name.as_str().to_string(),
+        email: email.as_str().to_string(),
+    };
+    write_own(&state, &user, upsert, saved).await
 }
