@@ -46,8 +46,10 @@ pub enum DbError {
     /// has no leader, or a write met a node in recovery. Nothing was done.
     #[error("database unavailable: {0}")]
     Unavailable(String),
-    /// The database answered, but not in time: our pool had no connection in time, a lock
-    /// or statement timeout fired, or it has too many connections. Nothing was done.
+    /// The database answered, but not in time: every connection of our pool was in use, a
+    /// lock or statement timeout fired, or it has too many connections. Nothing was done.
+    /// (A pool that timed out without every connection open could not reach the server:
+    /// that is `Unavailable`.)
     #[error("database busy: {0}")]
     Busy(String),
     /// A concurrent transaction won (deadlock or serialization failure): nothing was done,
@@ -100,7 +102,6 @@ impl DbError {
 /// Errors that say "too busy now", as opposed to "not there" or "this query is wrong".
 fn is_busy(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::PoolTimedOut => true,
         // 55P03 lock_not_available, 57014 query_canceled (our lock and statement timeouts),
         // 53300 too_many_connections.
         sqlx::Error::Database(db) => {
@@ -194,7 +195,14 @@ impl Primary {
     /// Opens a write transaction on the primary.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
         self.check()?;
-        Ok(self.current().begin().await?)
+        let pool = self.current();
+        pool.begin().await.map_err(|e| match e {
+            // Every connection open and in use: saturated, not unreachable.
+            sqlx::Error::PoolTimedOut if pool.size() >= pool.options().get_max_connections() => {
+                DbError::Busy("every connection to the primary is in use".into())
+            }
+            e => e.into(),
+        })
     }
 
     /// The primary pool, for single statements outside a transaction (also primary-only).
