@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use stockgate::clock::SystemClock;
 use stockgate::config::Config;
 use stockgate::domain::UserId;
-use stockgate::routing::ReadCtx;
 use stockgate::routing::policy::QueryClass;
+use stockgate::routing::{Db, ReadCtx};
 use stockgate::ryw::RywStore;
 
 fn per_op(total: Duration, n: u32) -> String {
@@ -23,6 +23,9 @@ fn per_op(total: Duration, n: u32) -> String {
         format!("{:.1} µs", ns / 1000.0)
     }
 }
+
+/// One row of the table: what was measured, its cost per operation, a note.
+type Row = (&'static str, String, String);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -35,7 +38,14 @@ async fn main() -> anyhow::Result<()> {
     let metrics = stockgate::metrics::Metrics::new();
     let (db, _monitor) =
         stockgate::startup::build_db(&config, Arc::new(SystemClock), &metrics).await?;
-    let db = &db;
+    wait_for_healthy_replicas(&db).await?;
+    let mut rows = vec![routing_decision(&db).await?];
+    rows.extend(ryw_lookups(&config).await?);
+    rows.push(monitor_queries(&db, &config).await);
+    write_table(rows)
+}
+
+async fn wait_for_healthy_replicas(db: &Db) -> anyhow::Result<()> {
     let start = Instant::now();
     while !db
         .replica_status()
@@ -48,35 +58,40 @@ async fn main() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut rows = vec![];
-    let n = 200_000;
+    Ok(())
+}
 
-    // A routing decision: freshness from memory, policy lookup, metrics, the Route value.
+/// A routing decision: freshness from memory, policy lookup, metrics, the Route value.
+async fn routing_decision(db: &Db) -> anyhow::Result<Row> {
+    let n = 200_000;
     let t = Instant::now();
     let mut to_replica = 0;
     for _ in 0..n {
         let route = db.route(QueryClass::StockGate, &ReadCtx::none()).await?;
         to_replica += usize::from(!route.is_primary());
     }
-    rows.push((
+    Ok((
         "route a stock-gate read (Db::route)",
         per_op(t.elapsed(), n),
         format!("{to_replica} of {n} to a replica"),
-    ));
+    ))
+}
 
-    // Read-your-writes lookups: in-process, Redis, and Redis down (fail closed).
+/// Read-your-writes lookups: in-process, Redis, and Redis down (fail closed).
+async fn ryw_lookups(config: &Config) -> anyhow::Result<Vec<Row>> {
     let user = UserId::parse("bench-user").map_err(|e| anyhow::anyhow!(e.message))?;
     let local = RywStore::local(Arc::new(SystemClock), Duration::from_secs(60));
     local.advance(&user, 1).await?;
+    let n = 200_000;
     let t = Instant::now();
     for _ in 0..n {
         let _ = local.get(&user).await;
     }
-    rows.push((
+    let mut rows = vec![(
         "read-your-writes lookup, in-process",
         per_op(t.elapsed(), n),
         String::new(),
-    ));
+    )];
     let redis_url = config
         .redis_url
         .clone()
@@ -91,8 +106,13 @@ async fn main() -> anyhow::Result<()> {
     rows.push((
         "read-your-writes lookup, Redis (one round trip)",
         per_op(t.elapsed(), m),
-        redis_url.clone(),
+        redis_url,
     ));
+    rows.push(ryw_lookup_with_redis_down(&user).await?);
+    Ok(rows)
+}
+
+async fn ryw_lookup_with_redis_down(user: &UserId) -> anyhow::Result<Row> {
     let down = RywStore::redis(
         "redis://127.0.0.1:1/",
         Arc::new(SystemClock),
@@ -103,12 +123,12 @@ async fn main() -> anyhow::Result<()> {
     let mut each = Vec::with_capacity(k as usize);
     for _ in 0..k {
         let t = Instant::now();
-        failed += usize::from(down.get(&user).await.is_err());
+        failed += usize::from(down.get(user).await.is_err());
         each.push(t.elapsed());
     }
     each.sort_unstable();
     let total: Duration = each.iter().sum();
-    rows.push((
+    Ok((
         "read-your-writes lookup, Redis down (fails closed)",
         per_op(total, k),
         format!(
@@ -116,31 +136,31 @@ async fn main() -> anyhow::Result<()> {
             each[each.len() / 2],
             each[each.len() - 1]
         ),
-    ));
+    ))
+}
 
-    // What the monitor costs each node.
-    let before = db
-        .metrics()
-        .monitor_samples
-        .with_label_values(&["primary"])
-        .get();
+/// What the monitor costs each node.
+async fn monitor_queries(db: &Db, config: &Config) -> Row {
+    let samples = || {
+        db.metrics()
+            .monitor_samples
+            .with_label_values(&["primary"])
+            .get()
+    };
+    let before = samples();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let per_s = (db
-        .metrics()
-        .monitor_samples
-        .with_label_values(&["primary"])
-        .get()
-        - before) as f64
-        / 5.0;
-    rows.push((
+    let per_s = (samples() - before) as f64 / 5.0;
+    (
         "monitor queries per node",
         format!("{per_s:.0}/s"),
         format!(
             "one single-row SELECT each, every {:?}",
             config.monitor_interval
         ),
-    ));
+    )
+}
 
+fn write_table(rows: Vec<Row>) -> anyhow::Result<()> {
     let mut out = format!(
         "## routing costs, {}\n\n| measurement | per operation | note |\n|---|---|---|\n",
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")

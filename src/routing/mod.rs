@@ -423,73 +423,104 @@ pub fn replica_options_with(
         ]))
 }
 
+/// The nodes the settings name: who can lead, who serves reads, and who leads now. Under
+/// Patroni every member is both (the leader's replica pool is judged fresh only while it
+/// is a replica); otherwise the primary leads and the replicas read.
+struct Nodes {
+    leader_urls: Vec<String>,
+    replica_urls: Vec<String>,
+    names: Vec<String>,
+    leader: usize,
+}
+
+impl Nodes {
+    fn of(s: &Settings) -> Nodes {
+        match &s.patroni {
+            Some(p) => {
+                let urls: Vec<String> = p.members.iter().map(|(_, u)| u.clone()).collect();
+                Nodes {
+                    leader_urls: urls.clone(),
+                    replica_urls: urls,
+                    names: p.members.iter().map(|(n, _)| n.clone()).collect(),
+                    leader: p.leader.unwrap_or(NO_LEADER),
+                }
+            }
+            None => Nodes {
+                leader_urls: vec![s.primary_url.clone()],
+                replica_urls: s.replica_urls.clone(),
+                names: (1..=s.replica_urls.len())
+                    .map(|i| format!("replica-{i}"))
+                    .collect(),
+                leader: 0,
+            },
+        }
+    }
+}
+
+/// A pool to one member that may lead; under Patroni its connections refuse a node in
+/// recovery.
+fn primary_pool(
+    s: &Settings,
+    follower: Option<&patroni::Follower>,
+    options: &PgConnectOptions,
+) -> PgPool {
+    let opts = PgPoolOptions::new()
+        .max_connections(s.primary_pool_size)
+        .min_connections(0)
+        .acquire_timeout(s.primary_timeout);
+    let opts = match follower {
+        Some(f) => f.refuse_recovery(opts),
+        None => opts,
+    };
+    opts.connect_lazy_with(options.clone())
+}
+
+impl Replica {
+    fn new(s: &Settings, url: &str, name: String) -> Result<Replica, sqlx::Error> {
+        Ok(Replica {
+            name,
+            pool: PgPoolOptions::new()
+                .max_connections(s.replica_pool_size)
+                .min_connections(0)
+                // Shorter than a point read's timeout, so a pool that is merely full
+                // (exports hold connections outside the slots) is seen as such before the
+                // read's own timeout would blame the replica.
+                .acquire_timeout(s.timeouts.point / 2)
+                .connect_lazy_with(replica_options_with(
+                    url,
+                    s.timeouts.longest() + Duration::from_secs(1),
+                )?),
+            in_flight: AtomicUsize::new(0),
+            slots: Semaphore::new(s.replica_pool_size as usize),
+        })
+    }
+}
+
 impl Db {
     /// Builds the pools (lazily: a database that is down at start is reported, not fatal).
     pub fn new(s: Settings, metrics: Metrics, ryw: RywStore) -> Result<Db, sqlx::Error> {
-        let (leader_urls, replica_urls, names, leader) = match &s.patroni {
-            Some(p) => {
-                let urls: Vec<String> = p.members.iter().map(|(_, u)| u.clone()).collect();
-                let names: Vec<String> = p.members.iter().map(|(n, _)| n.clone()).collect();
-                (urls.clone(), urls, names, p.leader.unwrap_or(NO_LEADER))
-            }
-            None => {
-                let names = (1..=s.replica_urls.len())
-                    .map(|i| format!("replica-{i}"))
-                    .collect();
-                (
-                    vec![s.primary_url.clone()],
-                    s.replica_urls.clone(),
-                    names,
-                    0,
-                )
-            }
-        };
+        let nodes = Nodes::of(&s);
         let follower = s
             .patroni
             .as_ref()
             .map(|p| patroni::Follower::new(p, &metrics));
-        let leader_targets = leader_urls
+        let leader_targets = nodes
+            .leader_urls
             .iter()
             .map(|u| primary_options(u))
             .collect::<Result<Vec<_>, _>>()?;
         let pools = leader_targets
             .iter()
-            .map(|o| {
-                let opts = PgPoolOptions::new()
-                    .max_connections(s.primary_pool_size)
-                    .min_connections(0)
-                    .acquire_timeout(s.primary_timeout);
-                let opts = match &follower {
-                    Some(f) => f.refuse_recovery(opts),
-                    None => opts,
-                };
-                opts.connect_lazy_with(o.clone())
-            })
+            .map(|o| primary_pool(&s, follower.as_ref(), o))
             .collect();
-        let replicas = replica_urls
+        let replicas = nodes
+            .replica_urls
             .iter()
-            .zip(names)
-            .map(|(url, name)| {
-                Ok(Replica {
-                    name,
-                    pool: PgPoolOptions::new()
-                        .max_connections(s.replica_pool_size)
-                        .min_connections(0)
-                        // Shorter than a point read's timeout, so a pool that is merely
-                        // full (exports hold connections outside the slots) is seen as
-                        // such before the read's own timeout would blame the replica.
-                        .acquire_timeout(s.timeouts.point / 2)
-                        .connect_lazy_with(replica_options_with(
-                            url,
-                            s.timeouts.longest() + Duration::from_secs(1),
-                        )?),
-                    in_flight: AtomicUsize::new(0),
-                    slots: Semaphore::new(s.replica_pool_size as usize),
-                })
-            })
+            .zip(nodes.names)
+            .map(|(url, name)| Replica::new(&s, url, name))
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
         let mut monitor_targets = vec![("primary".to_string(), leader_targets[0].clone())];
-        for (r, url) in replicas.iter().zip(&replica_urls) {
+        for (r, url) in replicas.iter().zip(&nodes.replica_urls) {
             monitor_targets.push((r.name.clone(), replica_options(url)?));
         }
         let freshness = Arc::new(RwLock::new(Freshness::new(replicas.len(), s.thresholds)));
@@ -497,7 +528,7 @@ impl Db {
             inner: Arc::new(Inner {
                 primary: Primary {
                     pools: Arc::new(pools),
-                    leader: Arc::new(AtomicUsize::new(leader)),
+                    leader: Arc::new(AtomicUsize::new(nodes.leader)),
                     timelines: follower.is_some(),
                     down: Arc::default(),
                 },
@@ -536,10 +567,6 @@ impl Db {
             .cluster
             .as_ref()
             .map(|c| c.status(self.inner.primary.leader_index()))
-    }
-
-    pub fn replica_names(&self) -> Vec<String> {
-        self.inner.replicas.iter().map(|r| r.name.clone()).collect()
     }
 
     /// The replica state thresholds (eviction, readmission).

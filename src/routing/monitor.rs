@@ -8,7 +8,7 @@
 
 use super::Db;
 use sqlx::Connection;
-use sqlx::postgres::PgConnection;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
@@ -44,88 +44,154 @@ pub(super) const PRIMARY_SQL_TIMELINE: &str = "SELECT (pg_current_wal_lsn() - '0
 const REPLICA_SQL_TIMELINE: &str = "SELECT (pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::int8, \
      (SELECT received_tli FROM pg_stat_wal_receiver)::int4";
 
+/// One sample's outcome: the position and timeline, or why there is none.
+type Sample = Result<Result<(Option<i64>, Option<i32>), sqlx::Error>, tokio::time::error::Elapsed>;
+
 async fn sample_node(db: Db, node: usize, interval: Duration) {
-    let (name, mut options) = db.inner.monitor_targets[node].clone();
-    let timelines = db.inner.cluster.is_some();
-    let mut sampled_leader = db.inner.primary.leader_index();
-    let timeout = db.inner.replica_timeout;
-    let metrics = db.inner.metrics.clone();
-    let mut conn: Option<PgConnection> = None;
-    let mut last_ok = Instant::now();
+    let (name, options) = db.inner.monitor_targets[node].clone();
+    let mut sampler = Sampler {
+        sampled_leader: db.inner.primary.leader_index(),
+        db,
+        node,
+        name,
+        options,
+        conn: None,
+        last_ok: Instant::now(),
+    };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        if node == 0 && timelines {
-            // Follow the leader: a new one gets a new connection.
-            let leader = db.inner.primary.leader_index();
-            if leader != sampled_leader {
-                sampled_leader = leader;
-                conn = None;
-                last_ok = Instant::now();
-            }
-            if let Some(target) = leader.and_then(|i| db.inner.leader_targets.get(i)) {
-                options = target.clone();
-            }
-        }
+        sampler.follow_leader();
         let sent_at = Instant::now();
-        let result = tokio::time::timeout(timeout, async {
-            if conn.is_none() {
-                conn = Some(PgConnection::connect_with(&options).await?);
-            }
-            let c = conn.as_mut().ok_or_else(|| sqlx::Error::PoolClosed)?;
-            let sql = match (node == 0, timelines) {
-                (true, false) => PRIMARY_SQL,
-                (false, false) => REPLICA_SQL,
-                (true, true) => PRIMARY_SQL_TIMELINE,
-                (false, true) => REPLICA_SQL_TIMELINE,
-            };
-            sqlx::query_as::<_, (Option<i64>, Option<i32>)>(sql)
-                .fetch_one(c)
-                .await
-        })
-        .await;
-        metrics.monitor_samples.with_label_values(&[&name]).inc();
-        if node == 0 {
-            // The primary is "down" for writes when it refuses us outright, or when it has
-            // not answered for longer than a request would wait for it: then writes fail
-            // at once with 503 instead of each waiting out its own timeout.
-            let ok = matches!(&result, Ok(Ok(_)));
-            if ok {
-                last_ok = Instant::now();
-            }
-            let refused = matches!(&result, Ok(Err(e)) if super::is_connection_error(e));
-            db.inner
-                .primary
-                .set_down(!ok && (refused || last_ok.elapsed() > db.inner.primary_timeout));
+        let result = sampler.sample().await;
+        sampler.record(result, sent_at);
+    }
+}
+
+/// The monitor's view of one node: node 0 is the primary (the leader, under Patroni), node
+/// `i > 0` is replica `i - 1`.
+struct Sampler {
+    db: Db,
+    node: usize,
+    name: String,
+    options: PgConnectOptions,
+    conn: Option<PgConnection>,
+    /// The leader the primary's connection was opened to (Patroni mode).
+    sampled_leader: Option<usize>,
+    /// The primary's last good sample.
+    last_ok: Instant,
+}
+
+impl Sampler {
+    fn timelines(&self) -> bool {
+        self.db.inner.cluster.is_some()
+    }
+
+    /// The primary's sampler follows the leader: a new one gets a new connection.
+    fn follow_leader(&mut self) {
+        if self.node != 0 || !self.timelines() {
+            return;
         }
-        let lsn = match result {
-            Ok(Ok((Some(lsn), Some(tl)))) => Ok((tl as u32, lsn as u64)),
-            Ok(Ok((None, _))) if timelines => Err("the leader (not in recovery)".to_string()),
-            Ok(Ok((None, _))) => Err("not in recovery (promoted?): not a replica".to_string()),
-            Ok(Ok((Some(_), None))) => Err("not streaming from the leader".to_string()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {timeout:?}")),
+        let leader = self.db.inner.primary.leader_index();
+        if leader != self.sampled_leader {
+            self.sampled_leader = leader;
+            self.conn = None;
+            self.last_ok = Instant::now();
+        }
+        if let Some(target) = leader.and_then(|i| self.db.inner.leader_targets.get(i)) {
+            self.options = target.clone();
+        }
+    }
+
+    /// One position query, on the kept connection (or a new one), within the point timeout.
+    async fn sample(&mut self) -> Sample {
+        let sql = match (self.node == 0, self.timelines()) {
+            (true, false) => PRIMARY_SQL,
+            (false, false) => REPLICA_SQL,
+            (true, true) => PRIMARY_SQL_TIMELINE,
+            (false, true) => REPLICA_SQL_TIMELINE,
         };
-        match lsn {
-            Ok((tl, lsn)) if node == 0 => db.freshness_write().record_primary_on(tl, sent_at, lsn),
+        let (conn, options) = (&mut self.conn, &self.options);
+        tokio::time::timeout(self.db.inner.replica_timeout, async {
+            if conn.is_none() {
+                *conn = Some(PgConnection::connect_with(options).await?);
+            }
+            let c = conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
+            sqlx::query_as(sql).fetch_one(c).await
+        })
+        .await
+    }
+
+    /// Records a sample: the node's position, or its error; the primary's up/down state.
+    fn record(&mut self, result: Sample, sent_at: Instant) {
+        let db = self.db.clone();
+        let metrics = &db.inner.metrics;
+        metrics
+            .monitor_samples
+            .with_label_values(&[&self.name])
+            .inc();
+        if self.node == 0 {
+            self.judge_primary(&result);
+        }
+        match self.position(result) {
+            Ok((tl, lsn)) if self.node == 0 => self
+                .db
+                .freshness_write()
+                .record_primary_on(tl, sent_at, lsn),
             Ok((tl, lsn)) => {
-                db.freshness_write()
-                    .record_replica_on(node - 1, tl, Instant::now(), lsn)
+                self.db
+                    .freshness_write()
+                    .record_replica_on(self.node - 1, tl, Instant::now(), lsn)
             }
             Err(error) => {
                 // Drop the connection; a fresh one (with its own timeout) next tick.
-                conn = None;
-                metrics.monitor_errors.with_label_values(&[&name]).inc();
-                if node > 0 {
-                    db.freshness_write()
-                        .record_replica_error(node - 1, error.clone());
+                self.conn = None;
+                metrics
+                    .monitor_errors
+                    .with_label_values(&[&self.name])
+                    .inc();
+                if self.node > 0 {
+                    self.db
+                        .freshness_write()
+                        .record_replica_error(self.node - 1, error.clone());
                 }
-                tracing::debug!(node = %name, %error, "freshness sample failed");
+                tracing::debug!(node = %self.name, %error, "freshness sample failed");
             }
         }
-        if node > 0 {
-            db.publish_replica_metrics(node - 1);
+        if self.node > 0 {
+            self.db.publish_replica_metrics(self.node - 1);
+        }
+    }
+
+    /// The primary is "down" for writes when it refuses us outright, or when it has not
+    /// answered for longer than a request would wait for it: then writes fail at once with
+    /// 503 instead of each waiting out its own timeout.
+    fn judge_primary(&mut self, result: &Sample) {
+        let ok = matches!(result, Ok(Ok(_)));
+        if ok {
+            self.last_ok = Instant::now();
+        }
+        let refused = matches!(result, Ok(Err(e)) if super::is_connection_error(e));
+        let waited_too_long = self.last_ok.elapsed() > self.db.inner.primary_timeout;
+        self.db
+            .inner
+            .primary
+            .set_down(!ok && (refused || waited_too_long));
+    }
+
+    /// The (timeline, position) a sample gives, or why it gives none.
+    fn position(&self, result: Sample) -> Result<(u32, u64), String> {
+        match result {
+            Ok(Ok((Some(lsn), Some(tl)))) => Ok((tl as u32, lsn as u64)),
+            Ok(Ok((None, _))) if self.timelines() => Err("the leader (not in recovery)".into()),
+            Ok(Ok((None, _))) => Err("not in recovery (promoted?): not a replica".into()),
+            Ok(Ok((Some(_), None))) => Err("not streaming from the leader".into()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!(
+                "no answer within {:?}",
+                self.db.inner.replica_timeout
+            )),
         }
     }
 }
