@@ -3,6 +3,7 @@
 //! 4xx carry a helpful message; 5xx carry none of the internals (those go to the log).
 
 use super::responses::ErrorBody;
+use crate::checkout::CheckoutError;
 use crate::domain::Invalid;
 use crate::routing::DbError;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
@@ -179,6 +180,55 @@ impl From<DbError> for ApiError {
                 )
             }
             DbError::Query(e) => ApiError::Internal(e.into()),
+        }
+    }
+}
+
+/// Every checkout outcome that is not a success, in one place with the database failures.
+impl From<CheckoutError> for ApiError {
+    fn from(e: CheckoutError) -> Self {
+        match e {
+            CheckoutError::OutOfStock => ApiError::conflict(
+                "OUT_OF_STOCK",
+                "not enough stock for this order; nothing was written",
+            ),
+            CheckoutError::ProductNotFound => {
+                ApiError::not_found("PRODUCT_NOT_FOUND", "no such product")
+            }
+            CheckoutError::OrderNotFound => ApiError::not_found("ORDER_NOT_FOUND", "no such order"),
+            CheckoutError::KeyReused => ApiError::invalid(
+                "IDEMPOTENCY_KEY_REUSED",
+                "this Idempotency-Key was already used with a different body; use a new key for a new order",
+            ),
+            CheckoutError::Short(lines) => {
+                ApiError::ShortLines(serde_json::to_value(lines).unwrap_or_default())
+            }
+            CheckoutError::HoldNotFound => ApiError::not_found("HOLD_NOT_FOUND", "no such hold"),
+            CheckoutError::HoldExpired => ApiError::conflict(
+                "HOLD_EXPIRED",
+                "the hold expired before it was confirmed; its units went back",
+            ),
+            CheckoutError::HoldReleased => ApiError::conflict(
+                "HOLD_RELEASED",
+                "the hold was released; its units went back",
+            ),
+            CheckoutError::HoldConfirmed => ApiError::conflict(
+                "HOLD_CONFIRMED",
+                "the hold was confirmed and is an order now; cancel the order instead",
+            ),
+            CheckoutError::RateLimited => ApiError::TooManyRequests,
+            CheckoutError::OutcomeUnknown => ApiError::unavailable(
+                "OUTCOME_UNKNOWN",
+                "the outcome is unknown: the database did not confirm or deny the commit; retry with the same Idempotency-Key to learn it",
+            ),
+            CheckoutError::Refused(why) => {
+                tracing::error!(%why, "the database refused an order's row");
+                ApiError::unavailable(
+                    "ORDER_NOT_WRITTEN",
+                    "the database refused this order; nothing was written",
+                )
+            }
+            CheckoutError::Db(e) => e.into(),
         }
     }
 }

@@ -6,7 +6,7 @@ use super::responses::{
 use super::{ApiError, AppState, Json, Path};
 use crate::auth::Caller;
 use crate::checkout::cart::CartRequest;
-use crate::checkout::{CheckoutError, Order, OrderRequest, Placed};
+use crate::checkout::{Order, OrderRequest, Placed};
 use crate::domain::{Lines, ProductId, Quantity};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -27,54 +27,6 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(place))
         .routes(routes!(show))
         .routes(routes!(cancel))
-}
-
-impl From<CheckoutError> for ApiError {
-    fn from(e: CheckoutError) -> Self {
-        match e {
-            CheckoutError::OutOfStock => ApiError::conflict(
-                "OUT_OF_STOCK",
-                "not enough stock for this order; nothing was written",
-            ),
-            CheckoutError::ProductNotFound => {
-                ApiError::not_found("PRODUCT_NOT_FOUND", "no such product")
-            }
-            CheckoutError::OrderNotFound => ApiError::not_found("ORDER_NOT_FOUND", "no such order"),
-            CheckoutError::KeyReused => ApiError::invalid(
-                "IDEMPOTENCY_KEY_REUSED",
-                "this Idempotency-Key was already used with a different body; use a new key for a new order",
-            ),
-            CheckoutError::Short(lines) => {
-                ApiError::ShortLines(serde_json::to_value(lines).unwrap_or_default())
-            }
-            CheckoutError::HoldNotFound => ApiError::not_found("HOLD_NOT_FOUND", "no such hold"),
-            CheckoutError::HoldExpired => ApiError::conflict(
-                "HOLD_EXPIRED",
-                "the hold expired before it was confirmed; its units went back",
-            ),
-            CheckoutError::HoldReleased => ApiError::conflict(
-                "HOLD_RELEASED",
-                "the hold was released; its units went back",
-            ),
-            CheckoutError::HoldConfirmed => ApiError::conflict(
-                "HOLD_CONFIRMED",
-                "the hold was confirmed and is an order now; cancel the order instead",
-            ),
-            CheckoutError::RateLimited => ApiError::TooManyRequests,
-            CheckoutError::OutcomeUnknown => ApiError::unavailable(
-                "OUTCOME_UNKNOWN",
-                "the outcome is unknown: the database did not confirm or deny the commit; retry with the same Idempotency-Key to learn it",
-            ),
-            CheckoutError::Refused(why) => {
-                tracing::error!(%why, "the database refused an order's row");
-                ApiError::unavailable(
-                    "ORDER_NOT_WRITTEN",
-                    "the database refused this order; nothing was written",
-                )
-            }
-            CheckoutError::Db(e) => e.into(),
-        }
-    }
 }
 
 /// A single-product order (`product_id` + `quantity`) or a cart (`lines`); its schema is
