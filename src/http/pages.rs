@@ -20,8 +20,6 @@ const SHOP_JS: &str = include_str!("../../static/shop.js");
 const PAGES_CSS: &str = include_str!("../../static/pages.css");
 
 const HTML: &str = "text/html; charset=utf-8";
-const JS: &str = "text/javascript; charset=utf-8";
-const CSS: &str = "text/css; charset=utf-8";
 
 /// Scripts, styles and requests only from this origin; no inline script; no framing.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
@@ -36,21 +34,43 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(pages_css))
 }
 
-/// The operations page
-///
-/// Static HTML; the page asks for an admin token and reads the JSON API.
-#[utoipa::path(
-    get,
-    path = "/ops",
-    tag = "pages",
-    responses(
-        (status = 200, description = "The page", content_type = "text/html", body = String),
-        (status = 503, response = Unavailable),
-    )
-)]
-async fn ops_page() -> Response {
-    asset(HTML, OPS_HTML)
+/// A static page or file at `$path`: its handler and its OpenAPI operation, one per asset.
+macro_rules! static_asset {
+    ($(#[doc = $doc:literal])* $name:ident, $path:literal, $what:literal, $mime:literal, $body:expr) => {
+        $(#[doc = $doc])*
+        #[utoipa::path(
+            get,
+            path = $path,
+            tag = "pages",
+            responses(
+                (status = 200, description = $what, content_type = $mime, body = String),
+                (status = 503, response = Unavailable),
+            )
+        )]
+        async fn $name() -> Response {
+            asset(concat!($mime, "; charset=utf-8"), $body)
+        }
+    };
 }
+
+static_asset!(
+    /// The operations page
+    ///
+    /// Static HTML; the page asks for an admin token and reads the JSON API.
+    ops_page, "/ops", "The page", "text/html", OPS_HTML
+);
+static_asset!(
+    /// The operations page's script
+    ops_js, "/static/ops.js", "JavaScript", "text/javascript", OPS_JS
+);
+static_asset!(
+    /// The storefront page's script
+    shop_js, "/static/shop.js", "JavaScript", "text/javascript", SHOP_JS
+);
+static_asset!(
+    /// The pages' stylesheet
+    pages_css, "/static/pages.css", "CSS", "text/css", PAGES_CSS
+);
 
 /// The storefront page of a product
 ///
@@ -76,48 +96,6 @@ async fn shop_page(Path(id): Path<String>) -> Result<Response, ApiError> {
     // Checked here, so a malformed id is the contract's JSON error.
     ProductId::parse(&id)?;
     Ok(asset(HTML, SHOP_HTML))
-}
-
-/// The operations page's script
-#[utoipa::path(
-    get,
-    path = "/static/ops.js",
-    tag = "pages",
-    responses(
-        (status = 200, description = "JavaScript", content_type = "text/javascript", body = String),
-        (status = 503, response = Unavailable),
-    )
-)]
-async fn ops_js() -> Response {
-    asset(JS, OPS_JS)
-}
-
-/// The storefront page's script
-#[utoipa::path(
-    get,
-    path = "/static/shop.js",
-    tag = "pages",
-    responses(
-        (status = 200, description = "JavaScript", content_type = "text/javascript", body = String),
-        (status = 503, response = Unavailable),
-    )
-)]
-async fn shop_js() -> Response {
-    asset(JS, SHOP_JS)
-}
-
-/// The pages' stylesheet
-#[utoipa::path(
-    get,
-    path = "/static/pages.css",
-    tag = "pages",
-    responses(
-        (status = 200, description = "CSS", content_type = "text/css", body = String),
-        (status = 503, response = Unavailable),
-    )
-)]
-async fn pages_css() -> Response {
-    asset(CSS, PAGES_CSS)
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
