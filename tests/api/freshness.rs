@@ -28,7 +28,7 @@ async fn an_idle_primary_keeps_replicas_fresh_and_serving_the_stock_gate() {
     // Nothing is written for 10 s. A `now() - pg_last_xact_replay_timestamp()` lag would
     // climb to 10 s here; ours must stay near zero.
     let start = Instant::now();
-    let mut served_by_replica = 0;
+    let (mut served_by_replica, mut reads) = (0, 0);
     let mut seen = vec![];
     while start.elapsed() < Duration::from_secs(10) {
         for (name, state, staleness) in app.replica_states().await {
@@ -36,6 +36,7 @@ async fn an_idle_primary_keeps_replicas_fresh_and_serving_the_stock_gate() {
             seen.push(staleness.unwrap_or(u64::MAX));
         }
         let answer = gate(&app, "idle").await;
+        reads += 1;
         if answer["served_by"] != "primary" {
             served_by_replica += 1;
         }
@@ -46,9 +47,11 @@ async fn an_idle_primary_keeps_replicas_fresh_and_serving_the_stock_gate() {
     seen.sort_unstable();
     let p95 = seen[seen.len() * 95 / 100];
     assert!(p95 < 250, "idle staleness p95 {p95} ms (all: {seen:?})");
+    // A share, not a count: how many reads fit in 10 s depends on the machine's load.
+    assert!(reads >= 10, "only {reads} gate reads in 10 s");
     assert!(
-        served_by_replica > 40,
-        "only {served_by_replica} of ~50 gate reads used a replica"
+        served_by_replica * 10 >= reads * 8,
+        "only {served_by_replica} of {reads} gate reads used a replica"
     );
 }
 
