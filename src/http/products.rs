@@ -5,15 +5,15 @@ use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Stated, Unauthorized, Unavailable,
     Unprocessable,
 };
-use super::{Admin, ApiError, AppState, Json, Path, Query, stated};
+use super::{Admin, ApiError, AppState, Json, Path, Query, stated, with_route_headers};
 use crate::checkout::CheckoutError;
 use crate::domain::{PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
-use crate::routing::{DbError, ReadCtx};
+use crate::routing::{DbError, ReadCtx, Route};
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
@@ -237,13 +237,39 @@ struct AvailabilityQuery {
 
 #[derive(Serialize, ToSchema)]
 struct Availability {
-    product_id: String,
+    #[schema(value_type = String)]
+    product_id: ProductId,
     #[schema(minimum = 1, maximum = 10000)]
     qty: i32,
     /// `available_quantity >= qty`.
     available: bool,
     #[schema(minimum = 0)]
     available_quantity: i32,
+}
+
+impl Availability {
+    /// `Stated<Availability>` as JSON, written directly: the bytes `serde_json` makes of it
+    /// (a test holds the two equal) for a fraction of the instructions. Serde's flattened
+    /// map and axum's growing buffer were 18 % of an answer served from memory (callgrind).
+    fn stated_json(&self, route: &Route) -> Vec<u8> {
+        use std::io::Write;
+        let mut out = Vec::with_capacity(224);
+        // A ProductId is `[A-Za-z0-9_.-]{1,64}` and an RFC 3339 time is digits and `-:.TZ`:
+        // neither needs escaping. `served_by` comes from the configuration: escaped.
+        let _ = write!(
+            out,
+            "{{\"product_id\":\"{}\",\"qty\":{},\"available\":{},\"available_quantity\":{},\"as_of\":\"{}\",\"stale_by_ms\":{},\"served_by\":",
+            self.product_id.as_str(),
+            self.qty,
+            self.available,
+            self.available_quantity,
+            route.as_of_rfc3339(),
+            route.stale_by_ms(),
+        );
+        let _ = serde_json::to_writer(&mut out, &route.served_by);
+        out.push(b'}');
+        out
+    }
 }
 
 /// Availability: the stock gate (public; routed read, 250 ms budget)
@@ -285,10 +311,56 @@ async fn availability(
     let available_quantity = available_quantity
         .ok_or_else(|| ApiError::not_found("PRODUCT_NOT_FOUND", format!("no product {id}")))?;
     let body = Availability {
-        product_id: id.to_string(),
+        product_id: id,
         qty: qty.get(),
         available: available_quantity >= qty.get(),
         available_quantity,
     };
-    Ok(stated(StatusCode::OK, body, &route))
+    let json = [(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )];
+    Ok(with_route_headers(
+        (json, body.stated_json(&route)).into_response(),
+        &route,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::Reason;
+    use std::time::Duration;
+
+    #[test]
+    fn the_availability_answer_is_the_bytes_serde_makes_of_its_stated_type() {
+        for (served_by, stale_ms, qty, stock) in [
+            ("primary", 0, 1, 0),
+            ("replica-1", 249, 10000, i32::MAX),
+            ("odd \"name\" \\ é", 17, 3, 2),
+        ] {
+            let mut route = Route::primary(
+                QueryClass::StockGate,
+                Reason::FreshReplica,
+                chrono::Utc::now(),
+            );
+            route.served_by = served_by.into();
+            route.stale_by = Duration::from_micros(stale_ms * 1000 + 1);
+            let body = Availability {
+                product_id: ProductId::parse("flash-60.a_B").expect("valid"),
+                qty,
+                available: stock >= qty,
+                available_quantity: stock,
+            };
+            let fast = body.stated_json(&route);
+            let serde = serde_json::to_vec(&super::super::Stated {
+                body,
+                as_of: route.as_of_rfc3339(),
+                stale_by_ms: route.stale_by_ms(),
+                served_by: route.served_by.clone(),
+            })
+            .expect("serializes");
+            assert_eq!(String::from_utf8(fast), String::from_utf8(serde));
+        }
+    }
 }
