@@ -1,24 +1,29 @@
-//! One order batch: one primary transaction for a product's queued orders, in four stages.
+//! One order batch: one primary transaction for a product's queued orders, in four stages
+//! and four round trips (BEGIN, lock + lookup, insert + take, COMMIT), since the row lock
+//! is held, and the next batch waits, from the second to the last.
 //!
-//! 1. **allocate** (pure): lock the product row (`FOR NO KEY UPDATE`: batches take turns,
-//!    while inserts that merely reference the product — refusals — are not held up), read what the batch's keys already hold
-//!    (on any product), and seat the rest in arrival order: a seat for each request that
-//!    fits, a refusal for each that does not. A key already used answers as it did (the
-//!    order, the refusal, or 422 for another body) and takes nothing, so it never displaces
-//!    an honest buyer.
+//! 1. **allocate** (pure, after one statement): lock the product row (`FOR NO KEY UPDATE`:
+//!    batches take turns, while inserts that merely reference the product — refusals — are
+//!    not held up) and, in the same statement, read what the batch's keys already hold (on
+//!    any product); then seat the rest in arrival order: a seat for each request that fits,
+//!    a refusal for each that does not. A key already used answers as it did (the order,
+//!    the refusal, or 422 for another body) and takes nothing, so it never displaces an
+//!    honest buyer.
 //! 2. **insert**: one `INSERT … ON CONFLICT DO NOTHING` claims every new key — seats as
 //!    `confirmed` orders, refusals as `refused` rows — in (user, key) order, the one lock
 //!    order every batch and refusal shares, so two batches never deadlock on keys.
-//! 3. **settle**: a key that a concurrent transaction claimed between our read and our insert
-//!    is decided later from the primary; the units its seat held go to refused requests of
-//!    this batch, in arrival order (their rows are ours, uncommitted, so flipping them takes
-//!    no new lock).
-//! 4. **take**: ONE guarded `UPDATE … WHERE available_quantity >= $total` for the confirmed
-//!    total, then COMMIT. An error on COMMIT means "outcome unknown", never "nothing written".
+//! 3. **settle**: a key that a concurrent transaction claimed (including one the lookup
+//!    could not see: its snapshot predates the wait for the lock) makes our insert conflict
+//!    and is decided later from the primary; the units its seat held go to refused requests
+//!    of this batch, in arrival order (their rows are ours, uncommitted, so flipping them
+//!    takes no new lock; a fifth round trip, only then).
+//! 4. **take**: ONE guarded `UPDATE … WHERE available_quantity >= $total` for the total of
+//!    the confirmed rows that actually went in, in the same statement as the insert (a
+//!    data-modifying CTE, [`take_cte`]); a guard that changes no row rolls the whole batch
+//!    back. Then COMMIT: an error on COMMIT means "outcome unknown", never "nothing written".
 
 use super::{
-    CheckoutError, Existing, Order, OrderRequest, Placed, REFUSED, commit, existing_for, judge,
-    order_columns,
+    CheckoutError, Existing, Order, OrderRequest, Placed, REFUSED, commit, judge, order_columns,
 };
 use crate::domain::ProductId;
 use crate::routing::{Db, DbError};
@@ -147,8 +152,51 @@ pub(super) fn reseat(
     flipped
 }
 
-/// Runs the batch's transaction.
-#[allow(clippy::too_many_lines)] // TEMP until the speed branch lands
+/// The guarded UPDATE, as the `take` CTE of the statement whose rows (`$rows`, a CTE
+/// returning order columns) it pays for: it takes the confirmed rows' total from product `$1`
+/// only `WHERE available_quantity >= total`, and returns the stock it left. It is the only
+/// thing that confirms: a batch whose confirmed rows it did not pay for rolls back. (A macro,
+/// so both statements that use it stay string literals.)
+macro_rules! take_cte {
+    ($rows:literal) => {
+        concat!(
+            "take AS (UPDATE products SET available_quantity = available_quantity - t.total, \
+             updated_at = clock_timestamp() \
+             FROM (SELECT sum(quantity) AS total FROM ",
+            $rows,
+            " WHERE status = 'confirmed') t \
+             WHERE product_id = $1 AND t.total > 0 AND available_quantity >= t.total \
+             RETURNING available_quantity)"
+        )
+    };
+}
+
+/// The product row as the batch locked it, and what the batch's keys already hold.
+struct Locked {
+    stock: i32,
+    price: i32,
+    existing: HashMap<(String, String), Existing>,
+    at: Instant,
+}
+
+/// An order row a statement wrote, with the stock its guarded UPDATE left (`None`: it
+/// took nothing).
+#[derive(sqlx::FromRow)]
+struct Written {
+    #[sqlx(flatten)]
+    order: Order,
+    left_after: Option<i32>,
+}
+
+/// The rows one writing statement returned, by request index, and the stock its guarded
+/// UPDATE left (`None`: it took nothing).
+struct Took {
+    rows: HashMap<usize, Order>,
+    left: Option<i32>,
+}
+
+/// Runs the batch's transaction: BEGIN, lock + key lookup, insert + guarded UPDATE, COMMIT
+/// (a fifth statement only when a concurrently claimed key freed units to reseat).
 pub(super) async fn run(
     db: &Db,
     product: &ProductId,
@@ -156,15 +204,7 @@ pub(super) async fn run(
 ) -> Result<Committed, Failed> {
     let nothing = |e: sqlx::Error| Failed::NothingWritten(e.into());
     let mut tx = db.primary().begin().await.map_err(Failed::NothingWritten)?;
-    let row: Option<(i32, i32)> = sqlx::query_as(
-        "SELECT available_quantity, price_cents FROM products WHERE product_id = $1 FOR NO KEY UPDATE",
-    )
-    .bind(product.as_str())
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(nothing)?;
-    let locked_at = Instant::now();
-    let Some((stock, price)) = row else {
+    let Some(locked) = lock(&mut tx, product, reqs).await.map_err(nothing)? else {
         let _ = tx.rollback().await;
         let fates = reqs
             .iter()
@@ -172,74 +212,130 @@ pub(super) async fn run(
             .collect();
         return Ok(Committed { fates, row: None });
     };
-    let existing = existing_for(&mut *tx, reqs).await.map_err(nothing)?;
-    let plans = allocate(reqs, &existing, stock);
-    let mut rows = insert(&mut tx, product, price, reqs, &plans)
+    let plans = allocate(reqs, &locked.existing, locked.stock);
+    let written = insert(&mut tx, product, locked.price, reqs, &plans)
         .await
-        .map_err(nothing)?;
-    let inserted: Vec<bool> = (0..reqs.len()).map(|i| rows.contains_key(&i)).collect();
-    let flipped = reseat(reqs, &plans, &inserted, stock);
-    if !flipped.is_empty() {
-        for order in confirm(&mut tx, price, &flipped, &rows)
-            .await
-            .map_err(nothing)?
-        {
-            if let Some(i) = flipped
-                .iter()
-                .find(|&&i| rows[&i].order_id == order.order_id)
-            {
-                rows.insert(*i, order);
-            }
-        }
-    }
-    let total: i32 = rows
-        .values()
-        .filter(|o| o.status == "confirmed")
-        .filter_map(|o| o.quantity)
-        .sum();
-    if total > 0 {
-        let taken = sqlx::query(
-            "UPDATE products SET available_quantity = available_quantity - $2, updated_at = clock_timestamp() \
-             WHERE product_id = $1 AND available_quantity >= $2",
-        )
-        .bind(product.as_str())
-        .bind(total)
-        .execute(&mut *tx)
-        .await
-        .map_err(nothing)?;
-        if taken.rows_affected() != 1 {
-            // Cannot happen while we hold the row lock; if it did, nothing may commit.
+        .map_err(nothing);
+    let (mut rows, mut left) = match written.and_then(paid) {
+        Ok(took) => (took.rows, took.left),
+        Err(e) => {
             let _ = tx.rollback().await;
-            return Err(Failed::NothingWritten(DbError::Internal(
-                "the guarded stock update changed no row; the batch was rolled back".into(),
-            )));
+            return Err(e);
+        }
+    };
+    let inserted: Vec<bool> = (0..reqs.len()).map(|i| rows.contains_key(&i)).collect();
+    let flipped = reseat(reqs, &plans, &inserted, locked.stock);
+    if !flipped.is_empty() {
+        let confirmed = confirm(&mut tx, product, locked.price, &flipped, &rows)
+            .await
+            .map_err(nothing);
+        match confirmed.and_then(paid) {
+            Ok(took) => {
+                left = took.left.or(left);
+                rows.extend(took.rows);
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Err(e);
+            }
         }
     }
     commit(tx).await.map_err(|_| Failed::Unknown)?;
     Ok(Committed {
         fates: settle(&plans, rows),
         row: Some(RowSeen {
-            found: stock,
-            left: stock - total,
-            locked_at,
+            found: locked.stock,
+            left: left.unwrap_or(locked.stock),
+            locked_at: locked.at,
         }),
     })
 }
 
-/// Stage 2: one INSERT claiming every new key, seats and refusals, in (user, key) order.
-/// Returns the rows that went in, by request index.
+/// Stage 1's statement: locks the product row (`FOR NO KEY UPDATE`) and reads what the
+/// batch's keys already hold, in one round trip. `None`: no such product.
+///
+/// Under READ COMMITTED the statement's snapshot is taken before it waits for the row lock,
+/// so a key committed by the batch it waited for may be missing here (the stock is not: a
+/// locked row is re-read at its newest version). Such a key cannot be claimed twice: stage
+/// 2's insert conflicts on it, and its request is decided later from the primary.
+async fn lock(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    product: &ProductId,
+    reqs: &[&OrderRequest],
+) -> Result<Option<Locked>, sqlx::Error> {
+    use sqlx::{FromRow, Row};
+    let (users, keys): (Vec<&str>, Vec<&str>) = reqs.iter().map(|r| r.key_pair()).unzip();
+    let found = sqlx::query(concat!(
+        "SELECT p.available_quantity AS stock, p.price_cents AS price, e.* \
+         FROM (SELECT available_quantity, price_cents FROM products \
+               WHERE product_id = $1 FOR NO KEY UPDATE) p \
+         LEFT JOIN LATERAL (SELECT idempotency_key, request_fingerprint, ",
+        order_columns!(),
+        " FROM orders WHERE (user_id, idempotency_key) IN \
+             (SELECT * FROM UNNEST($2::text[], $3::text[]))) e ON true"
+    ))
+    .bind(product.as_str())
+    .bind(&users)
+    .bind(&keys)
+    .fetch_all(&mut **tx)
+    .await?;
+    let at = Instant::now();
+    let Some(first) = found.first() else {
+        return Ok(None);
+    };
+    let mut existing = HashMap::new();
+    for row in &found {
+        if row.try_get::<Option<Uuid>, _>("order_id")?.is_some() {
+            let e = Existing::from_row(row)?;
+            existing.insert((e.order.user_id.clone(), e.idempotency_key.clone()), e);
+        }
+    }
+    Ok(Some(Locked {
+        stock: first.try_get("stock")?,
+        price: first.try_get("price")?,
+        existing,
+        at,
+    }))
+}
+
+/// Checks a writing statement's guard — every confirmed row it wrote was paid for by its
+/// guarded UPDATE, or nothing may commit — and files its rows by request index (`index`:
+/// the request each written order id belongs to).
+fn paid((index, written): (HashMap<Uuid, usize>, Vec<Written>)) -> Result<Took, Failed> {
+    let total: i64 = written
+        .iter()
+        .filter(|w| w.order.status == "confirmed")
+        .filter_map(|w| w.order.quantity.map(i64::from))
+        .sum();
+    let left = written.first().and_then(|w| w.left_after);
+    if total > 0 && left.is_none() {
+        // Cannot happen while we hold the row lock; if it did, nothing may commit.
+        return Err(Failed::NothingWritten(DbError::Internal(
+            "the guarded stock update changed no row; the batch was rolled back".into(),
+        )));
+    }
+    let rows = written
+        .into_iter()
+        .filter_map(|w| index.get(&w.order.order_id).map(|&i| (i, w.order)))
+        .collect();
+    Ok(Took { rows, left })
+}
+
+/// Stage 2 and 4 in one statement: one INSERT claiming every new key, seats and refusals,
+/// in (user, key) order, and the guarded UPDATE for the seats that went in. Returns the
+/// rows that went in, and which request each order id is.
 async fn insert(
     tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
     product: &ProductId,
     price: i32,
     reqs: &[&OrderRequest],
     plans: &[Plan],
-) -> Result<HashMap<usize, Order>, sqlx::Error> {
+) -> Result<(HashMap<Uuid, usize>, Vec<Written>), sqlx::Error> {
     let mut new: Vec<usize> = (0..reqs.len())
         .filter(|&i| matches!(plans[i], Plan::Seat | Plan::Refuse))
         .collect();
     if new.is_empty() {
-        return Ok(HashMap::new());
+        return Ok((HashMap::new(), Vec::new()));
     }
     new.sort_by(|&a, &b| reqs[a].key_pair().cmp(&reqs[b].key_pair()));
     let ids: Vec<Uuid> = new.iter().map(|_| Uuid::new_v4()).collect();
@@ -254,8 +350,8 @@ async fn insert(
             _ => REFUSED,
         })
         .collect();
-    let rows: Vec<Order> = sqlx::query_as(concat!(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+    let written: Vec<Written> = sqlx::query_as(concat!(
+        "WITH ins AS (INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
          SELECT o.order_id, $1, o.user_id, o.quantity, \
                 CASE WHEN o.status = 'confirmed' THEN $2 ELSE 0 END, \
                 CASE WHEN o.status = 'confirmed' THEN $2::int8 * o.quantity ELSE 0 END, \
@@ -265,7 +361,10 @@ async fn insert(
          ORDER BY o.n \
          ON CONFLICT (user_id, idempotency_key) DO NOTHING \
          RETURNING ",
-        order_columns!()
+        order_columns!(),
+        "), ",
+        take_cte!("ins"),
+        " SELECT ins.*, take.available_quantity AS left_after FROM ins LEFT JOIN take ON true"
     ))
     .bind(product.as_str())
     .bind(price)
@@ -277,30 +376,36 @@ async fn insert(
     .bind(&status)
     .fetch_all(&mut **tx)
     .await?;
-    let index: HashMap<Uuid, usize> = ids.iter().copied().zip(new.iter().copied()).collect();
-    Ok(rows
-        .into_iter()
-        .filter_map(|o| index.get(&o.order_id).map(|&i| (i, o)))
-        .collect())
+    Ok((ids.into_iter().zip(new).collect(), written))
 }
 
-/// Turns this batch's own refused rows into confirmed orders (stage 3's reseating).
+/// Stage 3's reseating: turns this batch's own refused rows into confirmed orders, and
+/// takes their units with the guarded UPDATE, in one statement.
 async fn confirm(
     tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    product: &ProductId,
     price: i32,
     flipped: &[usize],
     rows: &HashMap<usize, Order>,
-) -> Result<Vec<Order>, sqlx::Error> {
+) -> Result<(HashMap<Uuid, usize>, Vec<Written>), sqlx::Error> {
     let ids: Vec<Uuid> = flipped.iter().map(|i| rows[i].order_id).collect();
-    sqlx::query_as(concat!(
-        "UPDATE orders SET status = 'confirmed', unit_price_cents = $2, total_cents = $2::int8 * quantity \
-         WHERE order_id = ANY($1) AND status = 'refused' RETURNING ",
-        order_columns!()
+    let written = sqlx::query_as(concat!(
+        "WITH c AS (UPDATE orders SET status = 'confirmed', unit_price_cents = $2, total_cents = $2::int8 * quantity \
+         WHERE order_id = ANY($3) AND status = 'refused' RETURNING ",
+        order_columns!(),
+        "), ",
+        take_cte!("c"),
+        " SELECT c.*, take.available_quantity AS left_after FROM c LEFT JOIN take ON true"
     ))
-    .bind(&ids)
+    .bind(product.as_str())
     .bind(price)
+    .bind(&ids)
     .fetch_all(&mut **tx)
-    .await
+    .await?;
+    Ok((
+        ids.into_iter().zip(flipped.iter().copied()).collect(),
+        written,
+    ))
 }
 
 /// Each request's fate from its plan and the row it inserted (if any).

@@ -44,10 +44,16 @@ pub struct GateCache {
     budget: Duration,
     /// How long an invalidation's floor is kept.
     keep_floors: Duration,
-    // A std Mutex: held only to look up or swap a slot, never across an await.
-    slots: Mutex<HashMap<ProductId, Slot>>,
+    // A std Mutex: held only to look up or swap a slot, never across an await. One lock for
+    // both maps, so an answer from memory takes one lock.
+    maps: Mutex<Maps>,
+}
+
+#[derive(Default)]
+struct Maps {
+    slots: HashMap<ProductId, Slot>,
     /// When each product was last invalidated: no answer from before that is used again.
-    floors: Mutex<HashMap<ProductId, Instant>>,
+    floors: HashMap<ProductId, Instant>,
 }
 
 impl Default for GateCache {
@@ -57,13 +63,16 @@ impl Default for GateCache {
         GateCache {
             budget: policy.budget(),
             keep_floors: policy.marks_kept_for(),
-            slots: Mutex::new(HashMap::new()),
-            floors: Mutex::new(HashMap::new()),
+            maps: Mutex::default(),
         }
     }
 }
 
 impl GateCache {
+    fn maps(&self) -> std::sync::MutexGuard<'_, Maps> {
+        self.maps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A fresh-enough answer for `product`, reading through `fetch` on a miss. Callers
     /// that miss together wait for one read. A cached answer is served only while its
     /// staleness, stated at the moment it is served, is within the budget; a fetched one is
@@ -74,14 +83,15 @@ impl GateCache {
         Fut: std::future::Future<Output = Result<Answer, E>>,
     {
         let now = Instant::now();
-        let floor = self.floor(product);
         let budget_ms = ceil_ms(self.budget);
-        let usable = |a: &Answer| {
-            ceil_ms(now.saturating_duration_since(a.as_of())) <= budget_ms
-                && floor.is_none_or(|f| a.as_of() >= f)
-        };
         let slot = {
-            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let mut maps = self.maps();
+            let floor = maps.floors.get(product).copied();
+            let usable = |a: &Answer| {
+                ceil_ms(now.saturating_duration_since(a.as_of())) <= budget_ms
+                    && floor.is_none_or(|f| a.as_of() >= f)
+            };
+            let slots = &mut maps.slots;
             if slots.len() > 50_000 {
                 // Bounded memory: forget expired answers.
                 let budget = self.budget;
@@ -90,23 +100,21 @@ impl GateCache {
                         .is_none_or(|a| now.saturating_duration_since(a.as_of()) <= budget)
                 });
             }
-            let fresh = slots
-                .get(product)
-                .filter(|s| s.get().is_none_or(usable))
-                .cloned();
-            match fresh {
-                Some(slot) => slot,
-                None => {
+            let cached = slots.get(product).and_then(|s| s.get());
+            if let Some(answer) = cached.filter(|a| usable(a)) {
+                // Judged usable at `now`, and stated at that same `now`.
+                return Ok(answer.restated(now));
+            }
+            match slots.get(product) {
+                // A read in flight: wait for it.
+                Some(s) if s.get().is_none() => s.clone(),
+                _ => {
                     let slot: Slot = Arc::default();
                     slots.insert(product.clone(), slot.clone());
                     slot
                 }
             }
         };
-        if let Some(cached) = slot.get() {
-            // Judged usable at `now`, and stated at that same `now`.
-            return Ok(cached.restated(now));
-        }
         let answer = slot.get_or_try_init(fetch).await?;
         Ok(answer.clone())
     }
@@ -114,10 +122,15 @@ impl GateCache {
     /// Stores an authoritative answer (the primary's stock right after a commit), unless a
     /// newer one is already there.
     pub fn put(&self, product: &ProductId, answer: Answer) {
-        if self.floor(product).is_some_and(|f| answer.as_of() < f) {
+        let mut maps = self.maps();
+        if maps
+            .floors
+            .get(product)
+            .is_some_and(|f| answer.as_of() < *f)
+        {
             return;
         }
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let slots = &mut maps.slots;
         let newer = slots
             .get(product)
             .and_then(|s| s.get())
@@ -130,23 +143,11 @@ impl GateCache {
     /// Forgets `product` (its stock went up here: the next gate read must see that).
     pub fn invalidate(&self, product: &ProductId) {
         let now = Instant::now();
-        {
-            let mut floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
-            floors.retain(|_, at| now.saturating_duration_since(*at) <= self.keep_floors);
-            floors.insert(product.clone(), now);
-        }
-        self.slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(product);
-    }
-
-    fn floor(&self, product: &ProductId) -> Option<Instant> {
-        self.floors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(product)
-            .copied()
+        let mut maps = self.maps();
+        maps.floors
+            .retain(|_, at| now.saturating_duration_since(*at) <= self.keep_floors);
+        maps.floors.insert(product.clone(), now);
+        maps.slots.remove(product);
     }
 }
 

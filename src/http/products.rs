@@ -4,14 +4,14 @@
 use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable, Unprocessable,
 };
-use super::{Admin, ApiError, AppState, Json, Path, Query, Stated, stated};
+use super::{Admin, ApiError, AppState, Json, Path, Query, Stated, stated, with_route_headers};
 use crate::checkout::CheckoutError;
 use crate::domain::{PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
-use crate::routing::{DbError, ReadCtx};
+use crate::routing::{DbError, ReadCtx, Route};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 use utoipa::{IntoParams, ToSchema};
@@ -232,13 +232,62 @@ struct AvailabilityQuery {
 
 #[derive(Serialize, ToSchema)]
 struct Availability {
-    product_id: String,
+    #[schema(value_type = String)]
+    product_id: ProductId,
     #[schema(minimum = 1, maximum = 10000)]
     qty: i32,
     /// `available_quantity >= qty`.
     available: bool,
     #[schema(minimum = 0)]
     available_quantity: i32,
+}
+
+impl Availability {
+    /// `Stated<Availability>` as JSON, written directly: the bytes `serde_json` makes of it
+    /// (a test holds the two equal) for a fraction of the instructions. Serde's flattened
+    /// map and axum's growing buffer were 18 % of an answer served from memory (callgrind).
+    fn stated_json(&self, route: &Route) -> Vec<u8> {
+        let mut out = Vec::with_capacity(224);
+        // A ProductId is `[A-Za-z0-9_.-]{1,64}` and an RFC 3339 time is digits and `-:.TZ`:
+        // neither needs escaping. `served_by` comes from the configuration: escaped.
+        out.extend_from_slice(b"{\"product_id\":\"");
+        out.extend_from_slice(self.product_id.as_str().as_bytes());
+        out.extend_from_slice(b"\",\"qty\":");
+        push_int(&mut out, self.qty.into());
+        out.extend_from_slice(if self.available {
+            b",\"available\":true,\"available_quantity\":"
+        } else {
+            b",\"available\":false,\"available_quantity\":"
+        });
+        push_int(&mut out, self.available_quantity.into());
+        out.extend_from_slice(b",\"as_of\":\"");
+        out.extend_from_slice(route.as_of_rfc3339().as_bytes());
+        out.extend_from_slice(b"\",\"stale_by_ms\":");
+        push_int(&mut out, route.stale_by_ms().into());
+        out.extend_from_slice(b",\"served_by\":");
+        let _ = serde_json::to_writer(&mut out, route.served_by());
+        out.push(b'}');
+        out
+    }
+}
+
+/// Appends `n` in decimal (without `core::fmt`, 4 % of an answer's instructions).
+fn push_int(out: &mut Vec<u8>, n: i128) {
+    if n < 0 {
+        out.push(b'-');
+    }
+    let mut digits = [0u8; 40];
+    let mut i = digits.len();
+    let mut m = n.unsigned_abs();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (m % 10) as u8;
+        m /= 10;
+        if m == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// Availability: the stock gate (public; routed read, 250 ms budget)
@@ -280,10 +329,55 @@ async fn availability(
     let available_quantity = available_quantity
         .ok_or_else(|| ApiError::not_found("PRODUCT_NOT_FOUND", format!("no product {id}")))?;
     let body = Availability {
-        product_id: id.to_string(),
+        product_id: id,
         qty: qty.get(),
         available: available_quantity >= qty.get(),
         available_quantity,
     };
-    Ok(stated(StatusCode::OK, body, &route))
+    let json = [(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )];
+    Ok(with_route_headers(
+        (json, body.stated_json(&route)).into_response(),
+        &route,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_availability_answer_is_the_bytes_serde_makes_of_its_stated_type() {
+        for (served_by, stale_ms, qty, stock) in [
+            ("primary", 0, 1, 0),
+            ("replica-1", 249, 10000, i32::MAX),
+            ("odd \"name\" \\ é", 17, 3, 2),
+            ("replica-2", 1_000_000_000_000, 10, -5),
+        ] {
+            let route = Route::example(
+                QueryClass::StockGate,
+                served_by,
+                chrono::Utc::now(),
+                Duration::from_micros(stale_ms * 1000 + 1),
+            );
+            let body = Availability {
+                product_id: ProductId::parse("flash-60.a_B").expect("valid"),
+                qty,
+                available: stock >= qty,
+                available_quantity: stock,
+            };
+            let fast = body.stated_json(&route);
+            let serde = serde_json::to_vec(&super::super::Stated {
+                body,
+                as_of: route.as_of_rfc3339(),
+                stale_by_ms: route.stale_by_ms(),
+                served_by: route.served_by().to_owned(),
+            })
+            .expect("serializes");
+            assert_eq!(String::from_utf8(fast), String::from_utf8(serde));
+        }
+    }
 }
