@@ -22,9 +22,8 @@
 //!    data-modifying CTE, [`take_cte`]); a guard that changes no row rolls the whole batch
 //!    back. Then COMMIT: an error on COMMIT means "outcome unknown", never "nothing written".
 
-use super::{
-    CheckoutError, Existing, Order, OrderRequest, Placed, REFUSED, commit, judge, order_columns,
-};
+use super::idempotency::{Existing, Held, judge, key_of};
+use super::{CheckoutError, Order, OrderRequest, Placed, REFUSED, commit, order_columns};
 use crate::domain::ProductId;
 use crate::routing::{Db, DbError};
 use std::collections::HashMap;
@@ -96,11 +95,7 @@ pub(super) struct RowSeen {
 }
 
 /// Stage 1, pure: seats in arrival order, given what the keys already hold and the stock.
-pub(super) fn allocate(
-    reqs: &[&OrderRequest],
-    existing: &HashMap<(String, String), Existing>,
-    stock: i32,
-) -> Vec<Plan> {
+pub(super) fn allocate(reqs: &[&OrderRequest], existing: &Held, stock: i32) -> Vec<Plan> {
     let mut left = stock;
     let mut first: HashMap<(&str, &str), usize> = HashMap::new();
     let mut plans = Vec::with_capacity(reqs.len());
@@ -114,7 +109,7 @@ pub(super) fn allocate(
             continue;
         }
         first.insert(r.key_pair(), i);
-        let held = existing.get(&(r.user.as_str().to_string(), r.key.as_str().to_string()));
+        let held = existing.get(&key_of(r));
         plans.push(match judge(r, held) {
             Ok(Some(placed)) => Plan::Known(Ok(placed)),
             Err(CheckoutError::KeyReused) => Plan::Known(Err(PlanError::KeyReused)),
@@ -175,7 +170,7 @@ macro_rules! take_cte {
 struct Locked {
     stock: i32,
     price: i32,
-    existing: HashMap<(String, String), Existing>,
+    existing: Held,
     at: Instant,
 }
 
@@ -287,7 +282,7 @@ async fn lock(
     for row in &found {
         if row.try_get::<Option<Uuid>, _>("order_id")?.is_some() {
             let e = Existing::from_row(row)?;
-            existing.insert((e.order.user_id.clone(), e.idempotency_key.clone()), e);
+            existing.insert(e.key(), e);
         }
     }
     Ok(Some(Locked {
@@ -440,6 +435,7 @@ fn settle(plans: &[Plan], mut rows: HashMap<usize, Order>) -> Vec<Fate> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkout::idempotency::Key;
     use crate::domain::{IdempotencyKey, Quantity, UserId};
 
     fn req(user: &str, key: &str, product: &str, qty: i64) -> OrderRequest {
@@ -451,7 +447,7 @@ mod tests {
         }
     }
 
-    fn held(r: &OrderRequest, product: &str, status: &str) -> ((String, String), Existing) {
+    fn held(r: &OrderRequest, product: &str, status: &str) -> (Key, Existing) {
         let order = Order {
             order_id: Uuid::new_v4(),
             product_id: Some(product.into()),

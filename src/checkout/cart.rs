@@ -8,10 +8,9 @@
 //! same rule as single-product orders. A cart holds its rows only for its own few
 //! statements, so a hot product's batch waits at most that long.
 
+use super::idempotency::{existing_under, judge_held};
 use super::stock::{self, Short};
-use super::{
-    CheckoutError, Order, Placed, commit, existing_under, judge_held, order_columns, with_lines,
-};
+use super::{CheckoutError, Order, Placed, commit, order_columns, with_lines};
 use crate::domain::{IdempotencyKey, Lines, UserId};
 use crate::routing::Db;
 use uuid::Uuid;

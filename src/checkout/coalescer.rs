@@ -286,7 +286,9 @@ impl Coalescer {
             for (p, fate) in batch.into_iter().zip(fates) {
                 let answer = match fate {
                     Fate::Decided(r) => r,
-                    Fate::Contended => super::decided_on_primary(&this.db, &p.req).await,
+                    Fate::Contended => {
+                        super::idempotency::decided_on_primary(&this.db, &p.req).await
+                    }
                 };
                 let _ = p.reply.send(answer);
             }

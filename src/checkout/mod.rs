@@ -22,6 +22,7 @@ pub mod cart;
 pub mod coalescer;
 pub mod gate_cache;
 pub mod holds;
+pub mod idempotency;
 pub mod refusals;
 pub mod stock;
 
@@ -681,81 +682,6 @@ pub(crate) async fn commit(
         tracing::warn!(error = %e, "COMMIT failed; its outcome is unknown");
         CheckoutError::OutcomeUnknown
     })
-}
-
-/// An order or refusal found under a user's idempotency key, with the body it was placed with.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub(crate) struct Existing {
-    idempotency_key: String,
-    request_fingerprint: String,
-    #[sqlx(flatten)]
-    order: Order,
-}
-
-/// Orders and refusals already recorded under any of `reqs`' (user, key) pairs, whatever
-/// their product, by (user, key). One indexed query however many requests.
-pub(crate) async fn existing_for<'e>(
-    exec: impl sqlx::PgExecutor<'e>,
-    reqs: &[&OrderRequest],
-) -> Result<HashMap<(String, String), Existing>, sqlx::Error> {
-    let (users, keys): (Vec<&str>, Vec<&str>) = reqs.iter().map(|r| r.key_pair()).unzip();
-    existing_under(exec, &users, &keys).await
-}
-
-/// What each (user, key) pair already holds, whatever the request's shape (order, cart).
-pub(crate) async fn existing_under<'e>(
-    exec: impl sqlx::PgExecutor<'e>,
-    users: &[&str],
-    keys: &[&str],
-) -> Result<HashMap<(String, String), Existing>, sqlx::Error> {
-    let found: Vec<Existing> = sqlx::query_as(concat!(
-        "SELECT idempotency_key, request_fingerprint, ",
-        order_columns!(),
-        " FROM orders WHERE (user_id, idempotency_key) IN \
-           (SELECT * FROM UNNEST($1::text[], $2::text[]))"
-    ))
-    .bind(users)
-    .bind(keys)
-    .fetch_all(exec)
-    .await?;
-    Ok(found
-        .into_iter()
-        .map(|e| ((e.order.user_id.clone(), e.idempotency_key.clone()), e))
-        .collect())
-}
-
-/// The answer a body gets from what its key already holds: the order again for the same
-/// body, the refusal again for a refused key, 422 for another body. `None`: the key is free.
-pub(crate) fn judge_held(
-    fingerprint: &str,
-    found: Option<&Existing>,
-) -> Result<Option<Order>, CheckoutError> {
-    match found {
-        None => Ok(None),
-        Some(e) if e.request_fingerprint != fingerprint => Err(CheckoutError::KeyReused),
-        Some(e) if e.order.status == REFUSED => Err(CheckoutError::OutOfStock),
-        Some(e) => Ok(Some(e.order.clone().complete())),
-    }
-}
-
-/// [`judge_held`] for a single-product order.
-pub(crate) fn judge(
-    req: &OrderRequest,
-    found: Option<&Existing>,
-) -> Result<Option<Placed>, CheckoutError> {
-    Ok(judge_held(&req.fingerprint(), found)?.map(Placed::Replayed))
-}
-
-/// The key's answer read from the primary, for a key that must hold something (it made
-/// our insert conflict). Finding nothing there cannot happen — rows are never deleted —
-/// but if it did, the honest answer is "unknown, retry".
-pub(crate) async fn decided_on_primary(
-    db: &Db,
-    req: &OrderRequest,
-) -> Result<Placed, CheckoutError> {
-    let found = existing_for(db.primary().pool()?, &[req]).await?;
-    let key = (req.user.as_str().to_string(), req.key.as_str().to_string());
-    judge(req, found.get(&key))?.ok_or(CheckoutError::OutcomeUnknown)
 }
 
 /// A token bucket per user: `rate` orders per second, bursts of up to `rate`.

@@ -11,7 +11,8 @@
 //! (user, key) order like the order batches, and one indexed read for the keys that were
 //! taken.
 
-use super::{CheckoutError, OrderRequest, Placed, decided_on_primary, existing_for, judge};
+use super::idempotency::{Key, decided_on_primary, existing_for, judge, key_of};
+use super::{CheckoutError, OrderRequest, Placed};
 use crate::metrics::Metrics;
 use crate::routing::{Db, DbError, is_connection_error};
 use std::collections::{HashMap, HashSet};
@@ -114,7 +115,7 @@ async fn claim(db: &Db, reqs: &[&OrderRequest]) -> Vec<Result<Placed, CheckoutEr
         answers.push(match (&held, refused) {
             (_, true) => Err(CheckoutError::OutOfStock),
             (Ok(held), false) => {
-                let key = (r.user.as_str().to_string(), r.key.as_str().to_string());
+                let key = key_of(r);
                 match judge(r, held.get(&key)) {
                     Ok(Some(placed)) => Ok(placed),
                     Ok(None) => decided_on_primary(db, r).await,
@@ -167,7 +168,7 @@ async fn insert<'r>(
     .fetch_all(pool);
     // A silent link must not hold every buyer of a sold-out product: past the limit the
     // statement's outcome is unknown.
-    let rows: Vec<(String, String)> = tokio::time::timeout(STATEMENT_LIMIT, statement)
+    let rows: Vec<Key> = tokio::time::timeout(STATEMENT_LIMIT, statement)
         .await
         .map_err(|_| CheckoutError::OutcomeUnknown)?
         .map_err(|e| {
@@ -181,7 +182,7 @@ async fn insert<'r>(
                 CheckoutError::from(e)
             }
         })?;
-    let rows: HashSet<(String, String)> = rows.into_iter().collect();
+    let rows: HashSet<Key> = rows.into_iter().collect();
     Ok(distinct
         .iter()
         .map(|r| r.key_pair())

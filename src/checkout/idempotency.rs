@@ -1,0 +1,98 @@
+//! Idempotency: what a user's key already holds, and what a request with that key is
+//! answered. One key type (a user's key, as stored), one lookup for any number of keys, and
+//! one rule (`judge_held`): the same body gets the same answer (the order again, or the
+//! refusal again), another body 422, and a free key nothing. Orders, carts, holds and
+//! refusals all ask here.
+
+use super::{CheckoutError, Order, OrderRequest, Placed, REFUSED, order_columns};
+use crate::routing::Db;
+use std::collections::HashMap;
+
+/// A user's idempotency key as stored: `(user_id, idempotency_key)`.
+pub(crate) type Key = (String, String);
+
+/// What each key already holds.
+pub(crate) type Held = HashMap<Key, Existing>;
+
+/// `req`'s key, owned.
+pub(crate) fn key_of(req: &OrderRequest) -> Key {
+    (req.user.as_str().to_string(), req.key.as_str().to_string())
+}
+
+/// An order or refusal found under a user's idempotency key, with the body it was placed with.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct Existing {
+    pub(super) idempotency_key: String,
+    pub(super) request_fingerprint: String,
+    #[sqlx(flatten)]
+    pub(super) order: Order,
+}
+
+impl Existing {
+    /// The key it is held under.
+    pub(crate) fn key(&self) -> Key {
+        (self.order.user_id.clone(), self.idempotency_key.clone())
+    }
+}
+
+/// Orders and refusals already recorded under any of `reqs`' (user, key) pairs, whatever
+/// their product, by (user, key). One indexed query however many requests.
+pub(crate) async fn existing_for<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    reqs: &[&OrderRequest],
+) -> Result<Held, sqlx::Error> {
+    let (users, keys): (Vec<&str>, Vec<&str>) = reqs.iter().map(|r| r.key_pair()).unzip();
+    existing_under(exec, &users, &keys).await
+}
+
+/// What each (user, key) pair already holds, whatever the request's shape (order, cart).
+pub(crate) async fn existing_under<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    users: &[&str],
+    keys: &[&str],
+) -> Result<Held, sqlx::Error> {
+    let found: Vec<Existing> = sqlx::query_as(concat!(
+        "SELECT idempotency_key, request_fingerprint, ",
+        order_columns!(),
+        " FROM orders WHERE (user_id, idempotency_key) IN \
+           (SELECT * FROM UNNEST($1::text[], $2::text[]))"
+    ))
+    .bind(users)
+    .bind(keys)
+    .fetch_all(exec)
+    .await?;
+    Ok(found.into_iter().map(|e| (e.key(), e)).collect())
+}
+
+/// The answer a body gets from what its key already holds: the order again for the same
+/// body, the refusal again for a refused key, 422 for another body. `None`: the key is free.
+pub(crate) fn judge_held(
+    fingerprint: &str,
+    found: Option<&Existing>,
+) -> Result<Option<Order>, CheckoutError> {
+    match found {
+        None => Ok(None),
+        Some(e) if e.request_fingerprint != fingerprint => Err(CheckoutError::KeyReused),
+        Some(e) if e.order.status == REFUSED => Err(CheckoutError::OutOfStock),
+        Some(e) => Ok(Some(e.order.clone().complete())),
+    }
+}
+
+/// [`judge_held`] for a single-product order.
+pub(crate) fn judge(
+    req: &OrderRequest,
+    found: Option<&Existing>,
+) -> Result<Option<Placed>, CheckoutError> {
+    Ok(judge_held(&req.fingerprint(), found)?.map(Placed::Replayed))
+}
+
+/// The key's answer read from the primary, for a key that must hold something (it made
+/// our insert conflict). Finding nothing there cannot happen — rows are never deleted —
+/// but if it did, the honest answer is "unknown, retry".
+pub(crate) async fn decided_on_primary(
+    db: &Db,
+    req: &OrderRequest,
+) -> Result<Placed, CheckoutError> {
+    let found = existing_for(db.primary().pool()?, &[req]).await?;
+    judge(req, found.get(&key_of(req)))?.ok_or(CheckoutError::OutcomeUnknown)
+}
