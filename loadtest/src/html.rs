@@ -2,7 +2,7 @@
 //! (orders confirmed vs stock, latency percentiles over time, availability answers and
 //! staleness by served_by). No scripts, no network.
 
-use crate::report::{SaleReport, fmt_ms};
+use crate::report::{Report, SaleReport, fmt_ms};
 use crate::samples::{OrderOutcome, SaleRun};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

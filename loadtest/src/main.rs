@@ -63,25 +63,25 @@ async fn run(cli: Cli) -> Result<bool> {
             let html = a.html.clone();
             let (r, run) = modes::flash_sale::run(&ctx, a).await?;
             write_html(html.as_deref(), &r, &run)?;
-            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+            outputs(&r)?
         }
         Mode::SellOut(a) => {
             let html = a.html.clone();
             let (r, run) = modes::sell_out::run(&ctx, a).await?;
             write_html(html.as_deref(), &r, &run)?;
-            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+            outputs(&r)?
         }
         Mode::HotSku(a) => {
             let r = modes::hot_sku::run(&ctx, a).await?;
-            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+            outputs(&r)?
         }
         Mode::Availability(a) => {
             let r = modes::availability::run(&ctx, a).await?;
-            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+            outputs(&r)?
         }
         Mode::Checkout(a) => {
             let r = modes::checkout::run(&ctx, a).await?;
-            (r.render(), serde_json::to_string_pretty(&r)?, r.ok)
+            outputs(&r)?
         }
     };
     print!("{text}");
@@ -89,6 +89,11 @@ async fn run(cli: Cli) -> Result<bool> {
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(ok)
+}
+
+/// A report's text, its JSON, and whether the run passed.
+fn outputs(r: &impl report::Report) -> Result<(String, String, bool)> {
+    Ok((r.render(), serde_json::to_string_pretty(r)?, r.passed()))
 }
 
 fn write_html(

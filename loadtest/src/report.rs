@@ -437,6 +437,21 @@ impl AfterSale {
     }
 }
 
+/// What every mode's report gives: its text, and whether the run passed. The JSON is the
+/// report itself (`Serialize`).
+pub trait Report: Serialize {
+    fn render_into(&self, out: &mut String) -> fmt::Result;
+
+    fn passed(&self) -> bool;
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = self.render_into(&mut out);
+        out
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SaleReport {
     pub mode: String,
@@ -543,26 +558,6 @@ impl SaleReport {
             ));
         }
         problems
-    }
-
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing to a String cannot fail.
-        let _ = self.render_into(&mut out);
-        out
-    }
-
-    fn render_into(&self, out: &mut String) -> fmt::Result {
-        self.render_header(out)?;
-        self.render_orders(out)?;
-        self.render_timing(out)?;
-        self.render_latency(out)?;
-        if self.pollers == 0 {
-            writeln!(out, "\navailability answers: none (no pollers)")?;
-        } else {
-            self.render_availability(out)?;
-        }
-        self.render_after(out)
     }
 
     fn render_header(&self, out: &mut String) -> fmt::Result {
@@ -881,36 +876,6 @@ impl TimedReport {
             problems,
         }
     }
-
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let _ = self.render_into(&mut out);
-        out
-    }
-
-    fn render_into(&self, out: &mut String) -> fmt::Result {
-        let (asking, latency_row) = match self.seen {
-            Seen::Orders { .. } => (format!("ordering qty {}", self.qty), "orders"),
-            Seen::Answers { .. } => (format!("asking qty={}", self.qty), "availability"),
-        };
-        writeln!(out, "== {} against {} ==", self.mode, self.base_url)?;
-        writeln!(
-            out,
-            "product {}: {} workers {asking} back-to-back for {} s (ran {:.2} s)",
-            self.product_id, self.concurrency, self.seconds, self.elapsed_s
-        )?;
-        writeln!(out)?;
-        line(out, "requests", self.requests)?;
-        self.seen.counts_into(out)?;
-        self.failed.render_into(out)?;
-        self.seen.rates_into(out)?;
-        line(out, "requests", fmt_rate(self.requests_per_s))?;
-        writeln!(out, "\nlatency")?;
-        latency_table(out, &[(latency_row, &self.latency)])?;
-        self.seen.answers_into(out)?;
-        writeln!(out)?;
-        verdict(out, &self.problems)
-    }
 }
 
 impl Seen {
@@ -963,6 +928,55 @@ impl Seen {
                 "{over}   (replica answers with stale_by_ms > {stale_limit_ms}; should be 0)"
             ),
         )
+    }
+}
+
+impl Report for SaleReport {
+    fn render_into(&self, out: &mut String) -> fmt::Result {
+        self.render_header(out)?;
+        self.render_orders(out)?;
+        self.render_timing(out)?;
+        self.render_latency(out)?;
+        if self.pollers == 0 {
+            writeln!(out, "\navailability answers: none (no pollers)")?;
+        } else {
+            self.render_availability(out)?;
+        }
+        self.render_after(out)
+    }
+
+    fn passed(&self) -> bool {
+        self.ok
+    }
+}
+
+impl Report for TimedReport {
+    fn render_into(&self, out: &mut String) -> fmt::Result {
+        let (asking, latency_row) = match self.seen {
+            Seen::Orders { .. } => (format!("ordering qty {}", self.qty), "orders"),
+            Seen::Answers { .. } => (format!("asking qty={}", self.qty), "availability"),
+        };
+        writeln!(out, "== {} against {} ==", self.mode, self.base_url)?;
+        writeln!(
+            out,
+            "product {}: {} workers {asking} back-to-back for {} s (ran {:.2} s)",
+            self.product_id, self.concurrency, self.seconds, self.elapsed_s
+        )?;
+        writeln!(out)?;
+        line(out, "requests", self.requests)?;
+        self.seen.counts_into(out)?;
+        self.failed.render_into(out)?;
+        self.seen.rates_into(out)?;
+        line(out, "requests", fmt_rate(self.requests_per_s))?;
+        writeln!(out, "\nlatency")?;
+        latency_table(out, &[(latency_row, &self.latency)])?;
+        self.seen.answers_into(out)?;
+        writeln!(out)?;
+        verdict(out, &self.problems)
+    }
+
+    fn passed(&self) -> bool {
+        self.ok
     }
 }
 

@@ -10,7 +10,7 @@
 
 use super::{Ctx, fresh_id, progress, run_tag, warm_up};
 use crate::client::{Answer, Api, error_code, error_label};
-use crate::report::{LatencySummary, fmt_ms, fmt_rate, oversold, per_second};
+use crate::report::{LatencySummary, Report, fmt_ms, fmt_rate, oversold, per_second};
 use crate::stats::histogram;
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
@@ -285,13 +285,7 @@ pub struct CheckoutReport {
     pub ok: bool,
 }
 
-impl CheckoutReport {
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let _ = self.render_into(&mut out);
-        out
-    }
-
+impl Report for CheckoutReport {
     fn render_into(&self, out: &mut String) -> fmt::Result {
         self.render_header(out)?;
         self.render_counts(out)?;
@@ -305,6 +299,12 @@ impl CheckoutReport {
         }
     }
 
+    fn passed(&self) -> bool {
+        self.ok
+    }
+}
+
+impl CheckoutReport {
     fn render_header(&self, out: &mut String) -> fmt::Result {
         writeln!(out, "== checkout against {} ==", self.base_url)?;
         writeln!(
