@@ -547,23 +547,7 @@ fn kill_tree(dir: &Path) {
 /// Kills and deletes temporary HA clusters (`/tmp/sgha-<pid>-<port>`) whose test process
 /// has exited. Returns how many.
 pub fn reap_orphans() -> usize {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return 0;
-    };
-    let mut reaped = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().to_string();
-        let Some((pid, _)) = name.strip_prefix("sgha-").and_then(|r| r.split_once('-')) else {
-            continue;
-        };
-        if Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        kill_tree(&entry.path());
-        let _ = std::fs::remove_dir_all(entry.path());
-        reaped += 1;
-    }
-    reaped
+    crate::reap_dirs_of_exited("sgha-", kill_tree)
 }
 
 fn signal(sig: &str, pid: u32) -> Result<()> {

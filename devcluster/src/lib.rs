@@ -438,23 +438,9 @@ impl Drop for Cluster {
 /// Stops and deletes temporary clusters (`/tmp/sgc-<pid>-<port>`) whose process has exited,
 /// e.g. a test binary's shared cluster, which no destructor stops. Returns how many.
 pub fn reap_orphans() -> usize {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return 0;
-    };
-    let mut reaped = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().to_string();
-        let Some(rest) = name.strip_prefix("sgc-") else {
-            continue;
-        };
-        let Some((pid, _)) = rest.split_once('-') else {
-            continue;
-        };
-        if Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
+    reap_dirs_of_exited("sgc-", |dir| {
         for node in ["replica-3", "replica-2", "replica-1", "primary"] {
-            let dir = entry.path().join(node);
+            let dir = dir.join(node);
             if dir.join("postmaster.pid").exists() {
                 let _ = as_postgres(
                     Command::new(format!("{PG_BIN}/pg_ctl"))
@@ -463,6 +449,25 @@ pub fn reap_orphans() -> usize {
                 );
             }
         }
+    })
+}
+
+/// For each temporary directory `<prefix><pid>-<port>` whose process `pid` has exited:
+/// `stop` what still runs there, then delete it. Returns how many.
+pub(crate) fn reap_dirs_of_exited(prefix: &str, stop: impl Fn(&Path)) -> usize {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return 0;
+    };
+    let mut reaped = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some((pid, _)) = name.strip_prefix(prefix).and_then(|r| r.split_once('-')) else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        stop(&entry.path());
         let _ = std::fs::remove_dir_all(entry.path());
         reaped += 1;
     }
