@@ -98,11 +98,10 @@ async fn load(state: &AppState, caller: &Caller, id: &str) -> Result<Hold, ApiEr
     let id =
         Uuid::parse_str(id).map_err(|_| ApiError::not_found("HOLD_NOT_FOUND", "no such hold"))?;
     let hold = state.checkout.hold_by_id(id).await?;
-    match caller {
-        Caller::Admin => Ok(hold),
-        Caller::User(me) if me.as_str() == hold.user_id => Ok(hold),
-        Caller::User(_) => Err(ApiError::Forbidden("this hold belongs to another user")),
+    if !caller.may_act_for(&hold.user_id) {
+        return Err(ApiError::Forbidden("this hold belongs to another user"));
     }
+    Ok(hold)
 }
 
 /// A hold (its user, or admin)

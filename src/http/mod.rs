@@ -153,7 +153,7 @@ pub fn acting_user(
         (Caller::User(me), None) => Ok(me.clone()),
         (_, Some(named)) => {
             let named = crate::domain::UserId::parse(named)?;
-            if !caller.may_act_for(&named) {
+            if !caller.may_act_for(named.as_str()) {
                 return Err(ApiError::Forbidden("a user may act only for themselves"));
             }
             Ok(named)

@@ -213,11 +213,10 @@ async fn load(state: &AppState, caller: &Caller, id: &str) -> Result<Order, ApiE
     let not_found = || ApiError::not_found("ORDER_NOT_FOUND", "no such order");
     let id = Uuid::parse_str(id).map_err(|_| not_found())?;
     let order = state.checkout.get(id).await?;
-    match caller {
-        Caller::Admin => Ok(order),
-        Caller::User(me) if me.as_str() == order.user_id => Ok(order),
-        Caller::User(_) => Err(ApiError::Forbidden("this order belongs to another user")),
+    if !caller.may_act_for(&order.user_id) {
+        return Err(ApiError::Forbidden("this order belongs to another user"));
     }
+    Ok(order)
 }
 
 /// An order (its user, or admin)

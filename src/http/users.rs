@@ -35,7 +35,7 @@ const CONSISTENCY_TOKEN: &str = "x-consistency-token";
 /// The user in the path, if the caller may act for them.
 fn authorize(caller: &Caller, raw: &str) -> Result<UserId, ApiError> {
     let user = UserId::parse(raw)?;
-    if !caller.may_act_for(&user) {
+    if !caller.may_act_for(user.as_str()) {
         return Err(ApiError::Forbidden(
             "a user may read and write only their own data",
         ));
