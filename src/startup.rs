@@ -75,10 +75,7 @@ fn ryw_store(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<RywStore>
         Some(url) => RywStore::redis(url, clock, config.ryw_ttl).context("STOCKGATE_REDIS_URL")?,
         None => RywStore::local(clock, config.ryw_ttl),
     };
-    let own_data_budget = routing::policy::QueryClass::OwnData
-        .policy()
-        .budget
-        .unwrap_or_default();
+    let own_data_budget = routing::policy::QueryClass::OwnData.policy().budget();
     if config.ryw_ttl <= own_data_budget {
         anyhow::bail!(
             "STOCKGATE_RYW_TTL_MS ({} ms) must exceed the read-your-writes budget ({} ms), or a replica could serve a read that misses the write",

@@ -1051,7 +1051,7 @@ impl Db {
     /// once `budget` (plus two monitor periods of margin) has passed, no router uses it for
     /// that user's data. Returns how long it waited.
     async fn wait_out_replicas_behind(&self, lsn: Lsn, committed: Instant) -> Duration {
-        let budget = QueryClass::OwnData.policy().budget.unwrap_or_default();
+        let budget = QueryClass::OwnData.policy().budget();
         let deadline = committed + budget + 2 * self.inner.monitor_interval;
         let period = self.inner.monitor_interval.max(Duration::from_millis(5));
         loop {
