@@ -22,7 +22,7 @@
 //!    data-modifying CTE, [`take_cte`]); a guard that changes no row rolls the whole batch
 //!    back. Then COMMIT: an error on COMMIT means "outcome unknown", never "nothing written".
 
-use super::idempotency::{Existing, Held, judge, key_of};
+use super::idempotency::{Existing, Held, held_under, judge, key_of};
 use super::{CheckoutError, Order, OrderRequest, Placed, REFUSED, commit, order_columns};
 use crate::domain::ProductId;
 use crate::routing::{Db, DbError};
@@ -264,10 +264,9 @@ async fn lock(
         "SELECT p.available_quantity AS stock, p.price_cents AS price, e.* \
          FROM (SELECT available_quantity, price_cents FROM products \
                WHERE product_id = $1 FOR NO KEY UPDATE) p \
-         LEFT JOIN LATERAL (SELECT idempotency_key, request_fingerprint, ",
-        order_columns!(),
-        " FROM orders WHERE (user_id, idempotency_key) IN \
-             (SELECT * FROM UNNEST($2::text[], $3::text[]))) e ON true"
+         LEFT JOIN LATERAL (",
+        held_under!("$2", "$3"),
+        ") e ON true"
     ))
     .bind(product.as_str())
     .bind(&users)
