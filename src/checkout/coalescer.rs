@@ -11,7 +11,7 @@
 //! batch on the primary — tells any retry, on any instance, what became of it.
 //!
 //! Instances that sell the same product take turns on its row, and each turn costs a lock
-//! hand-off, a batch's round trips and a commit, however few orders the batch holds. When a
+//! hand-off, a batch's statement and a commit, however few orders the batch holds. When a
 //! batch finds that another writer took stock since our last commit, the row is contended,
 //! and the next batch gathers orders for as long as this one waited for the lock (at most
 //! [`MAX_WINDOW`]) before it queues: the row is busy with the other writer meanwhile, so the
@@ -27,7 +27,7 @@
 //! Sends happen under the queue map's lock, and a worker retires itself under the same lock
 //! only when its queue is empty, so no order is ever sent to a worker that has gone.
 
-use super::batch::{self, Committed, Failed, Fate, RowSeen};
+use super::batch::{self, Committed, Failed, RowSeen};
 use super::gate_cache::{Answer, GateCache};
 use super::{CheckoutError, OrderRequest, Placed};
 use crate::domain::ProductId;
@@ -252,47 +252,40 @@ impl Coalescer {
         }
     }
 
-    /// Records what the batch left in the gate's cache and answers every request: beside
-    /// the next batch, since contended keys are read from the primary first.
-    fn reply(self: &Arc<Self>, batch: Vec<Pending>, result: Result<Committed, Failed>) {
-        let this = self.clone();
-        let product = batch.first().map(|p| p.req.product.clone());
-        tokio::spawn(async move {
-            let fates: Vec<Fate> = match result {
-                Ok(Committed { fates, row }) => {
-                    if let (Some(product), Some(row)) = (&product, row) {
-                        this.remember(product, row.left, row.locked_at);
-                    }
-                    fates
+    /// Records what the batch left in the gate's cache and answers every request.
+    fn reply(&self, batch: Vec<Pending>, result: Result<Committed, Failed>) {
+        let fates: Vec<Result<Placed, CheckoutError>> = match result {
+            Ok(Committed { fates, row }) => {
+                if let (Some(p), Some(row)) = (batch.first(), row) {
+                    self.remember(&p.req.product, row.left, row.locked_at);
                 }
-                Err(failed) => {
-                    let unknown = matches!(failed, Failed::Unknown);
-                    tracing::warn!(product = ?product, ?failed, size = batch.len(), "order batch did not commit");
-                    batch
-                        .iter()
-                        .map(|_| {
-                            Fate::Decided(Err(match &failed {
-                                _ if unknown => CheckoutError::OutcomeUnknown,
-                                Failed::NothingWritten(DbError::Query(e)) if is_row_level(e) => {
-                                    CheckoutError::Refused(e.to_string())
-                                }
-                                Failed::NothingWritten(e) => CheckoutError::Db(e.shared()),
-                                Failed::Unknown => CheckoutError::OutcomeUnknown,
-                            }))
-                        })
-                        .collect()
-                }
-            };
-            for (p, fate) in batch.into_iter().zip(fates) {
-                let answer = match fate {
-                    Fate::Decided(r) => r,
-                    Fate::Contended => {
-                        super::idempotency::decided_on_primary(&this.db, &p.req).await
-                    }
-                };
-                let _ = p.reply.send(answer);
+                fates
             }
-        });
+            Err(failed) => {
+                let product = batch.first().map(|p| &p.req.product);
+                tracing::warn!(
+                    ?product,
+                    ?failed,
+                    size = batch.len(),
+                    "order batch did not commit"
+                );
+                batch
+                    .iter()
+                    .map(|_| {
+                        Err(match &failed {
+                            Failed::Unknown => CheckoutError::OutcomeUnknown,
+                            Failed::NothingWritten(DbError::Query(e)) if is_row_level(e) => {
+                                CheckoutError::Refused(e.to_string())
+                            }
+                            Failed::NothingWritten(e) => CheckoutError::Db(e.shared()),
+                        })
+                    })
+                    .collect()
+            }
+        };
+        for (p, fate) in batch.into_iter().zip(fates) {
+            let _ = p.reply.send(fate);
+        }
     }
 
     /// The stock right after our commit, exact from the moment we held the row lock.

@@ -9,8 +9,8 @@ use crate::routing::Db;
 use std::collections::HashMap;
 
 /// The query of what a set of keys holds: `(user_id, idempotency_key)` pairs from the text
-/// arrays `$users` and `$keys` (parameter placeholders such as `"$1"`). A macro, so every
-/// statement that embeds it stays a string literal.
+/// arrays `$users` and `$keys` (parameter placeholders such as `"$1"`). A macro, so the
+/// statement stays a string literal.
 macro_rules! held_under {
     ($users:literal, $keys:literal) => {
         concat!(
@@ -24,7 +24,6 @@ macro_rules! held_under {
         )
     };
 }
-pub(crate) use held_under;
 
 /// A user's idempotency key as stored: `(user_id, idempotency_key)`.
 pub(crate) type Key = (String, String);

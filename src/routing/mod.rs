@@ -30,6 +30,7 @@ use freshness::{Freshness, Lsn, ReplicaState, ReplicaView};
 use policy::{QueryClass, Target, WhenNoFreshReplica};
 pub use route::{Reason, Route};
 use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::future::Future;
 use std::str::FromStr;
@@ -156,6 +157,17 @@ pub struct Primary {
     down: Arc<AtomicBool>,
 }
 
+/// A pool's error as a [`DbError`]: a pool timeout with every connection open and in use is
+/// saturation (`Busy`), not an unreachable primary.
+fn saturated_or(pool: &PgPool, e: sqlx::Error) -> DbError {
+    match e {
+        sqlx::Error::PoolTimedOut if pool.size() >= pool.options().get_max_connections() => {
+            DbError::Busy("every connection to the primary is in use".into())
+        }
+        e => e.into(),
+    }
+}
+
 impl Primary {
     fn check(&self) -> Result<(), DbError> {
         if self.leader.load(Ordering::Relaxed) == NO_LEADER {
@@ -196,13 +208,14 @@ impl Primary {
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
         self.check()?;
         let pool = self.current();
-        pool.begin().await.map_err(|e| match e {
-            // Every connection open and in use: saturated, not unreachable.
-            sqlx::Error::PoolTimedOut if pool.size() >= pool.options().get_max_connections() => {
-                DbError::Busy("every connection to the primary is in use".into())
-            }
-            e => e.into(),
-        })
+        pool.begin().await.map_err(|e| saturated_or(pool, e))
+    }
+
+    /// A connection to the primary, for a write that is one statement (its own transaction).
+    pub async fn acquire(&self) -> Result<PoolConnection<sqlx::Postgres>, DbError> {
+        self.check()?;
+        let pool = self.current();
+        pool.acquire().await.map_err(|e| saturated_or(pool, e))
     }
 
     /// The primary pool, for single statements outside a transaction (also primary-only).

@@ -11,6 +11,7 @@ mod freshness;
 mod helpers;
 mod history;
 mod import;
+mod order_batch;
 mod oversell;
 mod pages;
 mod read_your_writes;

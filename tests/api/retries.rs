@@ -297,7 +297,8 @@ async fn a_commit_whose_outcome_is_unknown_says_so_and_the_retry_finds_the_order
     })
     .await;
     app.create_product("ambiguous", 10, 100).await;
-    // COMMIT takes a while for this buyer (a deferred trigger), long enough to lose the link.
+    // The commit takes a while for this buyer (a deferred trigger, run when the batch's
+    // statement commits), long enough to lose the link.
     sqlx::raw_sql(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
          BEGIN IF NEW.user_id = 'slowpoke' THEN PERFORM pg_sleep(1.5); END IF; RETURN NULL; END $$; \
@@ -308,15 +309,20 @@ async fn a_commit_whose_outcome_is_unknown_says_so_and_the_retry_finds_the_order
     .await
     .unwrap();
     let order = order_in_background(&app, "slowpoke", "k", "ambiguous", 1);
-    app.wait_for("COMMIT under way", Duration::from_secs(10), || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND wait_event = 'PgSleep'",
-        )
-        .fetch_one(&app.primary)
-        .await
-        .unwrap()
-            == 1
-    })
+    app.wait_for(
+        "the batch's commit under way",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity \
+             WHERE query LIKE '%take_order_batch%' AND wait_event = 'PgSleep'",
+            )
+            .fetch_one(&app.primary)
+            .await
+            .unwrap()
+                == 1
+        },
+    )
     .await;
     proxy.sever();
     let (s, body) = order.await.unwrap();

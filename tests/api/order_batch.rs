@@ -1,0 +1,247 @@
+//! The order batch's one statement, `take_order_batch`, called directly on a real primary:
+//! first-fit seats in arrival order, keys that already hold something, repeats inside a
+//! batch, and a key claimed by a concurrent transaction while the batch waits for it.
+
+use crate::helpers::*;
+use sqlx::{PgPool, Row};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// One request of a batch: (user, key, quantity). Its fingerprint is the service's,
+/// `product:quantity`.
+type Req<'a> = (&'a str, &'a str, i32);
+
+/// What the function returned for one request: (status, order id, product) of the row its
+/// key holds, and whether this batch wrote it.
+#[derive(Debug, PartialEq)]
+struct Held {
+    status: String,
+    product: Option<String>,
+    ours: bool,
+}
+
+struct Outcome {
+    found: i32,
+    left: i32,
+    held: Vec<Held>,
+}
+
+async fn pool() -> PgPool {
+    let cluster = shared_cluster();
+    let db = fresh_database(cluster).await;
+    PgPool::connect(&cluster.primary_url(&db)).await.unwrap()
+}
+
+async fn product(pool: &PgPool, id: &str, stock: i32) {
+    sqlx::query(
+        "INSERT INTO products (product_id, name, price_cents, available_quantity) VALUES ($1, $1, 250, $2)",
+    )
+    .bind(id)
+    .bind(stock)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn stock(pool: &PgPool, id: &str) -> i32 {
+    sqlx::query_scalar("SELECT available_quantity FROM products WHERE product_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Calls the function as the service does; `None`: it returned no rows (no such product).
+async fn take<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    product: &str,
+    reqs: &[Req<'_>],
+) -> Option<Outcome> {
+    let ids: Vec<Uuid> = reqs.iter().map(|_| Uuid::new_v4()).collect();
+    let users: Vec<&str> = reqs.iter().map(|r| r.0).collect();
+    let keys: Vec<&str> = reqs.iter().map(|r| r.1).collect();
+    let qty: Vec<i32> = reqs.iter().map(|r| r.2).collect();
+    let fps: Vec<String> = reqs.iter().map(|r| format!("{product}:{}", r.2)).collect();
+    let rows = sqlx::query("SELECT * FROM take_order_batch($1, $2, $3, $4, $5, $6)")
+        .bind(product)
+        .bind(&ids)
+        .bind(&users)
+        .bind(&keys)
+        .bind(&qty)
+        .bind(&fps)
+        .fetch_all(exec)
+        .await
+        .unwrap();
+    let first = rows.first()?;
+    assert_eq!(rows.len(), reqs.len(), "one row per request");
+    let held = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            assert_eq!(r.get::<i64, _>("n"), i as i64 + 1, "rows in arrival order");
+            Held {
+                status: r.get("status"),
+                product: r.get("product_id"),
+                ours: r.get::<Option<Uuid>, _>("order_id") == Some(ids[i]),
+            }
+        })
+        .collect();
+    Some(Outcome {
+        found: first.get("found"),
+        left: first.get("left_after"),
+        held,
+    })
+}
+
+fn ours(status: &str, product: &str) -> Held {
+    Held {
+        status: status.into(),
+        product: Some(product.into()),
+        ours: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn seats_go_first_fit_in_arrival_order_and_the_guarded_update_takes_their_total() {
+    let pool = pool().await;
+    product(&pool, "p", 4).await;
+    let out = take(&pool, "p", &[("a", "1", 3), ("b", "1", 3), ("c", "1", 1)])
+        .await
+        .unwrap();
+    assert_eq!((out.found, out.left), (4, 0));
+    assert_eq!(
+        out.held,
+        vec![
+            ours("confirmed", "p"),
+            ours("refused", "p"),
+            ours("confirmed", "p")
+        ]
+    );
+    assert_eq!(
+        stock(&pool, "p").await,
+        0,
+        "what it says it left is what the row holds"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_already_used_takes_nothing_and_displaces_no_honest_buyer() {
+    let pool = pool().await;
+    product(&pool, "p1", 5).await;
+    product(&pool, "p2", 20).await;
+    take(&pool, "p1", &[("ada", "k", 1)]).await.unwrap();
+    // Ada reuses her key for all 20 units of p2, ahead of 20 honest buyers.
+    let honest: Vec<String> = (0..20).map(|i| format!("b{i}")).collect();
+    let mut reqs: Vec<Req> = vec![("ada", "k", 20)];
+    reqs.extend(honest.iter().map(|u| (u.as_str(), "k", 1)));
+    let out = take(&pool, "p2", &reqs).await.unwrap();
+    assert_eq!(
+        out.held[0],
+        Held {
+            status: "confirmed".into(),
+            product: Some("p1".into()),
+            ours: false
+        },
+        "her key still holds her p1 order"
+    );
+    assert!(
+        out.held[1..].iter().all(|h| *h == ours("confirmed", "p2")),
+        "{:?}",
+        out.held
+    );
+    assert_eq!((out.found, out.left), (20, 0));
+    assert_eq!(stock(&pool, "p2").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_repeated_in_one_batch_takes_one_seat() {
+    let pool = pool().await;
+    product(&pool, "p", 10).await;
+    let out = take(&pool, "p", &[("a", "1", 1), ("a", "1", 1), ("a", "1", 2)])
+        .await
+        .unwrap();
+    assert!(out.held[0].ours && out.held[0].status == "confirmed");
+    assert!(
+        out.held[1..].iter().all(|h| !h.ours),
+        "the repeats wrote nothing"
+    );
+    assert_eq!(stock(&pool, "p").await, 9);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE user_id = 'a'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_product_writes_nothing_and_returns_no_rows() {
+    let pool = pool().await;
+    assert!(take(&pool, "nope", &[("a", "1", 1)]).await.is_none());
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn units_of_a_seat_whose_key_was_claimed_meanwhile_go_to_the_refused_in_arrival_order() {
+    let pool = pool().await;
+    product(&pool, "p", 2).await;
+    // Another transaction claims a's key (a refusal elsewhere) and has not committed: the
+    // batch's seating cannot see it, so it seats a (2 units) and refuses b and c.
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         VALUES ($1, 'p', 'a', 2, 0, 0, 'refused', '1', 'p:2')",
+    )
+    .bind(Uuid::new_v4())
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let batch = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            take(&pool, "p", &[("a", "1", 2), ("b", "1", 1), ("c", "1", 1)]).await
+        })
+    };
+    // The batch's insert now waits for the other transaction's key.
+    wait_for(
+        "the batch to wait on the claimed key",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE query LIKE '%take_order_batch%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                == 1
+        },
+    )
+    .await;
+    other.commit().await.unwrap();
+    let out = batch.await.unwrap().unwrap();
+    assert_eq!(
+        out.held,
+        vec![
+            Held {
+                status: "refused".into(),
+                product: Some("p".into()),
+                ours: false
+            },
+            ours("confirmed", "p"),
+            ours("confirmed", "p"),
+        ]
+    );
+    assert_eq!((out.found, out.left), (2, 0));
+    assert_eq!(stock(&pool, "p").await, 0);
+    let paid: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(total_cents), 0)::int8 FROM orders WHERE status = 'confirmed'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(paid, 2 * 250, "the reseated orders carry the price");
+}
