@@ -61,6 +61,8 @@ export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret
 ADMIN="$(./dev token --admin)"
 export STOCKGATE_ADMIN_TOKEN="$ADMIN"
 SG="${STOCKGATE_BIN:-${CARGO_TARGET_DIR:-target}/release/stockgate}"
+# Every step adds orders, and a larger orders table costs more per insert: say how large.
+orders_at_start="$(psql "$DATABASE_URL" -Atc "SELECT count(*) FROM orders")"
 
 say "building loadtest (release)"
 cargo build --release --quiet -p loadtest
@@ -278,7 +280,7 @@ mkdir -p bench/results
 {
   echo "## stockgate flash benchmark, $day $(date +%H:%M) UTC"
   echo
-  echo "Commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with local changes)'), $(nproc) cores, ${SECS} s per step, $ROUNDS rounds; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "Commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with local changes)'), $(nproc) cores, ${SECS} s per step, $ROUNDS rounds; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg); orders table: $orders_at_start rows at the start, $(psql "$DATABASE_URL" -Atc "SELECT count(*) FROM orders") at the end; PostgreSQL shared_buffers $(psql "$DATABASE_URL" -Atc "SHOW shared_buffers")."
   echo "Each cell: median of the rounds (min–max). Ratios are taken within a round, then their median."
   echo "\"CPU µs/req\": the answering process's utime + stime ÷ requests it answered."
   echo
