@@ -4,6 +4,11 @@
 use clap::Parser;
 use stockgate::cli::{self, Cli, Failure};
 
+/// mimalloc instead of glibc's malloc: side by side under wrk on 2 cores, 5–10 % less CPU per
+/// request (availability 10.3 → 9.7 µs, an order 22.2 → 20.2 µs), for ~10 MiB more RSS.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
