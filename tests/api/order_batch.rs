@@ -51,6 +51,15 @@ async fn stock(pool: &PgPool, id: &str) -> i32 {
         .unwrap()
 }
 
+/// How many rows (orders and refusals) `user` has.
+async fn rows_of(pool: &PgPool, user: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders WHERE user_id = $1")
+        .bind(user)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// Calls the function as the service does; `None`: it returned no rows (no such product).
 async fn take<'e>(
     exec: impl sqlx::PgExecutor<'e>,
@@ -166,22 +175,14 @@ async fn a_key_repeated_in_one_batch_takes_one_seat() {
         "the repeats wrote nothing"
     );
     assert_eq!(stock(&pool, "p").await, 9);
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE user_id = 'a'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 1);
+    assert_eq!(rows_of(&pool, "a").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_product_writes_nothing_and_returns_no_rows() {
     let pool = pool().await;
     assert!(take(&pool, "nope", &[("a", "1", 1)]).await.is_none());
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 0);
+    assert_eq!(rows_of(&pool, "a").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
