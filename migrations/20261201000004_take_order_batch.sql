@@ -85,19 +85,22 @@ BEGIN
         END IF;
     END LOOP;
 
-    INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents,
-                        status, idempotency_key, request_fingerprint)
-    SELECT u.id, p_product, u.usr, u.qty,
-           CASE WHEN u.state = 'confirmed' THEN v_price ELSE 0 END,
-           CASE WHEN u.state = 'confirmed' THEN v_price::bigint * u.qty ELSE 0 END,
-           u.state, u.key, u.fp
-      FROM unnest(p_ids, p_users, p_keys, p_qty, p_fps, v_state) AS u(id, usr, key, qty, fp, state)
-     WHERE u.state IS NOT NULL
-     ORDER BY u.usr COLLATE "C", u.key COLLATE "C"
-    ON CONFLICT ON CONSTRAINT orders_user_idempotency_key DO NOTHING;
+    WITH ins AS (
+        INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents,
+                            total_cents, status, idempotency_key, request_fingerprint)
+        SELECT u.id, p_product, u.usr, u.qty,
+               CASE WHEN u.state = 'confirmed' THEN v_price ELSE 0 END,
+               CASE WHEN u.state = 'confirmed' THEN v_price::bigint * u.qty ELSE 0 END,
+               u.state, u.key, u.fp
+          FROM unnest(p_ids, p_users, p_keys, p_qty, p_fps, v_state)
+               AS u(id, usr, key, qty, fp, state)
+         WHERE u.state IS NOT NULL
+         ORDER BY u.usr COLLATE "C", u.key COLLATE "C"
+        ON CONFLICT ON CONSTRAINT orders_user_idempotency_key DO NOTHING
+        RETURNING orders.quantity AS q, orders.status AS s
+    )
+    SELECT coalesce(sum(ins.q) FILTER (WHERE ins.s = 'confirmed'), 0) INTO v_total FROM ins;
 
-    SELECT coalesce(sum(o.quantity), 0) INTO v_total
-      FROM orders o WHERE o.order_id = ANY (p_ids) AND o.status = 'confirmed';
     IF v_total < v_seats THEN
         -- A seat's key was claimed concurrently: its units go to our refused rows.
         v_left := v_stock - v_total;
