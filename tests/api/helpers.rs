@@ -303,13 +303,7 @@ impl TestApp {
     }
 
     pub async fn stock_on_primary(&self, product: &str) -> i64 {
-        sqlx::query_scalar::<_, i32>(
-            "SELECT available_quantity FROM products WHERE product_id = $1",
-        )
-        .bind(product)
-        .fetch_one(&self.primary)
-        .await
-        .unwrap() as i64
+        stock_on(&self.primary, product).await
     }
 
     pub async fn confirmed_orders(&self, product: &str) -> (i64, i64) {
@@ -327,6 +321,16 @@ impl Drop for TestApp {
             let _ = tx.send(());
         }
     }
+}
+
+/// A product's stock as `pool`'s database holds it.
+pub async fn stock_on(pool: &sqlx::PgPool, product: &str) -> i64 {
+    sqlx::query_scalar::<_, i32>("SELECT available_quantity FROM products WHERE product_id = $1")
+        .bind(product)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .into()
 }
 
 /// Polls `cond` every 10 ms until it holds; panics with `what` after `timeout`.

@@ -43,14 +43,6 @@ async fn product(pool: &PgPool, id: &str, stock: i32) {
     .unwrap();
 }
 
-async fn stock(pool: &PgPool, id: &str) -> i32 {
-    sqlx::query_scalar("SELECT available_quantity FROM products WHERE product_id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
 /// How many rows (orders and refusals) `user` has.
 async fn rows_of(pool: &PgPool, user: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM orders WHERE user_id = $1")
@@ -127,7 +119,7 @@ async fn seats_go_first_fit_in_arrival_order_and_the_guarded_update_takes_their_
         ]
     );
     assert_eq!(
-        stock(&pool, "p").await,
+        stock_on(&pool, "p").await,
         0,
         "what it says it left is what the row holds"
     );
@@ -159,7 +151,7 @@ async fn a_key_already_used_takes_nothing_and_displaces_no_honest_buyer() {
         out.held
     );
     assert_eq!((out.found, out.left), (20, 0));
-    assert_eq!(stock(&pool, "p2").await, 0);
+    assert_eq!(stock_on(&pool, "p2").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -174,7 +166,7 @@ async fn a_key_repeated_in_one_batch_takes_one_seat() {
         out.held[1..].iter().all(|h| !h.ours),
         "the repeats wrote nothing"
     );
-    assert_eq!(stock(&pool, "p").await, 9);
+    assert_eq!(stock_on(&pool, "p").await, 9);
     assert_eq!(rows_of(&pool, "a").await, 1);
 }
 
@@ -213,7 +205,8 @@ async fn units_of_a_seat_whose_key_was_claimed_meanwhile_go_to_the_refused_in_ar
         || async {
             sqlx::query_scalar::<_, i64>(
                 "SELECT count(*) FROM pg_stat_activity \
-                 WHERE query LIKE '%take_order_batch%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+                 WHERE datname = current_database() AND query LIKE '%take_order_batch%' \
+                 AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
             )
             .fetch_one(&pool)
             .await
@@ -237,7 +230,7 @@ async fn units_of_a_seat_whose_key_was_claimed_meanwhile_go_to_the_refused_in_ar
         ]
     );
     assert_eq!((out.found, out.left), (2, 0));
-    assert_eq!(stock(&pool, "p").await, 0);
+    assert_eq!(stock_on(&pool, "p").await, 0);
     let paid: i64 = sqlx::query_scalar(
         "SELECT coalesce(sum(total_cents), 0)::int8 FROM orders WHERE status = 'confirmed'",
     )

@@ -315,7 +315,8 @@ async fn a_commit_whose_outcome_is_unknown_says_so_and_the_retry_finds_the_order
         || async {
             sqlx::query_scalar::<_, i64>(
                 "SELECT count(*) FROM pg_stat_activity \
-             WHERE query LIKE '%take_order_batch%' AND wait_event = 'PgSleep'",
+             WHERE datname = current_database() AND query LIKE '%take_order_batch%' \
+             AND wait_event = 'PgSleep'",
             )
             .fetch_one(&app.primary)
             .await
