@@ -253,17 +253,17 @@ impl Availability {
         out.extend_from_slice(b"{\"product_id\":\"");
         out.extend_from_slice(self.product_id.as_str().as_bytes());
         out.extend_from_slice(b"\",\"qty\":");
-        push_int(&mut out, self.qty.into());
+        push_int(&mut out, self.qty);
         out.extend_from_slice(if self.available {
             b",\"available\":true,\"available_quantity\":"
         } else {
             b",\"available\":false,\"available_quantity\":"
         });
-        push_int(&mut out, self.available_quantity.into());
+        push_int(&mut out, self.available_quantity);
         out.extend_from_slice(b",\"as_of\":\"");
         out.extend_from_slice(route.as_of_rfc3339().as_bytes());
         out.extend_from_slice(b"\",\"stale_by_ms\":");
-        push_int(&mut out, route.stale_by_ms().into());
+        push_int(&mut out, route.stale_by_ms());
         out.extend_from_slice(b",\"served_by\":");
         let _ = serde_json::to_writer(&mut out, route.served_by());
         out.push(b'}');
@@ -271,23 +271,9 @@ impl Availability {
     }
 }
 
-/// Appends `n` in decimal (without `core::fmt`, 4 % of an answer's instructions).
-fn push_int(out: &mut Vec<u8>, n: i128) {
-    if n < 0 {
-        out.push(b'-');
-    }
-    let mut digits = [0u8; 40];
-    let mut i = digits.len();
-    let mut m = n.unsigned_abs();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (m % 10) as u8;
-        m /= 10;
-        if m == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+/// Appends `n` in decimal, by `itoa` (without `core::fmt`, 4 % of an answer's instructions).
+fn push_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Availability: the stock gate (public; routed read, 250 ms budget)
