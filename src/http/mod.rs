@@ -227,25 +227,19 @@ pub fn with_route_headers(mut response: Response, route: &Route) -> Response {
 /// without a `getrandom` call each: a random prefix drawn once per process, then a counter
 /// (unique within the process, and across processes but for a 2^-60 chance; an id is for
 /// finding a request in the logs, not a secret).
-#[derive(Clone)]
-struct RequestIds(Arc<(u64, AtomicU64)>);
-
-impl RequestIds {
-    fn new() -> Self {
+fn next_request_id() -> HeaderValue {
+    static IDS: std::sync::LazyLock<(u64, AtomicU64)> = std::sync::LazyLock::new(|| {
         let (prefix, start) = uuid::Uuid::new_v4().as_u64_pair();
-        RequestIds(Arc::new((prefix, AtomicU64::new(start >> 8))))
-    }
-
-    fn next(&self) -> HeaderValue {
-        let n = self.0.1.fetch_add(1, Ordering::Relaxed);
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&self.0.0.to_be_bytes());
-        bytes[8..].copy_from_slice(&n.to_be_bytes());
-        let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
-        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-        HeaderValue::from_str(id.hyphenated().encode_lower(&mut text))
-            .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-    }
+        (prefix, AtomicU64::new(start >> 8))
+    });
+    let n = IDS.1.fetch_add(1, Ordering::Relaxed);
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&IDS.0.to_be_bytes());
+    bytes[8..].copy_from_slice(&n.to_be_bytes());
+    let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    HeaderValue::from_str(id.hyphenated().encode_lower(&mut text))
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// Largest request body accepted (the contract's 413).
@@ -282,7 +276,7 @@ pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) 
             .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
                 ApiError::Internal(anyhow::anyhow!("handler panicked")).into_response()
             }))
-            .layer(RecordMetricsLayer(metrics, RequestIds::new()))
+            .layer(RecordMetricsLayer(metrics))
             .layer(axum::error_handling::HandleErrorLayer::new(
                 move |e: BoxError| {
                     let metrics = shed.clone();
@@ -320,14 +314,13 @@ fn overload_error(metrics: &Metrics, e: BoxError) -> Response {
 /// or tower-http's trace and request-id layers (a span, a classifier and an id per request
 /// were 12 % of an availability answer's CPU, with the span disabled).
 #[derive(Clone)]
-struct RecordMetricsLayer(Arc<Metrics>, RequestIds);
+struct RecordMetricsLayer(Arc<Metrics>);
 
 impl<S> tower::Layer<S> for RecordMetricsLayer {
     type Service = RecordMetrics<S>;
     fn layer(&self, inner: S) -> RecordMetrics<S> {
         RecordMetrics {
             metrics: self.0.clone(),
-            ids: self.1.clone(),
             inner,
         }
     }
@@ -336,7 +329,6 @@ impl<S> tower::Layer<S> for RecordMetricsLayer {
 #[derive(Clone)]
 struct RecordMetrics<S> {
     metrics: Arc<Metrics>,
-    ids: RequestIds,
     inner: S,
 }
 
@@ -358,17 +350,13 @@ where
 
     fn call(&mut self, req: Request) -> Self::Future {
         let route = req.extensions().get::<MatchedPath>().cloned();
-        let seen = Seen {
+        Recorded {
             method: req.method().clone(),
             request_id: req.headers().get(REQUEST_ID).cloned(),
-        };
-        Recorded {
             inner: self.inner.call(req),
             metrics: self.metrics.clone(),
-            ids: self.ids.clone(),
             route,
             start: Instant::now(),
-            seen: Some(seen),
         }
     }
 }
@@ -376,21 +364,16 @@ where
 /// The request id header, as clients and proxies name it.
 const REQUEST_ID: &str = "x-request-id";
 
-/// What is kept of a request for its log line and its answer's id.
-struct Seen {
-    method: axum::http::Method,
-    request_id: Option<HeaderValue>,
-}
-
 /// [`RecordMetrics`]' response future (the stack below it answers with a boxed, so
 /// `Unpin`, future).
 struct Recorded<F> {
     inner: F,
     metrics: Arc<Metrics>,
-    ids: RequestIds,
     route: Option<MatchedPath>,
     start: Instant,
-    seen: Option<Seen>,
+    /// For the log line and the answer's id.
+    method: axum::http::Method,
+    request_id: Option<HeaderValue>,
 }
 
 impl<F> std::future::Future for Recorded<F>
@@ -416,16 +399,13 @@ where
             .http_requests
             .with_label_values(&[route, status.as_str()])
             .inc();
-        let Some(seen) = this.seen.take() else {
-            return std::task::Poll::Ready(Ok(response));
-        };
-        let id = match seen.request_id {
-            None if status.is_server_error() => Some(this.ids.next()),
+        let id = match this.request_id.take() {
+            None if status.is_server_error() => Some(next_request_id()),
             id => id,
         };
         let id_text = id.as_ref().and_then(|v| v.to_str().ok()).unwrap_or("");
         let latency_ms = elapsed.as_millis() as u64;
-        let (method, status_code) = (&seen.method, status.as_u16());
+        let (method, status_code) = (&this.method, status.as_u16());
         if status.is_server_error() {
             tracing::warn!(%method, route, request_id = id_text, status = status_code, latency_ms, "request failed");
         } else {
@@ -456,10 +436,7 @@ mod tests {
         Router::new()
             .route("/ok", get(|| async { "ok" }))
             .route("/boom", get(|| async { StatusCode::SERVICE_UNAVAILABLE }))
-            .layer(RecordMetricsLayer(
-                Arc::new(Metrics::new()),
-                RequestIds::new(),
-            ))
+            .layer(RecordMetricsLayer(Arc::new(Metrics::new())))
     }
 
     async fn id_of(path: &str, sent: Option<&'static str>) -> Option<String> {
