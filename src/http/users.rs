@@ -188,18 +188,17 @@ async fn put_settings(
     Json(body): Json<PutSettings>,
 ) -> Result<Response, ApiError> {
     let user = authorize(&caller, &user)?;
-    let settings = Settings::parse(body.settings)?.into_value();
+    let saved = SettingsBody {
+        user_id: user.to_string(),
+        settings: Settings::parse(body.settings)?.into_value(),
+    };
     let upsert = sqlx::query(
         "INSERT INTO user_settings (user_id, settings) VALUES ($1, $2) \
          ON CONFLICT (user_id) DO UPDATE SET settings = EXCLUDED.settings, updated_at = clock_timestamp()",
     )
     .bind(user.as_str())
-    .bind(&settings);
-    let saved = SettingsBody {
-        user_id: user.to_string(),
-        settings: settings.clone(),
-    };
-    write_own(&state, &user, upsert, saved).await
+    .bind(&saved.settings);
+    write_own(&state, &user, upsert, &saved).await
 }
 
 #[derive(Serialize, FromRow, ToSchema)]
