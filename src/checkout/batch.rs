@@ -139,47 +139,31 @@ fn read(
 }
 
 /// Each request's answer from what its key holds now (`held[i]`, by arrival order) and the
-/// order id it was offered (`ids[i]`): the row with that id is this batch's own.
+/// order id it was offered (`ids[i]`): a confirmed row with that id is this batch's new order;
+/// any other row (our own refusal, what the key held before, a concurrent claim, or, for a
+/// repeat of an earlier request's key, that request's row) is judged like a retry. A repeat
+/// with another body than the earlier request is 422 whatever the key holds.
 pub(super) fn decide(
     reqs: &[&OrderRequest],
     ids: &[Uuid],
     held: Vec<Option<Existing>>,
 ) -> Vec<Result<Placed, CheckoutError>> {
     let mut first: HashMap<(&str, &str), usize> = HashMap::new();
-    let mut fates: Vec<Result<Placed, CheckoutError>> = Vec::with_capacity(reqs.len());
+    let mut fates = Vec::with_capacity(reqs.len());
     for (i, (r, now)) in reqs.iter().zip(held).enumerate() {
-        let fate = match first.get(&r.key_pair()) {
-            Some(&f) if reqs[f].fingerprint() != r.fingerprint() => Err(CheckoutError::KeyReused),
-            Some(&f) => again(&fates[f]),
-            None => {
-                first.insert(r.key_pair(), i);
-                match now {
-                    Some(e) if e.order.order_id == ids[i] && e.order.status == REFUSED => {
-                        Err(CheckoutError::OutOfStock)
-                    }
-                    Some(e) if e.order.order_id == ids[i] => {
-                        Ok(Placed::Created(e.order.complete()))
-                    }
-                    // Held before, or claimed concurrently: judged like any retry.
-                    found => judge(r, found.as_ref())
-                        .and_then(|p| p.ok_or(CheckoutError::OutcomeUnknown)),
-                }
+        let f = *first.entry(r.key_pair()).or_insert(i);
+        let fate = match now {
+            _ if f != i && reqs[f].fingerprint() != r.fingerprint() => {
+                Err(CheckoutError::KeyReused)
             }
+            Some(e) if e.order.order_id == ids[i] && e.order.status != REFUSED => {
+                Ok(Placed::Created(e.order.complete()))
+            }
+            found => judge(r, found.as_ref()).and_then(|p| p.ok_or(CheckoutError::OutcomeUnknown)),
         };
         fates.push(fate);
     }
     fates
-}
-
-/// The answer of a repeat, in the same batch, of an earlier request with the same key and
-/// body.
-fn again(earlier: &Result<Placed, CheckoutError>) -> Result<Placed, CheckoutError> {
-    match earlier {
-        Ok(Placed::Created(o) | Placed::Replayed(o)) => Ok(Placed::Replayed(o.clone())),
-        Err(CheckoutError::KeyReused) => Err(CheckoutError::KeyReused),
-        Err(CheckoutError::OutcomeUnknown) => Err(CheckoutError::OutcomeUnknown),
-        Err(_) => Err(CheckoutError::OutOfStock),
-    }
 }
 
 #[cfg(test)]
