@@ -8,23 +8,6 @@ use super::{CheckoutError, Order, OrderRequest, Placed, REFUSED, order_columns};
 use crate::routing::Db;
 use std::collections::HashMap;
 
-/// The query of what a set of keys holds: `(user_id, idempotency_key)` pairs from the text
-/// arrays `$users` and `$keys` (parameter placeholders such as `"$1"`). A macro, so the
-/// statement stays a string literal.
-macro_rules! held_under {
-    ($users:literal, $keys:literal) => {
-        concat!(
-            "SELECT idempotency_key, request_fingerprint, ",
-            order_columns!(),
-            " FROM orders WHERE (user_id, idempotency_key) IN (SELECT * FROM UNNEST(",
-            $users,
-            "::text[], ",
-            $keys,
-            "::text[]))"
-        )
-    };
-}
-
 /// A user's idempotency key as stored: `(user_id, idempotency_key)`.
 pub(crate) type Key = (String, String);
 
@@ -68,7 +51,11 @@ pub(crate) async fn existing_under<'e>(
     users: &[&str],
     keys: &[&str],
 ) -> Result<Held, sqlx::Error> {
-    let found: Vec<Existing> = sqlx::query_as(held_under!("$1", "$2"))
+    let found: Vec<Existing> = sqlx::query_as(concat!(
+        "SELECT idempotency_key, request_fingerprint, ",
+        order_columns!(),
+        " FROM orders WHERE (user_id, idempotency_key) IN (SELECT * FROM UNNEST($1::text[], $2::text[]))"
+    ))
         .bind(users)
         .bind(keys)
         .fetch_all(exec)
