@@ -54,7 +54,6 @@ DECLARE
     v_price integer;
     v_wait  bigint;
     v_left  integer;
-    v_seats bigint := 0;
     v_total bigint;
     v_state text[] := array_fill(NULL::text, ARRAY[cardinality(p_ids)]);
     r       record;
@@ -79,7 +78,6 @@ BEGIN
         IF r.qty <= v_left THEN
             v_state[r.n] := 'confirmed';
             v_left := v_left - r.qty;
-            v_seats := v_seats + r.qty;
         ELSE
             v_state[r.n] := 'refused';
         END IF;
@@ -101,23 +99,19 @@ BEGIN
     )
     SELECT coalesce(sum(ins.q) FILTER (WHERE ins.s = 'confirmed'), 0) INTO v_total FROM ins;
 
-    IF v_total < v_seats THEN
+    IF v_total < v_stock - v_left THEN
         -- A seat's key was claimed concurrently: its units go to our refused rows.
         v_left := v_stock - v_total;
-        FOR r IN
-            SELECT o.order_id, o.quantity
-              FROM unnest(p_ids) WITH ORDINALITY AS u(id, n)
-              JOIN orders o ON o.order_id = u.id
-             WHERE o.status = 'refused'
-             ORDER BY u.n
-        LOOP
-            CONTINUE WHEN r.quantity > v_left;
+        FOR i IN 1 .. cardinality(p_ids) LOOP
+            CONTINUE WHEN v_state[i] IS DISTINCT FROM 'refused' OR p_qty[i] > v_left;
             UPDATE orders o
                SET status = 'confirmed', unit_price_cents = v_price,
                    total_cents = v_price::bigint * o.quantity
-             WHERE o.order_id = r.order_id;
-            v_left := v_left - r.quantity;
-            v_total := v_total + r.quantity;
+             WHERE o.order_id = p_ids[i] AND o.status = 'refused';
+            -- No row: this refusal's key was claimed concurrently too.
+            CONTINUE WHEN NOT FOUND;
+            v_left := v_left - p_qty[i];
+            v_total := v_total + p_qty[i];
         END LOOP;
     END IF;
 
