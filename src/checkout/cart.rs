@@ -15,9 +15,7 @@ use crate::domain::{IdempotencyKey, Lines, UserId};
 use crate::routing::Db;
 use uuid::Uuid;
 
-type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
-/// Each locked product's (available, price).
-type Locked = std::collections::BTreeMap<String, (i32, i32)>;
+use super::stock::{Locked, Tx};
 
 /// A cart order as the boundary parsed it.
 #[derive(Debug, Clone)]

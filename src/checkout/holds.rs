@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+use super::stock::Tx;
 
 /// A hold as the boundary parsed it.
 #[derive(Debug, Clone)]

@@ -5,7 +5,11 @@
 use crate::domain::{ProductId, Quantity};
 use std::collections::BTreeMap;
 
-type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+/// A write transaction on the primary.
+pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// Each locked product's (available, price), in lock order.
+pub(crate) type Locked = BTreeMap<String, (i32, i32)>;
 
 /// A line that cannot be served: what was asked and what there is.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
@@ -26,10 +30,7 @@ pub(crate) fn per_product(lines: &[(ProductId, i32)]) -> BTreeMap<&str, i32> {
 
 /// Locks the rows in lock order and reads (available, price) of each; a missing product is
 /// absent from the answer.
-pub(crate) async fn lock(
-    tx: &mut Tx,
-    products: &[&str],
-) -> Result<BTreeMap<String, (i32, i32)>, sqlx::Error> {
+pub(crate) async fn lock(tx: &mut Tx, products: &[&str]) -> Result<Locked, sqlx::Error> {
     let rows: Vec<(String, i32, i32)> = sqlx::query_as(
         "SELECT product_id, available_quantity, price_cents FROM products \
          WHERE product_id = ANY($1) ORDER BY product_id FOR NO KEY UPDATE",
@@ -44,17 +45,14 @@ pub(crate) async fn lock(
 pub(crate) async fn lock_lines(
     tx: &mut Tx,
     lines: &[(ProductId, Quantity)],
-) -> Result<Option<BTreeMap<String, (i32, i32)>>, sqlx::Error> {
+) -> Result<Option<Locked>, sqlx::Error> {
     let products: Vec<&str> = lines.iter().map(|(p, _)| p.as_str()).collect();
     let locked = lock(tx, &products).await?;
     Ok((locked.len() == products.len()).then_some(locked))
 }
 
 /// The lines the locked stock cannot serve (none: all can).
-pub(crate) fn shortfalls(
-    lines: &[(ProductId, Quantity)],
-    stock: &BTreeMap<String, (i32, i32)>,
-) -> Vec<Short> {
+pub(crate) fn shortfalls(lines: &[(ProductId, Quantity)], stock: &Locked) -> Vec<Short> {
     lines
         .iter()
         .filter_map(|(p, q)| {

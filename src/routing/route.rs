@@ -133,10 +133,6 @@ impl Route {
         self
     }
 
-    pub fn class(&self) -> QueryClass {
-        self.class
-    }
-
     pub fn served_by(&self) -> &str {
         &self.served_by
     }
