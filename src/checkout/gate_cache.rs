@@ -8,6 +8,7 @@
 //! reopens it.
 
 use crate::domain::ProductId;
+use crate::lsn::Lsn;
 use crate::routing::Route;
 use crate::routing::policy::QueryClass;
 use crate::routing::route::ceil_ms;
@@ -42,7 +43,7 @@ type Slot = Arc<OnceCell<Answer>>;
 
 pub struct GateCache {
     budget: Duration,
-    /// How long an invalidation's floor is kept.
+    /// How long a reopening's floor is kept.
     keep_floors: Duration,
     // A std Mutex: held only to look up or swap a slot, never across an await. One lock for
     // both maps, so an answer from memory takes one lock.
@@ -52,8 +53,12 @@ pub struct GateCache {
 #[derive(Default)]
 struct Maps {
     slots: HashMap<ProductId, Slot>,
-    /// When each product was last invalidated: no answer from before that is used again.
-    floors: HashMap<ProductId, Instant>,
+    /// Each product whose stock went up here lately (restock, cancel, import, a cart or hold
+    /// ending): the primary's position after the commit, which a read must have replayed, so
+    /// a stale "sold out" never outlives a restock here; and when (no answer from before is
+    /// used again). Dropped once well past the budget, when any replica the gate may use
+    /// holds the change anyway.
+    floors: HashMap<ProductId, (Lsn, Instant)>,
 }
 
 impl Default for GateCache {
@@ -73,23 +78,24 @@ impl GateCache {
         self.maps.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A fresh-enough answer for `product`, reading through `fetch` on a miss. Callers
-    /// that miss together wait for one read. A cached answer is served only while its
+    /// A fresh-enough answer for `product`, reading through `fetch` on a miss; `fetch` is
+    /// given the position a read must have replayed (the product's floor, if it was reopened
+    /// lately). Callers that miss together wait for one read. A cached answer is served only while its
     /// staleness, stated at the moment it is served, is within the budget; a fetched one is
     /// served as the router stated it when it came back (within the budget for a replica).
     pub async fn get_or_fetch<F, Fut, E>(&self, product: &ProductId, fetch: F) -> Result<Answer, E>
     where
-        F: FnOnce() -> Fut,
+        F: FnOnce(Option<Lsn>) -> Fut,
         Fut: std::future::Future<Output = Result<Answer, E>>,
     {
         let now = Instant::now();
         let budget_ms = ceil_ms(self.budget);
-        let slot = {
+        let (slot, min_lsn) = {
             let mut maps = self.maps();
             let floor = maps.floors.get(product).copied();
             let usable = |a: &Answer| {
                 ceil_ms(now.saturating_duration_since(a.as_of())) <= budget_ms
-                    && floor.is_none_or(|f| a.as_of() >= f)
+                    && floor.is_none_or(|(_, at)| a.as_of() >= at)
             };
             let slots = &mut maps.slots;
             if slots.len() > 50_000 {
@@ -105,7 +111,7 @@ impl GateCache {
                 // Judged usable at `now`, and stated at that same `now`.
                 return Ok(answer.restated(now));
             }
-            match slots.get(product) {
+            let slot = match slots.get(product) {
                 // A read in flight: wait for it.
                 Some(s) if s.get().is_none() => s.clone(),
                 _ => {
@@ -113,9 +119,10 @@ impl GateCache {
                     slots.insert(product.clone(), slot.clone());
                     slot
                 }
-            }
+            };
+            (slot, floor.map(|(lsn, _)| lsn))
         };
-        let answer = slot.get_or_try_init(fetch).await?;
+        let answer = slot.get_or_try_init(|| fetch(min_lsn)).await?;
         Ok(answer.clone())
     }
 
@@ -126,7 +133,7 @@ impl GateCache {
         if maps
             .floors
             .get(product)
-            .is_some_and(|f| answer.as_of() < *f)
+            .is_some_and(|(_, at)| answer.as_of() < *at)
         {
             return;
         }
@@ -140,13 +147,15 @@ impl GateCache {
         }
     }
 
-    /// Forgets `product` (its stock went up here: the next gate read must see that).
-    pub fn invalidate(&self, product: &ProductId) {
+    /// Forgets `product` and pins its floor at `lsn` (its stock went up here, up to that
+    /// position: the next gate read must see that).
+    pub fn reopen(&self, product: &ProductId, lsn: Lsn) {
         let now = Instant::now();
         let mut maps = self.maps();
         maps.floors
-            .retain(|_, at| now.saturating_duration_since(*at) <= self.keep_floors);
-        maps.floors.insert(product.clone(), now);
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) <= self.keep_floors);
+        let floor = maps.floors.entry(product.clone()).or_insert((lsn, now));
+        *floor = (floor.0.max(lsn), now);
         maps.slots.remove(product);
     }
 }
@@ -180,7 +189,7 @@ mod tests {
         };
         let all = futures::future::join_all((0..20).map(|_| {
             let (cache, reads, id) = (cache.clone(), reads.clone(), id.clone());
-            async move { cache.get_or_fetch(&id, || fetch(reads)).await }
+            async move { cache.get_or_fetch(&id, |_| fetch(reads)).await }
         }))
         .await;
         assert!(
@@ -195,7 +204,7 @@ mod tests {
             answer(3, Instant::now() - Duration::from_millis(300)),
         );
         let a = cache
-            .get_or_fetch(&other, || fetch(reads.clone()))
+            .get_or_fetch(&other, |_| fetch(reads.clone()))
             .await
             .expect("fetches");
         assert_eq!((a.available, reads.load(Ordering::SeqCst)), (Some(7), 2));
@@ -210,14 +219,14 @@ mod tests {
         cache.put(&id, answer(5, now));
         cache.put(&id, answer(9, now - Duration::from_millis(10)));
         let a = cache
-            .get_or_fetch(&id, || async { Err::<Answer, ()>(()) })
+            .get_or_fetch(&id, |_| async { Err::<Answer, ()>(()) })
             .await
             .expect("cached");
         assert_eq!(a.available, Some(5));
-        cache.invalidate(&id);
+        cache.reopen(&id, Lsn::MAX);
         assert!(
             cache
-                .get_or_fetch(&id, || async { Err::<Answer, ()>(()) })
+                .get_or_fetch(&id, |_| async { Err::<Answer, ()>(()) })
                 .await
                 .is_err()
         );

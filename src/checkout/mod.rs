@@ -213,12 +213,6 @@ pub struct Checkout {
     metrics: Metrics,
     cache: Arc<GateCache>,
     coalescer: Arc<Coalescer>,
-    /// Products whose stock went up (restock, cancel, import) in this instance, with the
-    /// primary's position after the commit: the gate reads them only from a replica that
-    /// has replayed that far, so a stale "sold out" never outlives a restock here. Entries
-    /// are dropped once well past the gate's budget, after which any replica the gate may
-    /// use holds the change anyway.
-    reopened: Arc<Mutex<HashMap<ProductId, (Lsn, Instant)>>>,
     /// Per-user token buckets (orders per second), when a limit is configured.
     limiter: Option<Arc<RateLimiter>>,
     refusals: refusals::Refusals,
@@ -257,7 +251,6 @@ impl Checkout {
             metrics,
             cache,
             coalescer,
-            reopened: Arc::default(),
             limiter,
             refusals,
         }
@@ -280,18 +273,8 @@ impl Checkout {
                 Lsn::MAX
             }
         };
-        let now = Instant::now();
-        let keep = QueryClass::StockGate.policy().marks_kept_for();
-        let mut map = self.reopened.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, (_, at)| now.duration_since(*at) <= keep);
         for product in products {
-            let entry = map.entry(product.clone()).or_insert((lsn, now));
-            *entry = (entry.0.max(lsn), now);
-        }
-        drop(map);
-        // Pinned first, then forgotten: the next gate read must reach the pinned position.
-        for product in products {
-            self.cache.invalidate(product);
+            self.cache.reopen(product, lsn);
         }
     }
 
@@ -301,14 +284,6 @@ impl Checkout {
             .with_label_values(&[step])
             .inc();
         tracing::warn!(step, error = %e, "a step after a committed write failed; failing safe");
-    }
-
-    fn reopened_at(&self, product: &ProductId) -> Option<Lsn> {
-        self.reopened
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(product)
-            .map(|(lsn, _)| *lsn)
     }
 
     /// Places an order: the gate's early "no", or a seat in the product's next batch.
@@ -473,10 +448,10 @@ impl Checkout {
     pub async fn available(&self, product: &ProductId) -> Result<(Option<i32>, Route), DbError> {
         let answer = self
             .cache
-            .get_or_fetch(product, || async {
+            .get_or_fetch(product, |min_lsn| async move {
                 let ctx = ReadCtx {
                     user: None,
-                    min_lsn: self.reopened_at(product),
+                    min_lsn,
                 };
                 let read = self
                     .db
