@@ -333,6 +333,20 @@ pub async fn stock_on(pool: &sqlx::PgPool, product: &str) -> i64 {
         .into()
 }
 
+/// How many order batches of `pool`'s database (calls of `take_order_batch`, other than this
+/// query) are waiting on `wait`: a wait event type (`Lock`) or a wait event (`PgSleep`).
+pub async fn batches_waiting_on(pool: &sqlx::PgPool, wait: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() \
+         AND query LIKE '%take_order_batch%' AND $1 IN (wait_event_type, wait_event)",
+    )
+    .bind(wait)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// Polls `cond` every 10 ms until it holds; panics with `what` after `timeout`.
 pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, cond: F)
 where

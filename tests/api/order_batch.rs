@@ -202,17 +202,7 @@ async fn units_of_a_seat_whose_key_was_claimed_meanwhile_go_to_the_refused_in_ar
     wait_for(
         "the batch to wait on the claimed key",
         Duration::from_secs(10),
-        || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND query LIKE '%take_order_batch%' \
-                 AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-                == 1
-        },
+        || async { batches_waiting_on(&pool, "Lock").await == 1 },
     )
     .await;
     other.commit().await.unwrap();

@@ -312,17 +312,7 @@ async fn a_commit_whose_outcome_is_unknown_says_so_and_the_retry_finds_the_order
     app.wait_for(
         "the batch's commit under way",
         Duration::from_secs(10),
-        || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND query LIKE '%take_order_batch%' \
-             AND wait_event = 'PgSleep'",
-            )
-            .fetch_one(&app.primary)
-            .await
-            .unwrap()
-                == 1
-        },
+        || async { batches_waiting_on(&app.primary, "PgSleep").await == 1 },
     )
     .await;
     proxy.sever();
