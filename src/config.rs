@@ -17,6 +17,7 @@
 //! | `STOCKGATE_PRIMARY_POOL_SIZE` | connections to the primary | `16` |
 //! | `STOCKGATE_REPLICA_POOL_SIZE` | connections to each replica | `16` |
 //! | `STOCKGATE_RYW_TTL_MS` | how long a user's write pins their reads (must exceed every read-your-writes budget) | `60000` |
+//! | `STOCKGATE_HTTP_THREADS` | threads that serve HTTP, each with its own single-threaded runtime, all accepting from the one listener | the number of CPUs |
 //! | `STOCKGATE_MAX_IN_FLIGHT` | concurrent requests before shedding load with 503 | `1024` |
 //! | `STOCKGATE_REQUEST_TIMEOUT_MS` | per-request timeout | `10000` |
 //! | `STOCKGATE_DRAIN_TIMEOUT_MS` | how long shutdown waits for in-flight requests | `10000` |
@@ -53,6 +54,7 @@ pub struct Config {
     pub replica_pool_size: u32,
     pub ryw_ttl: Duration,
     pub max_in_flight: usize,
+    pub http_threads: usize,
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
     pub order_batch_max: usize,
@@ -97,6 +99,7 @@ impl Config {
             replica_pool_size: count("STOCKGATE_REPLICA_POOL_SIZE", 16, 1, 1000)? as u32,
             ryw_ttl: ms("STOCKGATE_RYW_TTL_MS", 60_000, 1)?,
             max_in_flight: count("STOCKGATE_MAX_IN_FLIGHT", 1024, 1, 1_000_000)? as usize,
+            http_threads: count("STOCKGATE_HTTP_THREADS", cpus().min(256), 1, 256)? as usize,
             request_timeout: ms("STOCKGATE_REQUEST_TIMEOUT_MS", 10_000, 100)?,
             drain_timeout: ms("STOCKGATE_DRAIN_TIMEOUT_MS", 10_000, 0)?,
             order_rate_per_user: count("STOCKGATE_ORDER_RATE_PER_USER", 0, 0, 1_000_000)? as u32,
@@ -125,6 +128,11 @@ impl Config {
             ConfigError("STOCKGATE_TOKEN_SECRET is required (at least 16 random bytes)".into())
         })
     }
+}
+
+/// The CPUs this process may run on (1 if unknown).
+fn cpus() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
 }
 
 fn bad(key: &str, value: &str, why: &str) -> ConfigError {

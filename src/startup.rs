@@ -1,5 +1,19 @@
 //! Building and running the application: pools, monitor, store, router, listener.
 //! The application binds its own listener, so tests start it on port 0.
+//!
+//! HTTP is served by `STOCKGATE_HTTP_THREADS` threads (one per CPU by default), each running
+//! its own single-threaded runtime, the way nginx runs a worker per core. One task on the
+//! main runtime accepts connections and hands them out in turn; a connection then lives on
+//! its thread, where its requests are parsed, answered and written with no hand-off between
+//! threads (tokio's work-stealing scheduler woke the other worker for a share of the answers,
+//! and a wake-up across CPUs is the dearest thing on these machines: `bench/results/`).
+//! Handing out in turn, rather than letting every thread accept, keeps a burst of new
+//! connections (a load test's 64 at once) spread evenly. The freshness monitor, the
+//! read-your-writes store's connection and the hold sweeper run on the main runtime; a task a
+//! request spawns (an order's batch, a cancel) runs on that request's thread. Any thread may
+//! use any pooled connection: tokio delivers a socket's readiness from the runtime that
+//! registered it to whichever task waits on it, and every serving runtime runs until the
+//! application has stopped.
 
 use crate::auth::Tokens;
 use crate::checkout::Checkout;
@@ -19,6 +33,7 @@ use tokio::net::TcpListener;
 
 pub struct Application {
     listener: TcpListener,
+    http_threads: usize,
     router: axum::Router,
     state: AppState,
     drain_timeout: Duration,
@@ -169,6 +184,7 @@ impl Application {
             .with_context(|| format!("binding {}", config.listen))?;
         Ok(Application {
             listener,
+            http_threads: config.http_threads,
             router,
             state,
             drain_timeout: config.drain_timeout,
@@ -191,24 +207,137 @@ impl Application {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let (tx, mut rx) = tokio::sync::watch::channel(false);
-        let signal = async move {
-            shutdown.await;
-            tracing::info!("shutting down: draining in-flight requests");
-            let _ = tx.send(true);
-        };
-        let serve = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
-        let drain = self.drain_timeout;
-        tokio::select! {
-            r = serve => r,
-            _ = async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-                tokio::time::sleep(drain).await;
-            } => {
-                tracing::warn!(?drain, "drain timeout reached; exiting with requests still in flight");
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let local = self.listener.local_addr()?;
+        let mut threads = (0..self.http_threads)
+            .map(|i| ServingThread::start(i, local, self.router.clone(), stopped.clone()))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        drop(self.router);
+        let handing_out = tokio::spawn(hand_out(
+            self.listener,
+            threads.iter().map(|t| t.connections.clone()).collect(),
+            stopped,
+        ));
+        shutdown.await;
+        tracing::info!("shutting down: draining in-flight requests");
+        let _ = stop.send(true);
+        let _ = handing_out.await;
+        let drained = futures::future::join_all(threads.iter_mut().map(|t| &mut t.served));
+        match tokio::time::timeout(self.drain_timeout, drained).await {
+            Ok(results) => results.into_iter().try_for_each(|r| {
+                r.unwrap_or_else(|_| Err(std::io::Error::other("a serving thread died")))
+            }),
+            Err(_) => {
+                let drain = self.drain_timeout;
+                tracing::warn!(
+                    ?drain,
+                    "drain timeout reached; exiting with requests still in flight"
+                );
                 Ok(())
             }
         }
+    }
+}
+
+/// A connection accepted on the main runtime, on its way to a serving thread.
+type Handed = (std::net::TcpStream, std::net::SocketAddr);
+
+/// Accepts connections until `stopped`, giving each to the next serving thread in turn.
+async fn hand_out(
+    mut listener: TcpListener,
+    threads: Vec<tokio::sync::mpsc::UnboundedSender<Handed>>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    for next in (0..threads.len()).cycle() {
+        let (stream, addr) = tokio::select! {
+            c = axum::serve::Listener::accept(&mut listener) => c,
+            _ = stopped.wait_for(|stop| *stop) => return,
+        };
+        // Out of this runtime's reactor, into the serving thread's.
+        match stream.into_std() {
+            Ok(stream) => {
+                let _ = threads[next].send((stream, addr));
+            }
+            Err(e) => tracing::warn!(error = %e, "dropping an accepted connection"),
+        }
+    }
+}
+
+/// The connections handed to one serving thread, as `axum::serve` takes them.
+struct HandedOut {
+    connections: tokio::sync::mpsc::UnboundedReceiver<Handed>,
+    local: std::net::SocketAddr,
+}
+
+impl axum::serve::Listener for HandedOut {
+    type Io = tokio::net::TcpStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Some((stream, addr)) = self.connections.recv().await else {
+                // Accepting has stopped: the graceful shutdown ends this serve.
+                return std::future::pending().await;
+            };
+            match tokio::net::TcpStream::from_std(stream) {
+                Ok(stream) => return (stream, addr),
+                Err(e) => tracing::warn!(error = %e, "dropping an accepted connection"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+/// One thread serving HTTP on its own single-threaded runtime. The runtime (with the tasks
+/// its requests spawned and the sockets they opened) runs until this value is dropped, after
+/// the application has stopped serving.
+struct ServingThread {
+    connections: tokio::sync::mpsc::UnboundedSender<Handed>,
+    /// How `axum::serve` ended on this thread: after the stop signal, once its connections
+    /// have drained.
+    served: tokio::sync::oneshot::Receiver<std::io::Result<()>>,
+    /// Dropped to let the runtime end.
+    _release: tokio::sync::oneshot::Sender<()>,
+}
+
+impl ServingThread {
+    fn start(
+        i: usize,
+        local: std::net::SocketAddr,
+        router: axum::Router,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+    ) -> std::io::Result<ServingThread> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (connections, handed) = tokio::sync::mpsc::unbounded_channel();
+        let (served_tx, served) = tokio::sync::oneshot::channel();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let listener = HandedOut {
+            connections: handed,
+            local,
+        };
+        std::thread::Builder::new()
+            .name(format!("stockgate-http-{i}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let result = axum::serve(listener, router)
+                        .with_graceful_shutdown(async move {
+                            let _ = stopped.wait_for(|stop| *stop).await;
+                        })
+                        .await;
+                    let _ = served_tx.send(result);
+                    let _ = released.await;
+                });
+            })?;
+        Ok(ServingThread {
+            connections,
+            served,
+            _release: release,
+        })
     }
 }
 
@@ -245,4 +374,42 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn connections_are_handed_to_the_serving_threads_in_turn_until_stopped() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (senders, mut receivers): (Vec<_>, Vec<_>) = (0..3)
+            .map(|_| tokio::sync::mpsc::unbounded_channel::<Handed>())
+            .unzip();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let accepting = tokio::spawn(hand_out(listener, senders, stopped));
+        let mut clients = Vec::new();
+        for _ in 0..7 {
+            clients.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        }
+        let mut counts = [0; 3];
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while counts.iter().sum::<usize>() < clients.len() {
+            assert!(std::time::Instant::now() < deadline, "handed {counts:?}");
+            for (n, rx) in counts.iter_mut().zip(&mut receivers) {
+                while rx.try_recv().is_ok() {
+                    *n += 1;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(counts, [3, 2, 2], "7 connections, 3 threads, in turn");
+        let _ = stop.send(true);
+        accepting.await.expect("hand_out ends when stopped");
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "the listener is closed once accepting stops"
+        );
+    }
 }
