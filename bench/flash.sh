@@ -20,6 +20,9 @@
 #   8. RSS of the running service under wrk hot SKU at 256 connections.
 # The service's CPU per request (utime + stime of the process ÷ requests answered, from
 # /proc) is printed beside each wrk figure: unlike req/s it barely moves with what else runs.
+# For the hot-SKU and availability steps it also says where the two cores went: the service,
+# the primary (its postmaster and every child), the two replicas, the rest (wrk, the kernel's
+# work for them) and idle, as shares of all CPU time in the step (/proc/stat).
 #
 # Prints the tables and writes them to bench/results/<YYYY-MM-DD>.md. Loopback only.
 # Needs wrk and nginx (apt-get install wrk nginx-light), jq, pgbench (postgresql-15).
@@ -86,6 +89,29 @@ cpu_ticks() {
   echo "$t"
 }
 TICK_US=$(( 1000000 / $(getconf CLK_TCK) ))
+DEV_DIR="${STOCKGATE_DEV_DIR:-/tmp/stockgate-dev}"
+# node_ticks NODE: CPU ticks of a dev-cluster node's postmaster and its children
+node_ticks() {
+  local pm; pm="$(head -1 "$DEV_DIR/$1/postmaster.pid" 2>/dev/null)" || { echo 0; return; }
+  cpu_ticks "$pm"
+}
+# split_now: service primary replicas busy all, in ticks
+split_now() {
+  echo "$(cpu_ticks "$SVC_PID") $(node_ticks primary) $(( $(node_ticks replica-1) + $(node_ticks replica-2) ))" \
+    "$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)"
+}
+# split NAME ROUND BEFORE: records the shares of all CPU time since BEFORE (a split_now line)
+split() {
+  local name="$1" round="$2" part
+  read -r s0 p0 r0 b0 a0 <<<"$3"
+  read -r s1 p1 r1 b1 a1 <<<"$(split_now)"
+  # /proc/stat counts in ticks of all CPUs together, as /proc/PID/stat does
+  local all=$(( a1 - a0 )) busy=$(( b1 - b0 ))
+  for part in "service:$(( s1 - s0 ))" "primary:$(( p1 - p0 ))" "replicas:$(( r1 - r0 ))" \
+    "rest:$(( busy - (s1 - s0) - (p1 - p0) - (r1 - r0) ))" "idle:$(( all - busy ))"; do
+    record "split.$name.${part%%:*}" "$round" "$(ratio $(( 100 * ${part#*:} )) "$all")"
+  done
+}
 SVC_PID="$(pid_on "$PORT")"
 [ -n "$SVC_PID" ] || die "cannot find the process listening on $LISTEN"
 
@@ -198,7 +224,9 @@ for r in $(seq "$ROUNDS"); do
   record pgb.best "$r" "$best"
   psql "$DATABASE_URL" -qX -c "DELETE FROM orders WHERE product_id = '$HOT' AND user_id = 'pgb'" >/dev/null || true
 
+  before="$(split_now)"
   wrk_svc hot "$r" "$SVC_PID" -s bench/wrk/orders.lua "$BASE_URL" -- "$ADMIN" "$HOT"
+  split hot "$r" "$before"
   record hot.orders "$r" "$(LC_ALL=C awk -v n="$(wrk_201 "$work/hot.txt")" -v s="$SECS" 'BEGIN { printf "%.0f", n / s }')"
   record ratio.hot "$r" "$(ratio "$(got hot.orders "$r")" "$best")"
   lt lthot "$r" hot-sku --seconds "$SECS" --concurrency 64
@@ -206,7 +234,9 @@ for r in $(seq "$ROUNDS"); do
   record lt.hot.p99 "$r" "$(j lthot .latency.p99_ms)"
   record ratio.lthot "$r" "$(ratio "$(got lt.hot "$r")" "$best")"
 
+  before="$(split_now)"
   wrk_svc avail "$r" "$SVC_PID" "$BASE_URL$AVAIL_PATH"
+  split avail "$r" "$before"
   wrk_svc nginx "$r" "$nginx_pid" "http://127.0.0.1:$NGINX_PORT$AVAIL_PATH"
   lt ltavail "$r" availability --seconds "$SECS" --concurrency 64 --product-id "$HOT"
   record lt.avail "$r" "$(j ltavail .requests_per_s)"
@@ -302,6 +332,14 @@ mkdir -p bench/results
   echo "| 2 instances, 32 connections each, orders/s | $(fig scale.2) | | | |"
   echo "| 4 instances, 16 connections each, orders/s | $(fig scale.4) | | | |"
   echo "| service peak RSS during hot SKU at 256 connections | $rss_mib MiB | | | |"
+  echo
+  echo "Where the two cores went during the wrk steps, % of all CPU time (median of the rounds):"
+  echo
+  echo "| step | service | primary | replicas | rest (wrk, kernel) | idle |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  for step in hot avail; do
+    echo "| $step | $(fig "split.$step.service") | $(fig "split.$step.primary") | $(fig "split.$step.replicas") | $(fig "split.$step.rest") | $(fig "split.$step.idle") |"
+  done
   echo
   echo "| goal | median (min–max) of the rounds |"
   echo "| --- | --- |"
