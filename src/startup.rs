@@ -256,7 +256,12 @@ async fn hand_out(
         // Out of this runtime's reactor, into the serving thread's.
         match stream.into_std() {
             Ok(stream) => {
-                let _ = threads[next].send((stream, addr));
+                if threads[next].send((stream, addr)).is_err() {
+                    tracing::error!(
+                        thread = next,
+                        "a serving thread has stopped; its connection is dropped"
+                    );
+                }
             }
             Err(e) => tracing::warn!(error = %e, "dropping an accepted connection"),
         }
