@@ -102,7 +102,7 @@ split_now() {
 }
 # split NAME ROUND BEFORE: records the shares of all CPU time since BEFORE (a split_now line)
 split() {
-  local name="$1" round="$2" part
+  local name="$1" round="$2" part s0 p0 r0 b0 a0 s1 p1 r1 b1 a1
   read -r s0 p0 r0 b0 a0 <<<"$3"
   read -r s1 p1 r1 b1 a1 <<<"$(split_now)"
   # /proc/stat counts in ticks of all CPUs together, as /proc/PID/stat does

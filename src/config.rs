@@ -17,7 +17,7 @@
 //! | `STOCKGATE_PRIMARY_POOL_SIZE` | connections to the primary | `16` |
 //! | `STOCKGATE_REPLICA_POOL_SIZE` | connections to each replica | `16` |
 //! | `STOCKGATE_RYW_TTL_MS` | how long a user's write pins their reads (must exceed every read-your-writes budget) | `60000` |
-//! | `STOCKGATE_HTTP_THREADS` | threads that serve HTTP, each with its own single-threaded runtime, all accepting from the one listener | the number of CPUs |
+//! | `STOCKGATE_HTTP_THREADS` | threads that serve HTTP, each with its own single-threaded runtime; one accepting task hands them connections in turn | the number of CPUs |
 //! | `STOCKGATE_MAX_IN_FLIGHT` | concurrent requests before shedding load with 503 | `1024` |
 //! | `STOCKGATE_REQUEST_TIMEOUT_MS` | per-request timeout | `10000` |
 //! | `STOCKGATE_DRAIN_TIMEOUT_MS` | how long shutdown waits for in-flight requests | `10000` |
