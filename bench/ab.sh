@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# bench/ab.sh A B — two stockgate binaries side by side on the hot SKU, in alternating pairs.
+#
+# Machines of this kind swing several-fold between sessions and by a fair share within one,
+# so a change is judged only against the binary before it, measured in the same minutes on
+# the same cluster: A, B, A, B, … Each turn starts the binary on its own port against the
+# dev cluster (./dev up must have run; the service on 8080 may keep running), loads it with
+# `wrk -t2 -c64` posting orders with unique keys on one hot product (bench/wrk/orders.lua),
+# and reads, besides wrk's figures, the batch sizes from the binary's own /metrics.
+#
+# Prints a table (one row a turn, then the medians of each side) and appends it to
+# bench/results/ab-<YYYY-MM-DD>.md.
+#
+# Environment: PAIRS (default 3), BENCH_SECONDS (per turn, default 6), AB_PORT (default
+# 18280), STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (as for ./dev), AB_NOTE (a line for the file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+[ $# -eq 2 ] || { echo "usage: bench/ab.sh BINARY_A BINARY_B" >&2; exit 2; }
+A="$1" B="$2"
+for bin in "$A" "$B"; do [ -x "$bin" ] || { echo "ab.sh: $bin is not an executable" >&2; exit 1; }; done
+PAIRS="${PAIRS:-3}"
+SECS="${BENCH_SECONDS:-6}"
+PORT="${AB_PORT:-18280}"
+command -v wrk >/dev/null || { echo "ab.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
+
+eval "$(./dev cluster env | grep -E '^(DATABASE_URL|STOCKGATE_REPLICA_URLS|STOCKGATE_REDIS_URL)=' | sed 's/^/export /')"
+export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
+export STOCKGATE_LISTEN="127.0.0.1:$PORT"
+ADMIN="$(./dev token --admin)"
+HOT=ab-hot
+psql "$DATABASE_URL" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity)
+  VALUES ('$HOT', 'ab hot row', 100, 2000000000)
+  ON CONFLICT (product_id) DO UPDATE SET available_quantity = 2000000000"
+
+work="$(mktemp -d)"
+pid=""
+cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+metric() { curl -fsS "http://$STOCKGATE_LISTEN/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+wrk_ms() {
+  awk -v q="$2" '$1 == q {
+      v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 } else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }
+      print v }' "$1"
+}
+
+# turn SIDE BINARY: one measured run; appends "side orders/s p50 p99 batch" to $work/rows
+turn() {
+  "$2" serve >"$work/serve.log" 2>&1 &
+  pid=$!
+  local up=""
+  for _ in $(seq 100); do
+    if curl -fsS -o /dev/null "http://$STOCKGATE_LISTEN/healthz" 2>/dev/null; then up=1; break; fi
+    sleep 0.1
+  done
+  [ -n "$up" ] || { cat "$work/serve.log" >&2; echo "ab.sh: $2 did not start" >&2; exit 1; }
+  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "http://$STOCKGATE_LISTEN" -- "$ADMIN" "$HOT" >"$work/wrk.txt"
+  local sum count
+  sum="$(metric stockgate_order_batch_size_sum)" count="$(metric stockgate_order_batch_size_count)"
+  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+  LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" \
+    -v p50="$(wrk_ms "$work/wrk.txt" 50%)" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" \
+    '/^status 201:/ { ok += $3 } END { printf "%s %.0f %.2f %.2f %.1f\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0) }' \
+    "$work/wrk.txt" >>"$work/rows"
+  tail -1 "$work/rows" >&2
+}
+
+for p in $(seq "$PAIRS"); do
+  echo "pair $p of $PAIRS" >&2
+  turn A "$A"
+  turn B "$B"
+done
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+{
+  echo
+  echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): A = $A, B = $B"
+  [ -z "${AB_NOTE:-}" ] || echo "$AB_NOTE"
+  echo
+  echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, hot SKU with unique keys; load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+  echo "| turn | orders/s | p50 ms | p99 ms | mean batch |"
+  echo "| --- | --- | --- | --- | --- |"
+  awk '{ printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5 }' "$work/rows"
+  for side in A B; do
+    printf '| median %s |' "$side"
+    for col in 2 3 4 5; do printf ' %s |' "$(awk -v s="$side" -v c="$col" '$1 == s { print $c }' "$work/rows" | median)"; done
+    echo
+  done
+} | tee -a "bench/results/ab-$(date -u +%F).md"
