@@ -15,6 +15,7 @@
 # 18280), STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (as for ./dev), AB_NOTE (a line for the file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 [ $# -eq 2 ] || { echo "usage: bench/ab.sh BINARY_A BINARY_B" >&2; exit 2; }
 A="$1" B="$2"
@@ -38,26 +39,16 @@ pid=""
 cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-metric() { curl -fsS "http://$STOCKGATE_LISTEN/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
-wrk_ms() {
-  awk -v q="$2" '$1 == q {
-      v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 } else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }
-      print v }' "$1"
-}
+URL="http://$STOCKGATE_LISTEN"
 
 # turn SIDE BINARY: one measured run; appends "side orders/s p50 p99 batch" to $work/rows
 turn() {
   "$2" serve >"$work/serve.log" 2>&1 &
   pid=$!
-  local up=""
-  for _ in $(seq 100); do
-    if curl -fsS -o /dev/null "http://$STOCKGATE_LISTEN/healthz" 2>/dev/null; then up=1; break; fi
-    sleep 0.1
-  done
-  [ -n "$up" ] || { cat "$work/serve.log" >&2; echo "ab.sh: $2 did not start" >&2; exit 1; }
-  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "http://$STOCKGATE_LISTEN" -- "$ADMIN" "$HOT" >"$work/wrk.txt"
+  wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "ab.sh: $2 did not start" >&2; exit 1; }
+  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "$HOT" >"$work/wrk.txt"
   local sum count
-  sum="$(metric stockgate_order_batch_size_sum)" count="$(metric stockgate_order_batch_size_count)"
+  sum="$(metric_at "$URL" stockgate_order_batch_size_sum)" count="$(metric_at "$URL" stockgate_order_batch_size_count)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
   LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" \
     -v p50="$(wrk_ms "$work/wrk.txt" 50%)" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" \

@@ -34,6 +34,7 @@
 # step 7 runs, default target/release/stockgate), PGBENCH, NGINX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 LISTEN="${STOCKGATE_LISTEN:-127.0.0.1:8080}"
 BASE_URL="http://$LISTEN"
@@ -138,14 +139,8 @@ ratio() {
 wrk_rps() { awk '/^Requests\/sec:/ { print $2 }' "$1"; }
 wrk_req() { awk '/requests in/ { print $1 }' "$1"; }
 wrk_201() { awk '/^status 201:/ { s += $3 } END { print s + 0 }' "$@"; }
-# wrk_ms FILE QUANTILE: latency in ms
-wrk_ms() {
-  awk -v q="$2" '$1 == q {
-      v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 } else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }
-      print v }' "$1"
-}
 
-metric() { curl -fsS "$BASE_URL/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+metric() { metric_at "$BASE_URL" "$1"; }
 
 pgb() { # pgb URL SCRIPT CLIENTS -> tps
   local jobs=$(( $3 < 2 ? $3 : 2 ))
@@ -266,7 +261,7 @@ start_instances() {
     scale_pids+=($!)
   done
   for i in $(seq 0 $(( $1 - 1 ))); do
-    for _ in $(seq 100); do curl -fsS -o /dev/null "http://127.0.0.1:$(( SCALE_PORT + i ))/healthz" 2>/dev/null && break; sleep 0.1; done
+    wait_healthy "http://127.0.0.1:$(( SCALE_PORT + i ))" || say "instance $i did not answer /healthz within 10 s"
   done
 }
 for n in 1 2 4; do
