@@ -4,6 +4,7 @@ use crate::helpers::*;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 async fn post(
@@ -42,6 +43,24 @@ async fn call(
         .unwrap();
     let s = r.status();
     (s, r.json().await.unwrap_or(Value::Null))
+}
+
+/// `request`'s answer, asked again (up to 50 times, 100 ms apart) while it is 503 `BUSY`;
+/// `busy` counts the retries.
+async fn unless_busy<F, Fut>(busy: &AtomicUsize, request: F) -> (StatusCode, Value)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = (StatusCode, Value)>,
+{
+    for _ in 0..50 {
+        let (s, body) = request().await;
+        if s != StatusCode::SERVICE_UNAVAILABLE || body["error"]["code"] != "BUSY" {
+            return (s, body);
+        }
+        busy.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    request().await
 }
 
 /// (buyer, cart, status, body).
@@ -138,6 +157,9 @@ async fn a_thousand_carts_on_two_instances_with_paused_replicas_never_oversell_o
         },
     )
     .await;
+    // A 503 BUSY (a saturated pool on a loaded machine) is retried with the same key, as a
+    // client would; any other answer is final.
+    let busy = AtomicUsize::new(0);
     let answers: Vec<CartAnswer> = futures::stream::iter(0..1000usize)
         .map(|i| {
             let app = if i % 2 == 0 { &a } else { &b };
@@ -146,24 +168,17 @@ async fn a_thousand_carts_on_two_instances_with_paused_replicas_never_oversell_o
             let cart: Vec<(&str, i64)> = (0..n)
                 .map(|k| (products[(i + k * 2) % 5], 1 + ((i + k) % 3) as i64))
                 .collect();
+            let busy = &busy;
             async move {
-                // A 503 (a saturated pool on a loaded machine) is retried with the same key,
-                // as a client would; any other answer is final.
-                loop {
-                    let (s, body) = cart_on(app, &format!("cart-{i}"), "k", &cart).await;
-                    if s == StatusCode::SERVICE_UNAVAILABLE
-                        && body["error"]["code"] != "CONFLICT_RETRY"
-                    {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                    return (i, cart, s, body);
-                }
+                let user = format!("cart-{i}");
+                let (s, body) = unless_busy(busy, || cart_on(app, &user, "k", &cart)).await;
+                (i, cart, s, body)
             }
         })
         .buffer_unordered(200)
         .collect()
         .await;
+    eprintln!("503 BUSY answers retried: {}", busy.load(Ordering::Relaxed));
     let mut created = 0;
     for (i, cart, s, body) in &answers {
         match *s {
@@ -416,6 +431,35 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
         (s, &e["error"]["lines"][0]["available"]),
         (StatusCode::CONFLICT, &json!(7))
     );
+    // The refusal keeps its key and holds nothing; its retry is the same 409.
+    let (s, e) = take_hold(&app, "bob", "b1", &[("h-a", 8)], 60).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("OUT_OF_STOCK"))
+    );
+    let refused: (String, i64) = sqlx::query_as(
+        "SELECT status, (SELECT count(*) FROM hold_lines l WHERE l.hold_id = h.hold_id) \
+         FROM holds h WHERE user_id = 'bob' AND idempotency_key = 'b1'",
+    )
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+    assert_eq!(refused, ("refused".to_string(), 0));
+    // A hold naming a product that does not exist is 404 and leaves nothing behind.
+    let (s, e) = take_hold(&app, "bob", "b2", &[("h-a", 1), ("h-none", 1)], 60).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("PRODUCT_NOT_FOUND"))
+    );
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM holds WHERE user_id = 'bob' AND idempotency_key = 'b2'",
+    )
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(app.stock_on_primary("h-a").await, 7);
+    conserved(&app, &[("h-a", 10), ("h-b", 10)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -425,31 +469,33 @@ async fn holds_that_expire_under_load_and_confirms_racing_them_return_exactly_wh
     a.create_product("exp-a", 500, 100).await;
     a.create_product("exp-b", 500, 100).await;
     let given = [("exp-a", 500), ("exp-b", 500)];
-    // 200 one-second holds on two instances; a confirm races each one's expiry.
+    // 200 one-second holds on two instances; a confirm races each one's expiry. 100 in
+    // flight queue on two hot rows: an answer of 503 BUSY ("retry shortly": the pool stayed
+    // full for its timeout, nothing was done) is retried with the same key, as a client would.
+    let busy = AtomicUsize::new(0);
     let outcomes: Vec<(StatusCode, StatusCode)> = futures::stream::iter(0..200usize)
         .map(|i| {
             let app = if i % 2 == 0 { &a } else { &b };
             let other = if i % 2 == 0 { &b } else { &a };
+            let busy = &busy;
             async move {
+                let user = format!("u{i}");
                 let items = [("exp-a", 1 + (i % 2) as i64), ("exp-b", 1)];
-                let (s, hold) = take_hold(app, &format!("u{i}"), "k", &items, 1).await;
+                let (s, hold) = unless_busy(busy, || take_hold(app, &user, "k", &items, 1)).await;
                 assert_eq!(s, StatusCode::CREATED, "{hold}");
                 let id = hold["hold_id"].as_str().unwrap().to_string();
                 // Aim the confirm at the moment the hold runs out, give or take.
                 tokio::time::sleep(Duration::from_millis(900 + (i as u64 % 20) * 10)).await;
-                let (c, _) = call(
-                    other,
-                    reqwest::Method::POST,
-                    &format!("/v1/holds/{id}/confirm"),
-                    &format!("u{i}"),
-                )
-                .await;
+                let path = format!("/v1/holds/{id}/confirm");
+                let (c, _) =
+                    unless_busy(busy, || call(other, reqwest::Method::POST, &path, &user)).await;
                 (s, c)
             }
         })
         .buffer_unordered(100)
         .collect()
         .await;
+    eprintln!("503 BUSY answers retried: {}", busy.load(Ordering::Relaxed));
     let confirmed = outcomes
         .iter()
         .filter(|(_, c)| *c == StatusCode::CREATED)
