@@ -6,7 +6,8 @@
 # the same cluster: A, B, A, B, … Each turn starts the binary on its own port against the
 # dev cluster (./dev up must have run; the service on 8080 may keep running), loads it with
 # `wrk -t2 -c64` posting orders with unique keys on one hot product (bench/wrk/orders.lua),
-# and reads, besides wrk's figures, the batch sizes from the binary's own /metrics.
+# and reads, besides wrk's figures, from the binary's own /metrics: the mean batch, and the p99 of an
+# order's wait in its product's queue and of one batch's transaction on the primary.
 #
 # Prints a table (one row a turn, then the medians of each side) and appends it to
 # bench/results/ab-<YYYY-MM-DD>.md.
@@ -41,18 +42,20 @@ trap cleanup EXIT
 
 URL="http://$STOCKGATE_LISTEN"
 
-# turn SIDE BINARY: one measured run; appends "side orders/s p50 p99 batch" to $work/rows
+# turn SIDE BINARY: one measured run; appends "side orders/s p50 p99 batch queue-p99
+# batch-p99" to $work/rows (the last two "-" for a binary without those histograms)
 turn() {
   "$2" serve >"$work/serve.log" 2>&1 &
   pid=$!
   wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "ab.sh: $2 did not start" >&2; exit 1; }
   wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "$HOT" >"$work/wrk.txt"
-  local sum count
+  local sum count queue batch
   sum="$(metric_at "$URL" stockgate_order_batch_size_sum)" count="$(metric_at "$URL" stockgate_order_batch_size_count)"
+  queue="$(quantile_ms "$URL" stockgate_order_queue_seconds 0.99)" batch="$(quantile_ms "$URL" stockgate_order_batch_seconds 0.99)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
-  LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" \
+  LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" -v queue="${queue// /}" -v batch="${batch// /}" \
     -v p50="$(wrk_ms "$work/wrk.txt" 50%)" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" \
-    '/^status 201:/ { ok += $3 } END { printf "%s %.0f %.2f %.2f %.1f\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0) }' \
+    '/^status 201:/ { ok += $3 } END { printf "%s %.0f %.2f %.2f %.1f %s %s\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0), queue, batch }' \
     "$work/wrk.txt" >>"$work/rows"
   tail -1 "$work/rows" >&2
 }
@@ -63,7 +66,7 @@ for p in $(seq "$PAIRS"); do
   turn B "$B"
 done
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+median() { grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 {
   echo
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): A = $A, B = $B"
@@ -71,12 +74,12 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
   echo
   echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, hot SKU with unique keys; load average $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
-  echo "| turn | orders/s | p50 ms | p99 ms | mean batch |"
-  echo "| --- | --- | --- | --- | --- |"
-  awk '{ printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5 }' "$work/rows"
+  echo "| turn | orders/s | p50 ms | p99 ms | mean batch | p99 ms in the queue | p99 ms of a batch's transaction |"
+  echo "| --- | --- | --- | --- | --- | --- | --- |"
+  awk '{ printf "| %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7 }' "$work/rows"
   for side in A B; do
     printf '| median %s |' "$side"
-    for col in 2 3 4 5; do printf ' %s |' "$(awk -v s="$side" -v c="$col" '$1 == s { print $c }' "$work/rows" | median)"; done
+    for col in 2 3 4 5 6 7; do printf ' %s |' "$(awk -v s="$side" -v c="$col" '$1 == s { print $c }' "$work/rows" | median)"; done
     echo
   done
 } | tee -a "bench/results/ab-$(date -u +%F).md"

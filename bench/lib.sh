@@ -19,3 +19,21 @@ wait_healthy() {
   done
   return 1
 }
+
+# quantile_ms BASE_URL HISTOGRAM Q: quantile Q (0.5, 0.99) of a histogram on a service's
+# /metrics since it started, in ms, by linear interpolation inside the bucket that holds it
+quantile_ms() {
+  curl -fsS "$1/metrics" | LC_ALL=C awk -v m="${2}_bucket" -v q="$3" '
+    index($1, m "{") == 1 { le = $1; sub(/.*le="/, "", le); sub(/".*/, "", le); n++; b[n] = le; c[n] = $2 }
+    END {
+      if (n == 0 || c[n] == 0) { print "-"; exit }
+      want = q * c[n]; lo = 0; below = 0
+      for (i = 1; i <= n; i++) {
+        if (c[i] >= want) {
+          if (b[i] == "+Inf") { printf "> %.1f\n", lo * 1000; exit }
+          printf "%.1f\n", (lo + (b[i] - lo) * (want - below) / (c[i] - below)) * 1000; exit
+        }
+        lo = b[i]; below = c[i]
+      }
+    }'
+}

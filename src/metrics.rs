@@ -14,6 +14,10 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 /// Orders per coalesced transaction.
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+/// Finer than HTTP's: an order's time splits into these two, a few milliseconds each.
+const ORDER_STAGE_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0,
+];
 
 /// One metric of the table: its kind's constructor from name, help, and then labels (the
 /// `…Vec` kinds) and/or buckets (histograms).
@@ -86,6 +90,10 @@ metrics! {
     post_commit_failures: IntCounterVec("post_commit_failures_total", "Steps after a committed write that failed (the write stands; the step fails safe)", ["step"]);
     load_shed: IntCounter("load_shed_total", "Requests refused with 503 because the service was at capacity");
     order_batch_size: Histogram("order_batch_size", "Orders per coalesced primary transaction", buckets BATCH_BUCKETS);
+    /// An order's time in its product's queue, from arrival until a batch took it.
+    order_queue_seconds: Histogram("order_queue_seconds", "Time an order waited for its product's batch to take it", buckets ORDER_STAGE_BUCKETS);
+    /// One batch's transaction on the primary, from sending it to its commit's answer.
+    order_batch_seconds: Histogram("order_batch_seconds", "Time of one order batch's transaction on the primary (statement and commit)", buckets ORDER_STAGE_BUCKETS);
     order_transactions: IntCounter("order_transactions_total", "Primary transactions run to place orders");
     order_queue_depth: IntGauge("order_queue_depth", "Orders waiting for their product's next batch");
     /// Holds taken, confirmed, released, expired.

@@ -45,6 +45,7 @@ type Reply = oneshot::Sender<Result<Placed, CheckoutError>>;
 struct Pending {
     req: OrderRequest,
     reply: Reply,
+    queued: Instant,
 }
 
 /// How long an idle product's worker lingers before retiring.
@@ -147,11 +148,20 @@ impl Coalescer {
         {
             let product = req.product.clone();
             let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-            send_or_respawn(&mut queues, &product, Pending { req, reply: tx }, || {
-                let (sender, receiver) = mpsc::unbounded_channel();
-                tokio::spawn(self.clone().worker(product.clone(), receiver));
-                sender
-            })
+            send_or_respawn(
+                &mut queues,
+                &product,
+                Pending {
+                    req,
+                    reply: tx,
+                    queued: Instant::now(),
+                },
+                || {
+                    let (sender, receiver) = mpsc::unbounded_channel();
+                    tokio::spawn(self.clone().worker(product.clone(), receiver));
+                    sender
+                },
+            )
             .map_err(|_| DbError::Internal("no order worker could be started".into()))?;
             self.metrics.order_queue_depth.inc();
         }
@@ -193,6 +203,12 @@ impl Coalescer {
             }
             self.metrics.order_queue_depth.sub(batch.len() as i64);
             self.metrics.order_batch_size.observe(batch.len() as f64);
+            let taken = Instant::now();
+            for p in &batch {
+                self.metrics
+                    .order_queue_seconds
+                    .observe(taken.saturating_duration_since(p.queued).as_secs_f64());
+            }
             let seen = self.process(&product, batch).await;
             window = next_window(self.window, last_left, seen);
             last_left = seen.map(|s| s.row.left).or(last_left);
@@ -208,6 +224,9 @@ impl Coalescer {
             let reqs: Vec<&OrderRequest> = part.iter().map(|p| &p.req).collect();
             let started = Instant::now();
             let result = self.run(product, &reqs).await;
+            self.metrics
+                .order_batch_seconds
+                .observe(started.elapsed().as_secs_f64());
             if let (None, Ok(Committed { row: Some(row), .. })) = (&seen, &result) {
                 seen = Some(Seen {
                     row: *row,

@@ -6,7 +6,7 @@ use crate::helpers::*;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const QUEUE: &str = "stockgate_order_queue_depth";
 const TXS: &str = "stockgate_order_transactions_total";
@@ -433,4 +433,65 @@ async fn a_poisoned_row_fails_alone_and_the_rest_of_its_batch_commits() {
     }
     assert_eq!(app.confirmed_orders("poisoned").await, (31, 31));
     assert_eq!(app.stock_on_primary("poisoned").await, 69);
+}
+
+/// A histogram's observations above `le` seconds, and the sum of all of them.
+async fn above(app: &TestApp, histogram: &str, le: &str) -> (f64, f64) {
+    let text = app.metrics_text().await;
+    let value = |prefix: String| {
+        text.lines()
+            .find(|l| l.starts_with(&prefix))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{prefix} is not on /metrics"))
+    };
+    let all = value(format!("{histogram}_count "));
+    let below = value(format!("{histogram}_bucket{{le=\"{le}\"}} "));
+    (all - below, value(format!("{histogram}_sum ")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_orders_wait_in_the_queue_and_its_batchs_transaction_are_measured_apart() {
+    const QUEUED: &str = "stockgate_order_queue_seconds";
+    const BATCH: &str = "stockgate_order_batch_seconds";
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("timed", 10, 100).await;
+    let (queue_slow, queue_sum) = above(&app, QUEUED, "0.25").await;
+    let (batch_slow, batch_sum) = above(&app, BATCH, "0.25").await;
+    let lock = app.lock_rows(&["timed"]).await;
+    let before = app.metric(TXS).await;
+    // The first order's batch waits on the row inside its transaction; the second order
+    // waits in the queue behind it.
+    let first = order_in_background(&app, "ada", "t1", "timed", 1);
+    batches_waiting(&app, before, 1.0).await;
+    let in_transaction = Instant::now();
+    let second = order_in_background(&app, "bob", "t2", "timed", 1);
+    queued(&app, 1.0).await;
+    let in_queue = Instant::now();
+    // The wait being measured: the row stays locked this long with both orders waiting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    lock.commit().await.unwrap();
+    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(second.await.unwrap().0, StatusCode::CREATED);
+    let (queue_slow_now, queue_sum_now) = above(&app, QUEUED, "0.25").await;
+    let (batch_slow_now, batch_sum_now) = above(&app, BATCH, "0.25").await;
+    // Each wait is counted once, in its own stage: the first order's in its transaction,
+    // the second's in the queue (its own transaction then ran at once).
+    assert_eq!(
+        (queue_slow_now - queue_slow, batch_slow_now - batch_slow),
+        (1.0, 1.0)
+    );
+    let held = |from: Instant| released.duration_since(from).as_secs_f64();
+    assert!(
+        queue_sum_now - queue_sum >= held(in_queue),
+        "queue time {} s < the {} s the second order waited",
+        queue_sum_now - queue_sum,
+        held(in_queue)
+    );
+    assert!(
+        batch_sum_now - batch_sum >= held(in_transaction),
+        "batch time {} s < the {} s the first batch waited on the row",
+        batch_sum_now - batch_sum,
+        held(in_transaction)
+    );
 }
