@@ -178,11 +178,13 @@ j() { jq -r "$2 // \"n/a\"" "$work/$1.json" 2>/dev/null || echo n/a; }
 psql "$DATABASE_URL" -qX -v ON_ERROR_STOP=1 -c "INSERT INTO products (product_id, name, price_cents, available_quantity)
     VALUES ('$HOT', 'pgbench hot row', 100, 2000000000)
     ON CONFLICT (product_id) DO UPDATE SET available_quantity = 2000000000" >/dev/null
+# One order per transaction at its best: a time-ordered order id and keys that grow per client,
+# as the service writes them, so each insert lands on an index page already in memory (random
+# ids and keys were 10-25 % slower on a 4.6 M-row orders table).
 cat >"$work/order.sql" <<SQL
-\set uid random(1, 1000000000)
 BEGIN;
 UPDATE products SET available_quantity = available_quantity - 1 WHERE product_id = '$HOT' AND available_quantity >= 1;
-INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) VALUES (gen_random_uuid(), '$HOT', 'pgb', 1, 100, 100, 'confirmed', 'pgb-' || :uid || '-' || random(), 'x');
+INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) VALUES ((lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1e6)::bigint), 14, '0') || substr(md5(random()::text), 1, 18))::uuid, '$HOT', 'pgb-' || :client_id, 1, 100, 100, 'confirmed', 'pgb-' || (extract(epoch FROM clock_timestamp()) * 1e6)::bigint, 'x');
 COMMIT;
 SQL
 cat >"$work/select.sql" <<SQL

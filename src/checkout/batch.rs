@@ -62,7 +62,7 @@ pub(super) async fn run(
     product: &ProductId,
     reqs: &[&OrderRequest],
 ) -> Result<Committed, Failed> {
-    let ids: Vec<Uuid> = reqs.iter().map(|_| Uuid::new_v4()).collect();
+    let ids: Vec<Uuid> = reqs.iter().map(|_| super::new_row_id()).collect();
     let (users, keys): (Vec<&str>, Vec<&str>) = reqs.iter().map(|r| r.key_pair()).unzip();
     let qty: Vec<i32> = reqs.iter().map(|r| r.quantity.get()).collect();
     let fps: Vec<String> = reqs.iter().map(|r| r.fingerprint()).collect();

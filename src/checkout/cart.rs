@@ -105,7 +105,7 @@ async fn claim(
          ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
         order_columns!()
     ))
-    .bind(Uuid::new_v4())
+    .bind(super::new_row_id())
     .bind(req.user.as_str())
     .bind(total)
     .bind(status)

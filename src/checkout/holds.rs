@@ -143,7 +143,7 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         tx.rollback().await?;
         return answer.map(|h| (h, false));
     }
-    let hold_id = Uuid::new_v4();
+    let hold_id = super::new_row_id();
     let lines = req.lines.units();
     let Some(expires_at) = claim(&mut tx, hold_id, req, &lines).await? else {
         // A concurrent request with this key committed first: answer as it did.
@@ -405,7 +405,7 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
         .map(|l| i64::from(price(&l.product_id)) * i64::from(l.quantity))
         .sum();
     let single = (hold.lines.len() == 1).then(|| &hold.lines[0]);
-    let order_id = Uuid::new_v4();
+    let order_id = super::new_row_id();
     sqlx::query(
         "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
          VALUES ($1, $2, $3, $4, $5, $6, 'confirmed', $7, $8)",

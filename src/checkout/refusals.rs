@@ -143,7 +143,7 @@ async fn insert<'r>(
         }
     }
     distinct.sort_by(|a, b| a.key_pair().cmp(&b.key_pair()));
-    let ids: Vec<Uuid> = distinct.iter().map(|_| Uuid::new_v4()).collect();
+    let ids: Vec<Uuid> = distinct.iter().map(|_| super::new_row_id()).collect();
     let products: Vec<&str> = distinct.iter().map(|r| r.product.as_str()).collect();
     let users: Vec<&str> = distinct.iter().map(|r| r.user.as_str()).collect();
     let keys: Vec<&str> = distinct.iter().map(|r| r.key.as_str()).collect();
