@@ -513,9 +513,26 @@ async fn the_old_leader_rejoins_as_a_replica_and_serves_reads_only_once_fresh() 
     assert_eq!(app.replica_state(&old_name).await, "down");
 
     // Writes on the new timeline while the old leader is away: it must replay them (after
-    // Patroni rewinds it) before it may serve a stock-gate read.
+    // Patroni rewinds it) before it may serve a stock-gate read. Patroni can name the new
+    // leader a moment before its promotion ends; a write then is refused with 503
+    // DATABASE_UNAVAILABLE (nothing done) and is sent again. The stock read back below (505)
+    // says each landed exactly once.
     for _ in 0..5 {
-        assert_eq!(app.restock("mug", 1).await.status(), StatusCode::OK);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let resp = app.restock("mug", 1).await;
+            let status = resp.status();
+            let body: Value = resp.json().await.unwrap_or(Value::Null);
+            if status == StatusCode::SERVICE_UNAVAILABLE
+                && body["error"]["code"] == "DATABASE_UNAVAILABLE"
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            assert_eq!(status, StatusCode::OK, "{body}");
+            break;
+        }
     }
     let restarted = Instant::now();
     blocking(|| c.start_node(old)).expect("restart the old leader");
