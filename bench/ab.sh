@@ -53,7 +53,7 @@ turn() {
   sum="$(metric_at "$URL" stockgate_order_batch_size_sum)" count="$(metric_at "$URL" stockgate_order_batch_size_count)"
   queue="$(quantile_ms "$URL" stockgate_order_queue_seconds 0.99)" batch="$(quantile_ms "$URL" stockgate_order_batch_seconds 0.99)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
-  LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" -v queue="${queue// /}" -v batch="${batch// /}" \
+  LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" -v queue="$queue" -v batch="$batch" \
     -v p50="$(wrk_ms "$work/wrk.txt" 50%)" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" \
     '/^status 201:/ { ok += $3 } END { printf "%s %.0f %.2f %.2f %.1f %s %s\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0), queue, batch }' \
     "$work/wrk.txt" >>"$work/rows"

@@ -30,7 +30,7 @@ quantile_ms() {
       want = q * c[n]; lo = 0; below = 0
       for (i = 1; i <= n; i++) {
         if (c[i] >= want) {
-          if (b[i] == "+Inf") { printf "> %.1f\n", lo * 1000; exit }
+          if (b[i] == "+Inf") { printf ">%.1f\n", lo * 1000; exit }
           printf "%.1f\n", (lo + (b[i] - lo) * (want - below) / (c[i] - below)) * 1000; exit
         }
         lo = b[i]; below = c[i]

@@ -3,12 +3,12 @@
 //! Taking a hold is a cart's guarded take with a `holds` row instead of an order: the key and
 //! lines written first, then rows locked in `product_id` order and ONE guarded UPDATE for
 //! every line, all or nothing; a short hold keeps its key as a `refused` row so the 409 stays
-//! true. Every ending is one guarded
-//! status change `held → confirmed | released | expired` under the hold's row lock, in the
-//! same transaction as the stock it moves, so each happens exactly once whichever request,
-//! instance or restart races it: a confirm that comes after `expires_at` expires the hold
-//! itself and answers 409. Expiry runs from the database's state (every instance sweeps due
-//! holds each second with `SKIP LOCKED`), so a restart loses nothing and returns nothing twice.
+//! true. Every ending is one guarded status change `held → confirmed | released | expired`
+//! under the hold's row lock, in the same transaction as the stock it moves, so each happens
+//! exactly once whichever request, instance or restart races it: a confirm that comes after
+//! `expires_at` expires the hold itself and answers 409. Expiry runs from the database's
+//! state (every instance sweeps due holds each second with `SKIP LOCKED`), so a restart loses
+//! nothing and returns nothing twice.
 
 use super::stock::{self, Short};
 use super::{CheckoutError, Order, commit, order_columns, with_lines};
@@ -181,7 +181,7 @@ async fn claim(
         "WITH h AS (INSERT INTO holds (hold_id, user_id, idempotency_key, request_fingerprint, status, expires_at) \
                     VALUES ($1, $2, $3, $4, 'held', clock_timestamp() + make_interval(secs => $5)) \
                     ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING hold_id, expires_at), \
-              l AS (INSERT INTO hold_lines (hold_id, product_id, quantity) \
+              lines AS (INSERT INTO hold_lines (hold_id, product_id, quantity) \
                     SELECT h.hold_id, l.product_id, l.quantity FROM h, UNNEST($6::text[], $7::int4[]) AS l(product_id, quantity) \
                     JOIN products p USING (product_id)) \
          SELECT expires_at FROM h",
