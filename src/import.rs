@@ -609,6 +609,7 @@ async fn insert_new(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<HashSet<String>>
         "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
          SELECT id, name, price, stock, stock \
          FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
+         ORDER BY id COLLATE \"C\" \
          ON CONFLICT (product_id) DO NOTHING RETURNING product_id",
     )
     .bind(&ids)
@@ -620,9 +621,12 @@ async fn insert_new(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<HashSet<String>>
     Ok(created.into_iter().collect())
 }
 
-/// Locks, in product_id order, the existing products whose stated count, name or price
-/// differ from the file, and returns `(product_id, available_quantity, stated_quantity)`
-/// as they stand under the lock (sales wait until the batch commits).
+/// Locks, in the one product order ([`crate::checkout::stock`]'s), the existing products whose
+/// stated count, name or price differ from the file, and returns `(product_id,
+/// available_quantity, stated_quantity)` as they stand under the lock (sales wait until the
+/// batch commits). `FOR NO KEY UPDATE`, the lock the UPDATE that follows takes anyway: a
+/// refusal's or an order line's foreign-key check (`FOR KEY SHARE`) never waits on it, so an
+/// import and the buyers of sold-out products never wait on each other in a circle.
 async fn lock_differing(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<Vec<(String, i32, i32)>> {
     if rows.is_empty() {
         return Ok(Vec::new());
@@ -637,8 +641,8 @@ async fn lock_differing(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<Vec<(String,
          JOIN UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stated) \
            ON p.product_id = f.id \
          WHERE (p.name, p.price_cents, p.stated_quantity) IS DISTINCT FROM (f.name, f.price, f.stated) \
-         ORDER BY p.product_id \
-         FOR UPDATE OF p",
+         ORDER BY p.product_id COLLATE \"C\" \
+         FOR NO KEY UPDATE OF p",
     )
     .bind(&ids)
     .bind(&names)
@@ -676,11 +680,9 @@ async fn update_restated(tx: &mut Tx, updates: &[(&Row, i32)]) -> sqlx::Result<(
     Ok(())
 }
 
-/// The clock's now as a UTC instant (through one time base, so a test clock moves it).
+/// The clock's now as a UTC instant (through the time base, so a test clock moves it).
 pub fn clock_now(clock: &dyn Clock) -> DateTime<Utc> {
-    static BASE: std::sync::OnceLock<crate::clock::TimeBase> = std::sync::OnceLock::new();
-    BASE.get_or_init(crate::clock::TimeBase::now)
-        .wall(clock.now())
+    crate::clock::TimeBase::now().wall(clock.now())
 }
 
 #[cfg(test)]

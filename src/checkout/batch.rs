@@ -11,8 +11,9 @@
 //! Here, each request is answered from what its key holds ([`decide`]): the order this batch
 //! wrote (201), the refusal it wrote (409), or what was there before or was claimed
 //! concurrently, judged by the idempotency rule (the order again, the refusal again, or 422
-//! for another body). A repeat of an earlier request's key in the same batch shares its fate,
-//! or is 422 for another body, and never takes a seat.
+//! for another body). A repeat of an earlier request's key in the same batch never takes a
+//! seat and is judged the same way, against what the key holds: the same body as the row
+//! gets that row's answer, whatever body an earlier request of the batch carried.
 //!
 //! The statement is its own transaction, so an error the server reports means it rolled
 //! back (nothing written), while a link that fails after the statement was sent leaves the
@@ -24,7 +25,6 @@ use crate::domain::ProductId;
 use crate::routing::{Db, DbError};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -51,8 +51,8 @@ pub(super) struct RowSeen {
     pub found: i32,
     /// The stock it left.
     pub left: i32,
-    /// No later than the moment the row lock was taken (the statement's send time plus the
-    /// lock wait the server measured): the stock figures are exact from then.
+    /// No later than the moment the row lock was taken ([`locked_at`]): the stock figures
+    /// are exact from then.
     pub locked_at: Instant,
 }
 
@@ -90,7 +90,8 @@ pub(super) async fn run(
                 Failed::Unknown
             }
         })?;
-    read(reqs, &ids, &rows, sent).map_err(|e| {
+    let arrived = Instant::now();
+    read(reqs, &ids, &rows, sent, arrived).map_err(|e| {
         // Committed, but its answer cannot be read: every request must retry with its key.
         tracing::warn!(error = %e, "order batch's answer could not be read");
         Failed::Unknown
@@ -103,6 +104,7 @@ fn read(
     ids: &[Uuid],
     rows: &[PgRow],
     sent: Instant,
+    arrived: Instant,
 ) -> Result<Committed, sqlx::Error> {
     use sqlx::FromRow;
     let Some(first) = rows.first() else {
@@ -116,7 +118,7 @@ fn read(
     let row = RowSeen {
         found: first.try_get("found")?,
         left: first.try_get("left_after")?,
-        locked_at: sent + Duration::from_micros(waited),
+        locked_at: locked_at(sent, Duration::from_micros(waited), arrived),
     };
     let mut held: Vec<Option<Existing>> = vec![None; reqs.len()];
     for r in rows {
@@ -138,24 +140,29 @@ fn read(
     })
 }
 
+/// When the batch took the row lock, on this service's clock: the send time plus the wait the
+/// server measured, but never after the reply arrived. The wait comes from the server's
+/// `clock_timestamp()`; a clock stepped forward under the statement would otherwise date the
+/// stock after the moment it was read, and the gate cache would serve it as fresh for longer
+/// than its budget.
+fn locked_at(sent: Instant, waited: Duration, arrived: Instant) -> Instant {
+    sent.checked_add(waited).unwrap_or(arrived).min(arrived)
+}
+
 /// Each request's answer from what its key holds now (`held[i]`, by arrival order) and the
 /// order id it was offered (`ids[i]`): a confirmed row with that id is this batch's new order;
 /// any other row (our own refusal, what the key held before, a concurrent claim, or, for a
-/// repeat of an earlier request's key, that request's row) is judged like a retry. A repeat
-/// with another body than the earlier request is 422 whatever the key holds.
+/// repeat of an earlier request's key, the row that request wrote) is judged like a retry,
+/// against the row's body. Never against another request of the batch: a wrong body queued
+/// ahead of an honest retry must not turn the retry's answer into 422.
 pub(super) fn decide(
     reqs: &[&OrderRequest],
     ids: &[Uuid],
     held: Vec<Option<Existing>>,
 ) -> Vec<Result<Placed, CheckoutError>> {
-    let mut first: HashMap<(&str, &str), usize> = HashMap::new();
     let mut fates = Vec::with_capacity(reqs.len());
     for (i, (r, now)) in reqs.iter().zip(held).enumerate() {
-        let f = *first.entry(r.key_pair()).or_insert(i);
         let fate = match now {
-            _ if f != i && reqs[f].fingerprint() != r.fingerprint() => {
-                Err(CheckoutError::KeyReused)
-            }
             Some(e) if e.order.order_id == ids[i] && e.order.status != REFUSED => {
                 Ok(Placed::Created(e.order.complete()))
             }
@@ -266,6 +273,33 @@ mod tests {
         assert!(matches!(fates[0], Ok(Placed::Created(_))));
         assert!(matches!(&fates[1], Ok(Placed::Replayed(o)) if o.order_id == id[0]));
         assert!(matches!(fates[2], Err(CheckoutError::KeyReused)));
+    }
+
+    #[test]
+    fn the_lock_is_dated_no_later_than_the_reply_whatever_the_servers_clock_says() {
+        let sent = Instant::now();
+        let arrived = sent + Duration::from_millis(3);
+        let wait = Duration::from_millis(2);
+        assert_eq!(locked_at(sent, wait, arrived), sent + wait);
+        // A server clock stepped 10 s forward during the statement.
+        assert_eq!(locked_at(sent, Duration::from_secs(10), arrived), arrived);
+    }
+
+    #[test]
+    fn a_wrong_body_ahead_of_an_honest_retry_does_not_change_the_retrys_answer() {
+        // The key held order O (of 1 unit) before the batch; the batch carries the key with
+        // another body, then with O's.
+        let wrong = req("a", "k", "p", 2);
+        let honest = req("a", "k", "p", 1);
+        let before = Uuid::new_v4();
+        let row = held(&honest, before, "p", "confirmed");
+        let fates = decide(&[&wrong, &honest], &ids(2), vec![row.clone(), row]);
+        assert!(matches!(fates[0], Err(CheckoutError::KeyReused)));
+        assert!(
+            matches!(&fates[1], Ok(Placed::Replayed(o)) if o.order_id == before),
+            "{:?}",
+            fates[1]
+        );
     }
 
     #[test]

@@ -135,7 +135,8 @@ async fn insert_lines(
     let prices: Vec<i32> = products.iter().map(|p| locked[*p].1).collect();
     sqlx::query(
         "INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
-         SELECT $1, l.product_id, l.quantity, l.price FROM UNNEST($2::text[], $3::int4[], $4::int4[]) AS l(product_id, quantity, price)",
+         SELECT $1, l.product_id, l.quantity, l.price FROM UNNEST($2::text[], $3::int4[], $4::int4[]) AS l(product_id, quantity, price) \
+         ORDER BY l.product_id COLLATE \"C\"",
     )
     .bind(order_id)
     .bind(&products)

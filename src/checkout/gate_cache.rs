@@ -80,50 +80,76 @@ impl GateCache {
 
     /// A fresh-enough answer for `product`, reading through `fetch` on a miss; `fetch` is
     /// given the position a read must have replayed (the product's floor, if it was reopened
-    /// lately). Callers that miss together wait for one read. A cached answer is served only while its
-    /// staleness, stated at the moment it is served, is within the budget; a fetched one is
-    /// served as the router stated it when it came back (within the budget for a replica).
+    /// lately). Callers that miss together wait for one read. Every answer is stated at the
+    /// moment it is handed out (same `as_of`, staleness measured then): a cached one is
+    /// served only while that staleness is within the budget, and so is a shared read's
+    /// answer to the callers that waited for it (a waiter that wakes late and finds it over
+    /// budget reads again). The caller whose read it was gets it as the router stated it,
+    /// measured afresh.
     pub async fn get_or_fetch<F, Fut, E>(&self, product: &ProductId, fetch: F) -> Result<Answer, E>
     where
-        F: FnOnce(Option<Lsn>) -> Fut,
+        F: Fn(Option<Lsn>) -> Fut,
         Fut: std::future::Future<Output = Result<Answer, E>>,
     {
-        let now = Instant::now();
+        /// How many shared reads a waiter takes, each found over budget when it woke,
+        /// before it is given the last one as it is (stated honestly).
+        const ROUNDS: usize = 3;
         let budget_ms = ceil_ms(self.budget);
-        let (slot, min_lsn) = {
-            let mut maps = self.maps();
-            let floor = maps.floors.get(product).copied();
-            let usable = |a: &Answer| {
-                ceil_ms(now.saturating_duration_since(a.as_of())) <= budget_ms
-                    && floor.is_none_or(|(_, at)| a.as_of() >= at)
+        let within = |a: &Answer, now: Instant| {
+            ceil_ms(now.saturating_duration_since(a.as_of())) <= budget_ms
+        };
+        let mut round = 0;
+        loop {
+            round += 1;
+            let now = Self::now();
+            let (slot, min_lsn) = {
+                let mut maps = self.maps();
+                let floor = maps.floors.get(product).copied();
+                let usable =
+                    |a: &Answer| within(a, now) && floor.is_none_or(|(_, at)| a.as_of() >= at);
+                let slots = &mut maps.slots;
+                if slots.len() > 50_000 {
+                    // Bounded memory: forget expired answers.
+                    let budget = self.budget;
+                    slots.retain(|_, s| {
+                        s.get()
+                            .is_none_or(|a| now.saturating_duration_since(a.as_of()) <= budget)
+                    });
+                }
+                let cached = slots.get(product).and_then(|s| s.get());
+                if let Some(answer) = cached.filter(|a| usable(a)) {
+                    // Judged usable at `now`, and stated at that same `now`.
+                    return Ok(answer.restated(now));
+                }
+                let slot = match slots.get(product) {
+                    // A read in flight: wait for it.
+                    Some(s) if s.get().is_none() => s.clone(),
+                    _ => {
+                        let slot: Slot = Arc::default();
+                        slots.insert(product.clone(), slot.clone());
+                        slot
+                    }
+                };
+                (slot, floor.map(|(lsn, _)| lsn))
             };
-            let slots = &mut maps.slots;
-            if slots.len() > 50_000 {
-                // Bounded memory: forget expired answers.
-                let budget = self.budget;
-                slots.retain(|_, s| {
-                    s.get()
-                        .is_none_or(|a| now.saturating_duration_since(a.as_of()) <= budget)
-                });
-            }
-            let cached = slots.get(product).and_then(|s| s.get());
-            if let Some(answer) = cached.filter(|a| usable(a)) {
-                // Judged usable at `now`, and stated at that same `now`.
+            let mut ours = false;
+            let answer = slot
+                .get_or_try_init(|| {
+                    ours = true;
+                    fetch(min_lsn)
+                })
+                .await?;
+            let now = Self::now();
+            if ours || within(answer, now) || round == ROUNDS {
                 return Ok(answer.restated(now));
             }
-            let slot = match slots.get(product) {
-                // A read in flight: wait for it.
-                Some(s) if s.get().is_none() => s.clone(),
-                _ => {
-                    let slot: Slot = Arc::default();
-                    slots.insert(product.clone(), slot.clone());
-                    slot
-                }
-            };
-            (slot, floor.map(|(lsn, _)| lsn))
-        };
-        let answer = slot.get_or_try_init(|| fetch(min_lsn)).await?;
-        Ok(answer.clone())
+        }
+    }
+
+    /// Now, on the clock answers are dated by (tokio's, so a test can pause it; the same
+    /// instant as `std`'s otherwise).
+    fn now() -> Instant {
+        tokio::time::Instant::now().into_std()
     }
 
     /// Stores an authoritative answer (the primary's stock right after a commit), unless a
@@ -150,7 +176,7 @@ impl GateCache {
     /// Forgets `product` and pins its floor at `lsn` (its stock went up here, up to that
     /// position: the next gate read must see that).
     pub fn reopen(&self, product: &ProductId, lsn: Lsn) {
-        let now = Instant::now();
+        let now = Self::now();
         let mut maps = self.maps();
         maps.floors
             .retain(|_, (_, at)| now.saturating_duration_since(*at) <= self.keep_floors);
@@ -189,7 +215,7 @@ mod tests {
         };
         let all = futures::future::join_all((0..20).map(|_| {
             let (cache, reads, id) = (cache.clone(), reads.clone(), id.clone());
-            async move { cache.get_or_fetch(&id, |_| fetch(reads)).await }
+            async move { cache.get_or_fetch(&id, |_| fetch(reads.clone())).await }
         }))
         .await;
         assert!(
@@ -209,6 +235,50 @@ mod tests {
             .expect("fetches");
         assert_eq!((a.available, reads.load(Ordering::SeqCst)), (Some(7), 2));
         assert!(a.route.stale_by() < Duration::from_millis(250));
+    }
+
+    /// A caller that waited for another's read, and whose task woke 200 ms after that read
+    /// came back, must not be handed the answer as it was stated then: 200 ms of staleness
+    /// would go unsaid, and a replica answer could pass the budget.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_wakes_late_gets_the_answer_restated_or_reads_again() {
+        let cache = Arc::new(GateCache::default());
+        let id = ProductId::parse("p").expect("valid");
+        let reads = Arc::new(AtomicUsize::new(0));
+        // A replica read that takes 100 ms and is as of when it was sent.
+        let fetch = |reads: Arc<AtomicUsize>| async move {
+            reads.fetch_add(1, Ordering::SeqCst);
+            let sent = GateCache::now();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, ()>(Answer {
+                available: Some(7),
+                route: Route::example_as_of(QueryClass::StockGate, "replica-1", sent),
+            })
+        };
+        let fetcher = tokio::spawn({
+            let (cache, id, reads) = (cache.clone(), id.clone(), reads.clone());
+            async move { cache.get_or_fetch(&id, |_| fetch(reads.clone())).await }
+        });
+        tokio::task::yield_now().await;
+        let mut waiter = Box::pin(cache.get_or_fetch(&id, |_| fetch(reads.clone())));
+        assert!(
+            futures::poll!(&mut waiter).is_pending(),
+            "waits for the read in flight"
+        );
+        let first = fetcher.await.expect("joined").expect("read");
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "one read so far");
+        assert_eq!(first.route.stale_by(), Duration::from_millis(100));
+        // The waiter's task is woken, and runs 200 ms later: the shared answer is 300 ms old.
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let late = waiter.await.expect("read");
+        let stated = late.route.stale_by();
+        let truth = GateCache::now().saturating_duration_since(late.route.as_of_instant());
+        assert_eq!(stated, truth, "stated at hand-out");
+        assert!(
+            stated <= Duration::from_millis(250),
+            "within the budget: {stated:?}"
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 2, "read again");
     }
 
     #[tokio::test]

@@ -183,7 +183,7 @@ async fn claim(
                     ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING hold_id, expires_at), \
               lines AS (INSERT INTO hold_lines (hold_id, product_id, quantity) \
                     SELECT h.hold_id, l.product_id, l.quantity FROM h, UNNEST($6::text[], $7::int4[]) AS l(product_id, quantity) \
-                    JOIN products p USING (product_id)) \
+                    JOIN products p USING (product_id) ORDER BY l.product_id COLLATE \"C\") \
          SELECT expires_at FROM h",
     )
     .bind(hold_id)
@@ -390,7 +390,9 @@ async fn order_by_id(tx: &mut Tx, order_id: Uuid) -> Result<Order, sqlx::Error> 
 }
 
 /// The order a confirmed hold becomes: its lines at today's prices. Its units were taken
-/// when the hold was, so no stock moves now. Its key is the hold's own.
+/// when the hold was, so no stock moves now. It claims no Idempotency-Key (migration
+/// `20261202000001`): the hold's row makes the confirm happen once, and every key a client
+/// may send stays the client's.
 async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
     let products: Vec<&str> = hold.lines.iter().map(|l| l.product_id.as_str()).collect();
     let prices: Vec<(String, i32)> =
@@ -408,7 +410,7 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
     let order_id = super::new_row_id();
     sqlx::query(
         "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-         VALUES ($1, $2, $3, $4, $5, $6, 'confirmed', $7, $8)",
+         VALUES ($1, $2, $3, $4, $5, $6, 'confirmed', NULL, NULL)",
     )
     .bind(order_id)
     .bind(single.map(|l| l.product_id.as_str()))
@@ -416,15 +418,13 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
     .bind(single.map(|l| l.quantity))
     .bind(single.map_or(0, |l| price(&l.product_id)))
     .bind(total)
-    .bind(format!("hold:{}", hold.hold_id))
-    .bind(format!("hold:{}", hold.hold_id))
     .execute(&mut **tx)
     .await?;
     if single.is_none() {
         sqlx::query(
             "INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
              SELECT $1, l.product_id, l.quantity, p.price_cents FROM hold_lines l JOIN products p USING (product_id) \
-             WHERE l.hold_id = $2",
+             WHERE l.hold_id = $2 ORDER BY l.product_id COLLATE \"C\"",
         )
         .bind(order_id)
         .bind(hold.hold_id)

@@ -310,16 +310,20 @@ impl Checkout {
         let outcome = match &self.limiter {
             Some(l) if !l.allow(&req.user) => Err(CheckoutError::RateLimited),
             _ => {
-                let db = self.db.clone();
-                tokio::spawn(async move { cart::place(&db, &req).await })
-                    .await
-                    .map_err(|_| CheckoutError::OutcomeUnknown)
-                    .and_then(|r| r)
+                // The reopen after the commit is in the task too: a hang-up cannot skip it.
+                let this = self.clone();
+                tokio::spawn(async move {
+                    let placed = cart::place(&this.db, &req).await?;
+                    if let Placed::Created(order) = &placed {
+                        this.reopened(&order.products()).await;
+                    }
+                    Ok(placed)
+                })
+                .await
+                .map_err(|_| CheckoutError::OutcomeUnknown)
+                .and_then(|r| r)
             }
         };
-        if let Ok(Placed::Created(order)) = &outcome {
-            self.reopened(&order.products()).await;
-        }
         self.count(&outcome);
         outcome
     }
@@ -329,17 +333,21 @@ impl Checkout {
         &self,
         req: holds::HoldRequest,
     ) -> Result<(holds::Hold, bool), CheckoutError> {
-        let db = self.db.clone();
-        let taken = tokio::spawn(async move { holds::take(&db, &req).await })
-            .await
-            .map_err(|_| CheckoutError::OutcomeUnknown)??;
-        if taken.1 {
-            self.metrics.holds.with_label_values(&["taken"]).inc();
-            // The units left availability at once: this instance's gate must not answer
-            // from before the hold.
-            self.reopened(&taken.0.products()).await;
-        }
-        Ok(taken)
+        // What follows the commit runs in the task too: a client that hangs up cannot skip
+        // this instance's reopen.
+        let this = self.clone();
+        tokio::spawn(async move {
+            let taken = holds::take(&this.db, &req).await?;
+            if taken.1 {
+                // The units left availability at once: this instance's gate must not answer
+                // from before the hold. Counted once the gate is reopened.
+                this.reopened(&taken.0.products()).await;
+                this.metrics.holds.with_label_values(&["taken"]).inc();
+            }
+            Ok(taken)
+        })
+        .await
+        .map_err(|_| CheckoutError::OutcomeUnknown)?
     }
 
     pub async fn hold_by_id(&self, hold_id: Uuid) -> Result<holds::Hold, CheckoutError> {
@@ -360,20 +368,23 @@ impl Checkout {
 
     /// Releases a hold; its units go back exactly once and reopen the gate.
     pub async fn release_hold(&self, hold_id: Uuid) -> Result<holds::Hold, CheckoutError> {
-        let db = self.db.clone();
-        let ended = tokio::spawn(async move { holds::release(&db, hold_id).await })
-            .await
-            .map_err(|_| CheckoutError::OutcomeUnknown)??;
-        if !ended.returned.is_empty() {
-            let event = if ended.value.status == "released" {
-                "released"
-            } else {
-                "expired"
-            };
-            self.metrics.holds.with_label_values(&[event]).inc();
-        }
-        self.reopened(&ended.returned).await;
-        Ok(ended.value)
+        // The reopen after the commit runs in the task too: a hang-up cannot skip it.
+        let this = self.clone();
+        tokio::spawn(async move {
+            let ended = holds::release(&this.db, hold_id).await?;
+            this.reopened(&ended.returned).await;
+            if !ended.returned.is_empty() {
+                let event = if ended.value.status == "released" {
+                    "released"
+                } else {
+                    "expired"
+                };
+                this.metrics.holds.with_label_values(&[event]).inc();
+            }
+            Ok(ended.value)
+        })
+        .await
+        .map_err(|_| CheckoutError::OutcomeUnknown)?
     }
 
     /// Units held now per product, the most first (up to `top`).

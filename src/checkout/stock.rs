@@ -1,6 +1,11 @@
 //! Stock moves for several products at once (carts, holds, cancels, expiries), in the one
-//! lock order every transaction here shares: product rows by `product_id`. Single-product
-//! batches lock one row, so no mix of carts, holds and batches can wait in a circle.
+//! lock order every transaction here shares: product rows by `product_id` in byte order
+//! (`COLLATE "C"`, Rust's `str` order, whatever the database's collation; an `en_US` one
+//! sorts `B-1` before `a.2` and `a.2` after `A-3`). Single-product batches lock one row, so no
+//! mix of carts, holds, imports and batches can wait in a circle. Statements that insert rows
+//! referencing several products (hold lines, order lines) insert them in that order too; their
+//! foreign-key checks take `FOR KEY SHARE`, which only a `FOR UPDATE` would block, and nothing
+//! here takes one on a product.
 
 use crate::domain::{ProductId, Quantity};
 use std::collections::BTreeMap;
@@ -33,7 +38,7 @@ pub(crate) fn per_product(lines: &[(ProductId, i32)]) -> BTreeMap<&str, i32> {
 pub(crate) async fn lock(tx: &mut Tx, products: &[&str]) -> Result<Locked, sqlx::Error> {
     let rows: Vec<(String, i32, i32)> = sqlx::query_as(
         "SELECT product_id, available_quantity, price_cents FROM products \
-         WHERE product_id = ANY($1) ORDER BY product_id FOR NO KEY UPDATE",
+         WHERE product_id = ANY($1) ORDER BY product_id COLLATE \"C\" FOR NO KEY UPDATE",
     )
     .bind(products)
     .fetch_all(&mut **tx)

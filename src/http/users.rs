@@ -4,7 +4,9 @@
 //! shared store and in an `X-Consistency-Token` response header). Later reads, from any
 //! device and any instance, use a replica only if it has replayed that far. A committed
 //! write is always answered 200: what could not be recorded is made safe by
-//! [`crate::routing::Db::note_write`] instead (a pin to the primary, or a wait).
+//! [`crate::routing::Db::note_write`] instead (a pin to the primary, or a wait). A write whose
+//! COMMIT lost its link may have landed: it is answered 503 `OUTCOME_UNKNOWN` and pins the
+//! user to the primary all the same ([`crate::routing::Db::note_unknown_write`]).
 
 use super::responses::{BadRequest, ErrorBody, PayloadTooLarge, Unauthorized, Unavailable};
 use super::{ApiError, AppState, Json, Path, Stated, stated};
@@ -95,7 +97,22 @@ async fn write_own<T: Serialize>(
 ) -> Result<Response, ApiError> {
     let mut tx = state.db.primary().begin().await?;
     statement.execute(&mut *tx).await?;
-    tx.commit().await?;
+    match tx.commit().await {
+        Ok(()) => {}
+        // The server refused the COMMIT: it rolled back, nothing was written.
+        Err(e @ sqlx::Error::Database(_)) => return Err(e.into()),
+        // The link failed with the COMMIT sent: the write may have landed, at a position no
+        // one knows. The user's reads go to the primary for one TTL, everywhere, so they
+        // never flip between the old value and the new.
+        Err(e) => {
+            tracing::warn!(error = %e, user = %user, "COMMIT of a user's write lost its link; its outcome is unknown");
+            state.db.note_unknown_write(user).await;
+            return Err(ApiError::unavailable(
+                "OUTCOME_UNKNOWN",
+                "the database did not confirm or deny the write, so it may have been saved; send it again",
+            ));
+        }
+    }
     // Committed: from here on nothing may turn this into an error.
     let lsn = state.db.note_write(user).await;
     let route = state.db.written_route();

@@ -137,6 +137,29 @@ pub fn is_connection_error(e: &sqlx::Error) -> bool {
 }
 
 /// No member leads (Patroni mode, between a leader's loss and its successor).
+/// [`Db::worst_serving_staleness`] over `statuses`, the member at `leader` left out.
+fn worst_and_down(
+    statuses: Vec<ReplicaStatus>,
+    leader: Option<usize>,
+) -> (Option<(String, Duration)>, Vec<String>) {
+    let mut worst: Option<(String, Duration)> = None;
+    let mut down = Vec::new();
+    for (i, s) in statuses.into_iter().enumerate() {
+        if Some(i) == leader {
+            continue;
+        }
+        if s.state == ReplicaState::Down {
+            down.push(s.name);
+            continue;
+        }
+        let st = s.staleness.unwrap_or(Duration::MAX);
+        if worst.as_ref().is_none_or(|(_, w)| st > *w) {
+            worst = Some((s.name, st));
+        }
+    }
+    (worst, down)
+}
+
 const NO_LEADER: usize = usize::MAX;
 
 /// A write refused because the node is in recovery (SQLSTATE 25006).
@@ -648,20 +671,17 @@ impl Db {
     }
 
     /// The worst staleness among replicas that are not `down`, and the down ones' names.
+    /// Under Patroni the leader's own member entry is not a replica (it reads `down`, being
+    /// out of recovery), so it is neither: an import told to wait for down replicas must
+    /// not wait for the leader.
     pub fn worst_serving_staleness(&self) -> (Option<(String, Duration)>, Vec<String>) {
-        let mut worst: Option<(String, Duration)> = None;
-        let mut down = Vec::new();
-        for s in self.replica_status() {
-            if s.state == ReplicaState::Down {
-                down.push(s.name);
-                continue;
-            }
-            let st = s.staleness.unwrap_or(Duration::MAX);
-            if worst.as_ref().is_none_or(|(_, w)| st > *w) {
-                worst = Some((s.name, st));
-            }
-        }
-        (worst, down)
+        let leader = self
+            .inner
+            .primary
+            .timelines
+            .then(|| self.inner.primary.leader_index())
+            .flatten();
+        worst_and_down(self.replica_status(), leader)
     }
 
     /// Decides where a read of `class` goes, without running it.
@@ -1033,7 +1053,20 @@ impl Db {
                 None
             }
         };
-        let pin = lsn.unwrap_or(PRIMARY_ONLY);
+        self.pin(user, lsn.unwrap_or(PRIMARY_ONLY), committed).await;
+        lsn
+    }
+
+    /// Records a user's write whose COMMIT was sent and never answered: it may have landed,
+    /// at a position no one knows, so the user is pinned to the primary for one TTL, like a
+    /// write whose position could not be read.
+    pub async fn note_unknown_write(&self, user: &UserId) {
+        self.pin(user, PRIMARY_ONLY, Instant::now()).await;
+    }
+
+    /// Records `pin` for `user` in the shared store; if the store cannot, returns only once
+    /// no replica without the write can still serve the user's reads anywhere.
+    async fn pin(&self, user: &UserId, pin: Lsn, committed: Instant) {
         if let Err(e) = self.inner.ryw.advance(user, pin).await {
             self.ryw_failed(
                 "advance",
@@ -1044,7 +1077,6 @@ impl Db {
             let waited = self.wait_out_replicas_behind(pin, committed).await;
             tracing::info!(user = %user, ?waited, "write acknowledged without the shared store");
         }
-        lsn
     }
 
     /// The one place a read-your-writes failure is counted and logged: `step` is what
@@ -1163,6 +1195,41 @@ pub struct ReplicaStatus {
 mod tests {
     use super::*;
     use freshness::Thresholds;
+
+    fn status(name: &str, state: ReplicaState, staleness_ms: Option<u64>) -> ReplicaStatus {
+        ReplicaStatus {
+            name: name.into(),
+            state,
+            staleness: staleness_ms.map(Duration::from_millis),
+            lag_bytes: None,
+            replay_lsn: None,
+            as_of: None,
+            last_error: None,
+            in_flight: 0,
+        }
+    }
+
+    /// Under Patroni every member has a replica entry, and the leader's reads `down` (it is
+    /// not in recovery): an import waiting for down replicas would wait for it forever.
+    #[test]
+    fn the_patroni_leaders_own_entry_is_neither_a_down_replica_nor_the_worst() {
+        let members = || {
+            vec![
+                status("pg-1", ReplicaState::Down, None),
+                status("pg-2", ReplicaState::Healthy, Some(40)),
+                status("pg-3", ReplicaState::Down, None),
+            ]
+        };
+        let (worst, down) = worst_and_down(members(), Some(0));
+        assert_eq!(
+            down,
+            vec!["pg-3".to_string()],
+            "only the real replica that is down"
+        );
+        assert_eq!(worst, Some(("pg-2".into(), Duration::from_millis(40))));
+        // With no leader (or in the static mode) every entry counts.
+        assert_eq!(worst_and_down(members(), None).1.len(), 2);
+    }
 
     /// Two replicas, both `staleness` behind at `now` (healthy or lagging as the state
     /// machine decides), unless `down`.

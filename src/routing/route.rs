@@ -126,6 +126,16 @@ impl Route {
         }
     }
 
+    /// A route as a test needs it: served by `served_by`, as of `at`, stated at `at`.
+    #[cfg(test)]
+    pub(crate) fn example_as_of(class: QueryClass, served_by: &str, at: Instant) -> Route {
+        Route {
+            as_of_instant: at,
+            stale_by: Duration::ZERO,
+            ..Route::example(class, served_by, Utc::now(), Duration::ZERO)
+        }
+    }
+
     /// The same answer as it should be stated at `now`: same `as_of`, staleness measured
     /// afresh.
     pub fn restated(mut self, now: Instant) -> Route {

@@ -587,3 +587,32 @@ pub async fn assert_claim_is_honest(
     );
     staleness
 }
+
+/// Ends every other backend of `pool`'s database and waits until they are gone: a backend
+/// keeps its counts (`pg_stat_*`: scans, deadlocks) pending and flushes them at the latest
+/// when it exits, so after this the statistics views hold everything done so far. Clients
+/// that reconnect afterwards are not waited for.
+pub async fn flush_other_backends(pool: &sqlx::PgPool) {
+    let ended: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity, pg_terminate_backend(pid) \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    wait_for(
+        "the database's other backends gone",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+            )
+            .bind(&ended)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+                == 0
+        },
+    )
+    .await;
+}

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod carts;
+mod edges;
 mod failover;
 mod foundation;
 mod freshness;
@@ -14,6 +15,7 @@ mod import;
 mod order_batch;
 mod oversell;
 mod pages;
+mod plans;
 mod read_your_writes;
 mod reports;
 mod retries;

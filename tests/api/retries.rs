@@ -23,7 +23,7 @@ async fn batches_waiting(app: &TestApp, before: f64, n: f64) {
 }
 
 /// Sends an order in the background; its (status, body) arrives on the handle.
-fn order_in_background(
+pub(crate) fn order_in_background(
     app: &TestApp,
     user: &str,
     key: &str,
@@ -44,7 +44,7 @@ fn order_in_background(
 }
 
 /// Waits until `app` has at least `n` orders queued (behind a held row lock).
-async fn queued(app: &TestApp, n: f64) {
+pub(crate) async fn queued(app: &TestApp, n: f64) {
     app.wait_for(
         &format!("{n} orders queued"),
         Duration::from_secs(10),
@@ -53,7 +53,7 @@ async fn queued(app: &TestApp, n: f64) {
     .await;
 }
 
-fn code(body: &Value) -> &str {
+pub(crate) fn code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("")
 }
 

@@ -1,0 +1,268 @@
+//! Plans that do not depend on the planner's statistics (issue #31): on a new deployment,
+//! whose tables were never analyzed, the order paths probe indexes and never scan the
+//! tables they write, however the plans were cached while the tables looked empty.
+
+use crate::helpers::*;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// The tables the order paths write and look up by key.
+const TABLES: [&str; 4] = ["orders", "holds", "order_lines", "restocks"];
+
+/// Per table: (sequential scans, index entries read), every backend of the database but this
+/// one ended first so their pending statistics are flushed.
+async fn scans(pool: &sqlx::PgPool) -> BTreeMap<String, (i64, i64)> {
+    flush_other_backends(pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT t.relname::text, coalesce(t.seq_scan, 0), \
+                coalesce((SELECT sum(i.idx_tup_read) FROM pg_stat_user_indexes i WHERE i.relid = t.relid), 0)::int8 \
+         FROM pg_stat_user_tables t WHERE t.relname = ANY($1)",
+    )
+    .bind(&TABLES[..])
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    rows.into_iter().map(|(t, s, i)| (t, (s, i))).collect()
+}
+
+async fn send(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    user: &str,
+    key: Option<String>,
+    body: Value,
+) -> (StatusCode, Value) {
+    let mut req = app
+        .client
+        .request(method, app.url(path))
+        .bearer_auth(app.user_token(user))
+        .json(&body);
+    if let Some(k) = key {
+        req = req.header("Idempotency-Key", k);
+    }
+    let r = req.send().await.unwrap();
+    (r.status(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// A fresh database (tables never analyzed, autovacuum off for them so nothing analyzes
+/// them meanwhile), and a few thousand orders, refusals, carts, holds with their endings,
+/// cancels and keyed restocks through the service: not one sequential scan of the tables the
+/// order paths write, and a bounded number of index entries read per request (a full scan of
+/// a key index under a hash join would read the whole table per batch). Mutation: without
+/// migration 20261202000002 (the batch function's planner settings) the batches' cached key
+/// lookups scan `orders` and this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statistics() {
+    let cluster = shared_cluster();
+    let db = fresh_database(cluster).await;
+    let pool = sqlx::PgPool::connect(&cluster.primary_url(&db))
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE orders SET (autovacuum_enabled = off); \
+         ALTER TABLE holds SET (autovacuum_enabled = off); \
+         ALTER TABLE order_lines SET (autovacuum_enabled = off); \
+         ALTER TABLE restocks SET (autovacuum_enabled = off); \
+         ALTER TABLE hold_lines SET (autovacuum_enabled = off); \
+         ALTER TABLE products SET (autovacuum_enabled = off);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let before = scans(&pool).await;
+    let app = spawn_app_with(AppOptions {
+        database: Some(db.clone()),
+        ..AppOptions::new(cluster)
+    })
+    .await;
+    app.create_product("plan-hot", 100_000, 100).await;
+    app.create_product("plan-gone", 0, 100).await;
+    for i in 0..20 {
+        app.create_product(&format!("plan-{i}"), 100_000, 100).await;
+    }
+
+    let mut requests = 0usize;
+    // Orders on the hot product, 32 at a time (they batch), and refusals of a sold-out one.
+    let orders: Vec<(StatusCode, Value)> = futures::stream::iter(0..3000)
+        .map(|i| {
+            let (product, user) = if i % 4 == 3 {
+                ("plan-gone", format!("r{i}"))
+            } else {
+                ("plan-hot", format!("b{}", i % 50))
+            };
+            let app = &app;
+            async move {
+                send(
+                    app,
+                    reqwest::Method::POST,
+                    "/v1/orders",
+                    &user,
+                    Some(format!("k{i}")),
+                    json!({"product_id": product, "quantity": 1}),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    requests += orders.len();
+    let created = orders
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::CREATED)
+        .count();
+    let refused = orders
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::CONFLICT)
+        .count();
+    assert_eq!(
+        (created, refused),
+        (2250, 750),
+        "{:?}",
+        orders
+            .iter()
+            .find(|(s, _)| !s.is_success() && *s != StatusCode::CONFLICT)
+    );
+    // Replays of some of them: the key lookups.
+    for i in 0..100 {
+        let (s, _) = send(
+            &app,
+            reqwest::Method::POST,
+            "/v1/orders",
+            &format!("b{}", i % 50),
+            Some(format!("k{i}")),
+            json!({"product_id": "plan-hot", "quantity": 1}),
+        )
+        .await;
+        assert!(s.is_success() || s == StatusCode::CONFLICT, "{s}");
+        requests += 1;
+    }
+    // Carts, holds (half confirmed, a quarter released), cancels, keyed restocks.
+    let mut order_ids = Vec::new();
+    for i in 0..200 {
+        let lines = json!([{"product_id": format!("plan-{}", i % 20), "quantity": 1}, {"product_id": format!("plan-{}", (i + 7) % 20), "quantity": 2}]);
+        let (s, cart) = send(
+            &app,
+            reqwest::Method::POST,
+            "/v1/orders",
+            &format!("c{i}"),
+            Some(format!("cart{i}")),
+            json!({"lines": lines}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{cart}");
+        order_ids.push((
+            format!("c{i}"),
+            cart["order_id"].as_str().unwrap().to_string(),
+        ));
+        let (s, hold) = send(
+            &app,
+            reqwest::Method::POST,
+            "/v1/holds",
+            &format!("h{i}"),
+            Some(format!("hold{i}")),
+            json!({"lines": lines}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{hold}");
+        let id = hold["hold_id"].as_str().unwrap();
+        requests += 2;
+        if i % 2 == 0 {
+            let (s, _) = send(
+                &app,
+                reqwest::Method::POST,
+                &format!("/v1/holds/{id}/confirm"),
+                &format!("h{i}"),
+                None,
+                json!({}),
+            )
+            .await;
+            assert_eq!(s, StatusCode::CREATED);
+            requests += 1;
+        } else if i % 4 == 1 {
+            let (s, _) = send(
+                &app,
+                reqwest::Method::DELETE,
+                &format!("/v1/holds/{id}"),
+                &format!("h{i}"),
+                None,
+                json!({}),
+            )
+            .await;
+            assert_eq!(s, StatusCode::OK);
+            requests += 1;
+        }
+    }
+    for (user, id) in order_ids.iter().take(50) {
+        let (s, _) = send(
+            &app,
+            reqwest::Method::POST,
+            &format!("/v1/orders/{id}/cancel"),
+            user,
+            None,
+            json!({}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        requests += 1;
+    }
+    for i in 0..50 {
+        let resp = app
+            .client
+            .post(app.url(&format!("/v1/products/plan-{}/restock", i % 20)))
+            .bearer_auth(&app.admin)
+            .header("Idempotency-Key", format!("rs{i}"))
+            .json(&json!({"quantity": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        requests += 1;
+    }
+    drop(app);
+    let after = scans(&pool).await;
+
+    let analyzed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_user_tables WHERE relname = ANY($1) \
+         AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)",
+    )
+    .bind(&TABLES[..])
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(analyzed, 0, "the tables were never analyzed");
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(total >= 3000, "{total} rows in orders");
+    let mut report = Vec::new();
+    for t in TABLES {
+        let (s0, i0) = before.get(t).copied().unwrap_or_default();
+        let (s1, i1) = after.get(t).copied().unwrap_or_default();
+        report.push(format!(
+            "{t}: {} seq scans, {} index entries read",
+            s1 - s0,
+            i1 - i0
+        ));
+    }
+    println!("{} requests; {}", requests, report.join("; "));
+    for t in TABLES {
+        let (s0, i0) = before.get(t).copied().unwrap_or_default();
+        let (s1, i1) = after.get(t).copied().unwrap_or_default();
+        assert_eq!(s1 - s0, 0, "sequential scans of {t}: {report:?}");
+        let per_request = (i1 - i0) as f64 / requests as f64;
+        assert!(
+            per_request <= 20.0,
+            "{t}: {per_request:.1} index entries read per request: {report:?}"
+        );
+    }
+}
