@@ -65,7 +65,16 @@ async fn import(app: &TestApp, csv: String) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn imports_and_the_buyers_of_sold_out_products_never_deadlock() {
     let cluster = shared_cluster();
-    let db = fresh_database(cluster).await;
+    // A database whose collation is not byte order (compose's `postgres:15` is `en_US`): an
+    // `ORDER BY product_id` there sorts `gone-01` before `Gone-03`, Rust's `str` order after.
+    let db = format!("t_{}", uuid::Uuid::new_v4().simple());
+    cluster
+        .psql(0, &format!("CREATE DATABASE \"{db}\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en' LOCALE 'C.UTF-8'"))
+        .unwrap();
+    stockgate::startup::migrate(&cluster.primary_url(&db))
+        .await
+        .unwrap();
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).unwrap();
     let pool = sqlx::PgPool::connect(&cluster.primary_url(&db))
         .await
         .unwrap();
@@ -77,7 +86,9 @@ async fn imports_and_the_buyers_of_sold_out_products_never_deadlock() {
     })
     .await;
     let b = spawn_beside(&a, cluster).await;
-    let products: Vec<String> = (0..40).map(|i| format!("gone-{i:02}")).collect();
+    let products: Vec<String> = (0..40)
+        .map(|i| format!("{}-{i:02}", if i % 3 == 0 { "Gone" } else { "gone" }))
+        .collect();
     let csv = |price: u32| {
         let mut f = String::from("product_id,name,price_cents,available_quantity\n");
         for p in &products {
@@ -124,7 +135,7 @@ async fn imports_and_the_buyers_of_sold_out_products_never_deadlock() {
     })
     .await;
     let mut imports = Vec::new();
-    for round in 0..12 {
+    for round in 0..60 {
         let at = asked.load(Ordering::SeqCst);
         imports.push(import(&a, csv(100 + (round + 1) % 2)).await);
         // Each import ran while buyers were being answered.
@@ -144,25 +155,30 @@ async fn imports_and_the_buyers_of_sold_out_products_never_deadlock() {
     drop((a, b));
     let after = deadlocks(&pool).await;
 
-    for job in &imports {
-        assert_eq!(job["status"], "done", "every import finished: {job}");
-        assert_eq!(
-            job["rows_changed"], 40,
-            "and re-stated every product: {job}"
-        );
-    }
+    let failed: Vec<&Value> = imports
+        .iter()
+        .filter(|job| job["status"] != "done" || job["rows_changed"] != 40)
+        .collect();
     let not_refused: Vec<_> = answers
         .iter()
         .filter(|(s, body)| !(*s == StatusCode::CONFLICT && code(body) == "OUT_OF_STOCK"))
         .collect();
-    assert!(
-        not_refused.is_empty(),
-        "{} of {} buyers were told something else than OUT_OF_STOCK: {:?}",
+    let summary = format!(
+        "{} deadlocks; {} of {} imports failed or skipped a product; {} of {} buyers were told \
+         something else than OUT_OF_STOCK",
+        after - before,
+        failed.len(),
+        imports.len(),
         not_refused.len(),
-        answers.len(),
-        &not_refused[..not_refused.len().min(5)]
+        answers.len()
     );
-    assert_eq!(after - before, 0, "deadlocks in the database");
+    println!("{summary}");
+    assert!(
+        after == before && failed.is_empty() && not_refused.is_empty(),
+        "{summary}: {:?} {:?}",
+        failed.first(),
+        not_refused.first()
+    );
 }
 
 /// #25's second item: key K holds order O; one batch then carries K with another body, and
