@@ -51,20 +51,15 @@ pub(crate) async fn existing_under<'e>(
     users: &[&str],
     keys: &[&str],
 ) -> Result<Held, sqlx::Error> {
-    // One probe of the key index per pair, whatever the table's statistics: the LIMIT keeps
-    // the lateral subquery from being flattened into a join that a planner without
-    // statistics may run as one scan of the whole table (see
-    // migrations/20261202000002_order_batch_plans_without_statistics.sql).
     let found: Vec<Existing> = sqlx::query_as(concat!(
-        "SELECT o.* FROM UNNEST($1::text[], $2::text[]) AS k(u, k) CROSS JOIN LATERAL \
-         (SELECT idempotency_key, request_fingerprint, ",
+        "SELECT idempotency_key, request_fingerprint, ",
         order_columns!(),
-        " FROM orders WHERE user_id = k.u AND idempotency_key = k.k LIMIT 1) o"
+        " FROM orders WHERE (user_id, idempotency_key) IN (SELECT * FROM UNNEST($1::text[], $2::text[]))"
     ))
-    .bind(users)
-    .bind(keys)
-    .fetch_all(exec)
-    .await?;
+        .bind(users)
+        .bind(keys)
+        .fetch_all(exec)
+        .await?;
     Ok(found.into_iter().map(|e| (e.key(), e)).collect())
 }
 
