@@ -11,6 +11,7 @@ mod freshness;
 mod helpers;
 mod history;
 mod import;
+mod metrics;
 mod order_batch;
 mod oversell;
 mod pages;
