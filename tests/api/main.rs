@@ -14,6 +14,7 @@ mod import;
 mod metrics;
 mod order_batch;
 mod oversell;
+mod overview;
 mod pages;
 mod read_your_writes;
 mod reports;
