@@ -1009,6 +1009,21 @@ impl Db {
         };
         let m = &self.inner.metrics;
         let name = self.inner.replicas[i].name.as_str();
+        let states = [
+            ReplicaState::Healthy,
+            ReplicaState::Lagging,
+            ReplicaState::Down,
+        ];
+        // Under Patroni every member is listed as a replica, the leader too; it is no
+        // replica, and its entry (never fresh, `down`) must not page as a stale or down one.
+        if self.inner.cluster.is_some() && self.inner.primary.leader_index() == Some(i) {
+            let _ = m.replica_staleness.remove_label_values(&[name]);
+            let _ = m.replica_lag_bytes.remove_label_values(&[name]);
+            for state in states {
+                let _ = m.replica_state.remove_label_values(&[name, state.as_str()]);
+            }
+            return;
+        }
         m.replica_staleness.with_label_values(&[name]).set(
             view.staleness
                 .map(|d| d.as_secs_f64())
@@ -1020,11 +1035,7 @@ impl Db {
                 (Some(p), Some(r)) => p.saturating_sub(r) as f64,
                 _ => f64::NAN,
             });
-        for state in [
-            ReplicaState::Healthy,
-            ReplicaState::Lagging,
-            ReplicaState::Down,
-        ] {
+        for state in states {
             m.replica_state
                 .with_label_values(&[name, state.as_str()])
                 .set(i64::from(view.state == state));

@@ -200,4 +200,21 @@ async fn an_instance_that_follows_patroni_exports_the_patroni_metrics_from_the_s
         sample(&page, "stockgate_patroni_leader_changes_total", &[]),
         Some(0.0)
     );
+    // Every member is listed among the replicas, the leader too; its entry is no replica,
+    // so it has no staleness or state for ReplicaStale and ReplicaDown to page on.
+    for name in [
+        "stockgate_replica_state",
+        "stockgate_replica_staleness_seconds",
+        "stockgate_replica_lag_bytes",
+    ] {
+        assert_eq!(
+            sample(&page, name, &[("replica", "node-0")]),
+            None,
+            "{name}"
+        );
+        assert!(
+            sample(&page, name, &[("replica", "node-1")]).is_some(),
+            "{name}"
+        );
+    }
 }
