@@ -1098,6 +1098,8 @@ impl Db {
     /// The one place a read-your-writes failure is counted and logged: `step` is what
     /// failed (`get`, `advance`, `position`), `then` what the service does instead.
     fn ryw_failed(&self, step: &str, user: &UserId, error: &dyn std::fmt::Display, then: &str) {
+        // Each step's series is exported at 0 from the start; a new step must be listed.
+        debug_assert!(crate::metrics::RYW_STEPS.contains(&step), "{step}");
         self.inner
             .metrics
             .ryw_store_failures
