@@ -12,6 +12,8 @@
 //! - [`domain`]: input types parsed at the boundary.
 //! - [`auth`]: bearer tokens and who may act for whom.
 //! - [`import`]: bulk import throttled against live replica staleness.
+//! - [`rates`]: the service's own counters as per-second rates over the last minute (the
+//!   ops page's overview).
 //! - [`config`], [`cli`], [`startup`], [`telemetry`], [`metrics`], [`clock`], [`lsn`].
 
 pub mod auth;
@@ -24,6 +26,7 @@ pub mod http;
 pub mod import;
 pub mod lsn;
 pub mod metrics;
+pub mod rates;
 pub mod routing;
 pub mod ryw;
 pub mod startup;

@@ -51,10 +51,12 @@ macro_rules! metrics {
             pub fn new() -> Self {
                 let registry = Registry::new_custom(Some("stockgate".into()), None)
                     .expect("valid prefix");
-                Metrics {
+                let metrics = Metrics {
                     $($field: register(&registry, define!($kind, $($def)*)),)*
                     registry,
-                }
+                };
+                metrics.export_zeroes();
+                metrics
             }
         }
     };
@@ -78,8 +80,12 @@ metrics! {
     http_requests: IntCounterVec("http_requests_total", "HTTP requests by route and status", ["route", "status"]);
     http_duration: HistogramVec("http_request_duration_seconds", "HTTP request latency", ["route"], buckets LATENCY_BUCKETS);
     replica_staleness: GaugeVec("replica_staleness_seconds", "Upper bound on how far each replica is behind the primary", ["replica"]);
-    replica_lag_bytes: IntGaugeVec("replica_lag_bytes", "WAL bytes the replica has not replayed", ["replica"]);
+    /// NaN until both positions are known (0 would claim a fresh replica).
+    replica_lag_bytes: GaugeVec("replica_lag_bytes", "WAL bytes the replica has not replayed (NaN: not known yet)", ["replica"]);
     replica_state: IntGaugeVec("replica_state", "1 for the replica's current state", ["replica", "state"]);
+    /// The running configuration's thresholds, so a dashboard draws them instead of copies.
+    staleness_budget: GaugeVec("routing_staleness_budget_seconds", "The staleness a replica answer may carry, per query class that reads replicas", ["class"]);
+    eviction_threshold: Gauge("replica_eviction_threshold_seconds", "Staleness at which a healthy replica becomes lagging (STOCKGATE_EVICT_AFTER_MS)");
     routing_decisions: IntCounterVec("routing_decisions_total", "Routed reads by class, target and reason", ["class", "target", "reason"]);
     routing_fallbacks: IntCounterVec("routing_fallbacks_total", "Replica-class reads that went to the primary", ["class", "reason"]);
     monitor_samples: IntCounterVec("monitor_samples_total", "Freshness samples taken", ["node"]);
@@ -105,9 +111,59 @@ metrics! {
     import_rows: IntCounter("import_rows_total", "Rows written by bulk imports");
     import_rate: Gauge("import_rows_per_second", "Current bulk import rate");
     import_paused_seconds: Counter("import_paused_for_lag_seconds_total", "Time bulk imports waited for replicas");
+    /// Primary connections refused because the node was in recovery: only a Patroni-followed
+    /// cluster can name a demoted node leader, but the series is 0 everywhere else too.
+    writes_refused_read_only: IntCounterVec("writes_refused_read_only_total", "Primary connections refused because the node was in recovery (a write would have met a read-only node)", ["at"]);
 }
 
+/// The `outcome` labels of `orders_total` (`checkout::Checkout::count`).
+pub const ORDER_OUTCOMES: &[&str] = &[
+    "confirmed",
+    "replayed",
+    "out_of_stock",
+    "key_reused",
+    "not_found",
+    "rate_limited",
+    "outcome_unknown",
+    "hold_state",
+    "error",
+];
+/// The `event` labels of `holds_total`.
+pub const HOLD_EVENTS: &[&str] = &["taken", "confirmed", "released", "expired"];
+/// The `op` labels of `ryw_store_failures_total` (`routing::Db::ryw_failed`).
+pub const RYW_STEPS: &[&str] = &["get", "advance", "position"];
+/// The `step` labels of `post_commit_failures_total`.
+pub const POST_COMMIT_STEPS: &[&str] = &["reopen"];
+/// The order route's statuses that the 5xx alert divides (`deploy/prometheus/alerts.yml`):
+/// the confirmations and the failures, so neither side of the ratio starts absent.
+const ORDER_ROUTE_STATUSES: &[&str] = &["201", "500", "503"];
+
 impl Metrics {
+    /// Exports the labelled counters at 0 for every label value known before any traffic:
+    /// a series that first appears at 1 hides that first increase from `rate()`, and an
+    /// alert on an absent series never fires. (Routing's classes, targets, reasons and
+    /// replicas are registered by `routing::Db::new`, which knows them.)
+    fn export_zeroes(&self) {
+        for outcome in ORDER_OUTCOMES {
+            self.orders.with_label_values(&[outcome]);
+        }
+        for event in HOLD_EVENTS {
+            self.holds.with_label_values(&[event]);
+        }
+        for step in RYW_STEPS {
+            self.ryw_store_failures.with_label_values(&[step]);
+        }
+        for step in POST_COMMIT_STEPS {
+            self.post_commit_failures.with_label_values(&[step]);
+        }
+        for status in ORDER_ROUTE_STATUSES {
+            self.http_requests
+                .with_label_values(&["/v1/orders", status]);
+        }
+        self.writes_refused_read_only
+            .with_label_values(&["connect"]);
+    }
+
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
@@ -148,6 +204,11 @@ mod tests {
             "stockgate_units_held 0",
             "stockgate_import_rows_per_second 0",
             "stockgate_import_paused_for_lag_seconds_total 0",
+            "stockgate_ryw_store_failures_total{op=\"get\"} 0",
+            "stockgate_writes_refused_read_only_total{at=\"connect\"} 0",
+            "stockgate_holds_total{event=\"expired\"} 0",
+            "stockgate_orders_total{outcome=\"confirmed\"} 0",
+            "stockgate_http_requests_total{route=\"/v1/orders\",status=\"503\"} 0",
         ] {
             assert!(text.contains(expected), "{expected} missing from:\n{text}");
         }

@@ -79,6 +79,7 @@ async fn build_state(
         metrics,
         checkout,
         imports,
+        rates: Default::default(),
     };
     Ok((AppState::from(shared), monitor))
 }

@@ -1,28 +1,26 @@
-// stockgate ops page: polls /v1/admin/replicas, /v1/admin/routing and /metrics, keeps a
-// few minutes of staleness history per replica in memory and draws it as inline SVG.
-// No libraries and no requests to anywhere but this service.
+// stockgate ops page: polls /v1/admin/replicas (freshness), /v1/admin/overview (rates over
+// the last minute, the thresholds in force, the read-your-writes store), /v1/admin/routing
+// (the policy table) and /v1/admin/holds, and draws what they say: the service works out the
+// numbers, the page only keeps a few minutes of each replica's staleness to chart it as
+// inline SVG. No libraries and no requests to anywhere but this service.
 'use strict';
 
 (() => {
   const TOKEN_KEY = 'stockgate.adminToken';
   const REPLICAS_EVERY_MS = 500;
   const ROUTING_EVERY_MS = 1000;
-  const METRICS_EVERY_MS = 1000;
+  const OVERVIEW_EVERY_MS = 1000;
   const REQUEST_TIMEOUT_MS = 3000;
   const HISTORY_MS = 3 * 60 * 1000;
-  // The stock gate's budget and the eviction threshold are read from /v1/admin/routing
-  // once it arrives; until then the defaults are drawn.
-  let gateBudgetMs = 250;
-  let evictMs = 5000;
   const SVG_NS = 'http://www.w3.org/2000/svg';
 
-  const $ = (id) => document.getElementById(id);
+  const { $, setText, getJson, describeError } = window.stockgate;
+  // The thresholds in force, from /v1/admin/overview; none are drawn before it answers.
+  let thresholds = null;
   const staleHistory = new Map(); // replica name -> [{t, ms, state}]
   const errors = new Map(); // poller name -> message
   let running = false;
   let generation = 0; // bumped on each start, so pollers of an earlier start stop
-  let policyClasses = [];
-  let prevScrape = null; // {t, values: Map(key -> number)}
 
   // ---------- formatting ----------
   function fmtMs(ms) {
@@ -59,23 +57,9 @@
     const pad = (n, w = 2) => String(n).padStart(w, '0');
     return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
   }
-  function setText(el, text) {
-    if (el && el.textContent !== text) el.textContent = text;
-  }
-
   // ---------- token ----------
   function token() {
     return sessionStorage.getItem(TOKEN_KEY);
-  }
-  function takeTokenFromUrl() {
-    const params = new URLSearchParams(location.search);
-    const t = params.get('token');
-    if (t === null) return;
-    if (t.trim()) sessionStorage.setItem(TOKEN_KEY, t.trim());
-    params.delete('token');
-    const rest = params.toString();
-    // Keep the token out of the address bar and the history.
-    window.history.replaceState(null, '', location.pathname + (rest ? `?${rest}` : '') + location.hash);
   }
   function showLogin(message) {
     running = false;
@@ -95,32 +79,13 @@
   // ---------- fetching ----------
   class Refused extends Error {}
 
-  async function fetchOrThrow(path, auth) {
-    const headers = { Accept: auth ? 'application/json' : 'text/plain' };
-    if (auth) headers.Authorization = `Bearer ${token()}`;
-    let resp;
-    try {
-      resp = await fetch(path, { headers, cache: 'no-store', signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) });
-    } catch (e) {
-      throw new Error(`${path}: ${e.name === 'TimeoutError' ? 'no answer within 3 s' : e.message}`);
-    }
-    if (resp.status === 401 || resp.status === 403) {
-      let detail = '';
-      try {
-        const body = await resp.json();
-        detail = body.error ? `${body.error.code}: ${body.error.message}` : '';
-      } catch (_) { /* not JSON */ }
-      throw new Refused(`the token was refused (${resp.status}${detail ? ` ${detail}` : ''})`);
-    }
-    if (!resp.ok) {
-      let detail = `${resp.status}`;
-      try {
-        const body = await resp.json();
-        if (body.error) detail += ` ${body.error.code}: ${body.error.message}`;
-      } catch (_) { /* not JSON */ }
-      throw new Error(`${path}: ${detail}`);
-    }
-    return resp;
+  // The JSON body of an admin route; a refused token is `Refused`, anything else an Error.
+  async function fetchJson(path) {
+    const headers = { Accept: 'application/json', Authorization: `Bearer ${token()}` };
+    const r = await getJson(path, { headers }, REQUEST_TIMEOUT_MS);
+    if (r.status === 401 || r.status === 403) throw new Refused(`the token was refused (${describeError(r)})`);
+    if (r.status !== 200 || !r.body) throw new Error(`${path}: ${describeError(r)}`);
+    return r.body;
   }
 
   function every(name, periodMs, fn) {
@@ -180,7 +145,7 @@
   }
 
   async function pollReplicas() {
-    const body = await (await fetchOrThrow('/v1/admin/replicas', true)).json();
+    const body = await fetchJson('/v1/admin/replicas');
     const now = Date.now();
     setText($('primary-lsn'), (body.primary && body.primary.lsn) || '—');
     setText($('updated-at'), fmtTime(new Date(now).toISOString()));
@@ -294,12 +259,12 @@
       const xx = x(now - m * 60000);
       frag.appendChild(svg('text', { class: 'axis-label', x: xx.toFixed(1), y: height - 6, 'text-anchor': m === 0 ? 'end' : 'middle' }, m === 0 ? 'now' : `−${m} min`));
     }
-    // Thresholds.
-    const thresholds = [
-      [gateBudgetMs, 'gate', `${fmtBudget(gateBudgetMs)} stock-gate budget`],
-      [evictMs, 'evict', `${fmtBudget(evictMs)} eviction (lagging)`],
-    ];
-    for (const [ms, kind, label] of thresholds) {
+    // The thresholds in force, once the overview has said what they are.
+    const lines = thresholds ? [
+      [thresholds.stock_gate_budget_ms, 'gate', `${fmtBudget(thresholds.stock_gate_budget_ms)} stock-gate budget`],
+      [thresholds.eviction_threshold_ms, 'evict', `${fmtBudget(thresholds.eviction_threshold_ms)} eviction (lagging)`],
+    ] : [];
+    for (const [ms, kind, label] of lines) {
       const yy = y(ms).toFixed(1);
       frag.appendChild(svg('line', {
         class: `threshold-${kind}`, 'data-threshold-ms': ms, x1: left, x2: width - right, y1: yy, y2: yy,
@@ -334,23 +299,9 @@
     chart.replaceChildren(frag);
   }
 
-  // ---------- routing policy and read-your-writes store ----------
+  // ---------- routing policy ----------
   async function pollRouting() {
-    const body = await (await fetchOrThrow('/v1/admin/routing', true)).json();
-    policyClasses = (body.classes || []).map((c) => c.name);
-    const gate = (body.classes || []).find((c) => c.name === 'stock_gate');
-    if (gate && typeof gate.staleness_budget_ms === 'number') gateBudgetMs = gate.staleness_budget_ms;
-    if (typeof body.eviction_threshold_ms === 'number') evictMs = body.eviction_threshold_ms;
-
-    const ryw = $('ryw');
-    ryw.dataset.kind = body.read_your_writes_store || '';
-    ryw.dataset.healthy = String(!!body.read_your_writes_store_healthy);
-    setText($('ryw-kind'), body.read_your_writes_store === 'in_process' ? 'in-process (one instance)' : body.read_your_writes_store || '—');
-    const health = $('ryw-health');
-    health.className = `badge ${body.read_your_writes_store_healthy ? 'ok' : 'bad'}`;
-    setText(health, body.read_your_writes_store_healthy ? 'healthy' : 'unreachable: reads fail closed to the primary');
-    setText($('ryw-ttl'), fmtBudget(body.read_your_writes_ttl_ms));
-
+    const body = await fetchJson('/v1/admin/routing');
     const tbody = $('policy').tBodies[0];
     const rows = (body.classes || []).map((c) => {
       const tr = document.createElement('tr');
@@ -383,7 +334,7 @@
 
   // ---------- holds ----------
   async function pollHolds() {
-    const body = await (await fetchOrThrow('/v1/admin/holds', true)).json();
+    const body = await fetchJson('/v1/admin/holds');
     const held = body.units_held || [];
     const rows = held.map((h) => {
       const tr = document.createElement('tr');
@@ -400,122 +351,109 @@
     $('holds-none').classList.toggle('hidden', held.length > 0);
   }
 
-  // ---------- metrics ----------
-  // Parses the Prometheus text format's sample lines for the names asked for.
-  function parseMetrics(text, wanted) {
-    const out = [];
-    for (const line of text.split('\n')) {
-      if (!line || line.startsWith('#')) continue;
-      const m = /^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
-      if (!m || !wanted.has(m[1])) continue;
-      const labels = {};
-      const re = /([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"/g;
-      let l;
-      while ((l = re.exec(m[2] || '')) !== null) {
-        labels[l[1]] = l[2].replace(/\\n/g, '\n').replace(/\\(.)/g, '$1');
-      }
-      out.push({ name: m[1], labels, value: Number(m[3]) });
-    }
-    return out;
+  // ---------- overview: rates, thresholds and the read-your-writes store ----------
+  function cell(text, cls, data) {
+    const td = document.createElement('td');
+    if (cls) td.className = cls;
+    td.textContent = text;
+    Object.assign(td.dataset, data || {});
+    return td;
+  }
+  function rateCell(r, extra) {
+    const v = r === null || r === undefined ? null : r;
+    const cls = `num${v === 0 ? ' zero' : ''}${extra && v > 0 ? ` ${extra}` : ''}`;
+    return cell(fmtRate(v), cls, { rate: v === null ? '' : v.toFixed(3) });
   }
 
-  const DECISIONS = 'stockgate_routing_decisions_total';
-  const FALLBACKS = 'stockgate_routing_fallbacks_total';
+  function renderThresholds(t) {
+    thresholds = t;
+    const gate = $('gate-budget');
+    gate.dataset.ms = String(t.stock_gate_budget_ms);
+    setText(gate, fmtBudget(t.stock_gate_budget_ms));
+    const evict = $('evict-threshold');
+    evict.dataset.ms = String(t.eviction_threshold_ms);
+    setText(evict, fmtBudget(t.eviction_threshold_ms));
+  }
 
-  async function pollMetrics() {
-    const text = await (await fetchOrThrow('/metrics', false)).text();
-    const now = performance.now();
-    const samples = parseMetrics(text, new Set([DECISIONS, FALLBACKS]));
-    const values = new Map();
-    for (const s of samples) {
-      const key = s.name === DECISIONS
-        ? `${DECISIONS}|${s.labels.class}|${s.labels.target}|${s.labels.reason}`
-        : `${FALLBACKS}|${s.labels.class}|${s.labels.reason}`;
-      values.set(key, s.value);
-    }
-    const prev = prevScrape;
-    prevScrape = { t: now, values };
-    if (!prev) return;
-    const dt = (now - prev.t) / 1000;
-    if (dt <= 0) return;
-    const rate = (key, v) => {
-      const before = prev.values.get(key) || 0;
-      return (v >= before ? v - before : v) / dt; // a drop means the service restarted
-    };
-
-    const byClass = new Map(); // class -> {replica, primary, refused, fallbacks}
-    const entry = (c) => {
-      if (!byClass.has(c)) byClass.set(c, { replica: 0, primary: 0, refused: 0, fallbacks: 0 });
-      return byClass.get(c);
-    };
-    for (const c of policyClasses) entry(c);
-    const fallbackRows = [];
-    let fallbackTotal = 0;
-    for (const [key, v] of values) {
-      const parts = key.split('|');
-      const r = rate(key, v);
-      if (parts[0] === DECISIONS) {
-        const e = entry(parts[1]);
-        e[parts[2]] = (e[parts[2]] || 0) + r;
-      } else {
-        entry(parts[1]).fallbacks += r;
-        fallbackTotal += r;
-        fallbackRows.push({ cls: parts[1], reason: parts[2], rate: r, total: v });
-      }
-    }
-
-    const tbody = $('routing-rates').tBodies[0];
-    const rows = [];
-    for (const [cls, e] of byClass) {
+  function renderRouting(body) {
+    const rows = body.routing.map((c) => {
       const tr = document.createElement('tr');
-      tr.dataset.class = cls;
-      const name = document.createElement('td');
-      name.className = 'mono';
-      name.textContent = cls;
-      tr.appendChild(name);
-      for (const target of ['replica', 'primary', 'refused', 'fallbacks']) {
-        const td = document.createElement('td');
-        const r = e[target] || 0;
-        td.className = `num${r === 0 ? ' zero' : ''}${target === 'fallbacks' && r > 0 ? ' fallback-hot' : ''}`;
+      tr.dataset.class = c.class;
+      tr.appendChild(cell(c.class, 'mono'));
+      for (const [target, r] of [['replica', c.replica_per_s], ['primary', c.primary_per_s],
+        ['refused', c.refused_per_s], ['fallbacks', c.fallbacks_per_s]]) {
+        const td = rateCell(r, target === 'fallbacks' ? 'fallback-hot' : '');
         td.dataset.target = target;
-        td.dataset.rate = r.toFixed(3);
-        td.textContent = fmtRate(r);
-        tr.appendChild(td);
-      }
-      rows.push(tr);
-    }
-    tbody.replaceChildren(...rows);
-    $('rates-note').classList.add('hidden');
-
-    const total = $('fallbacks-total');
-    total.dataset.rate = fallbackTotal.toFixed(3);
-    total.className = `mono${fallbackTotal > 0 ? ' fallback-hot' : ''}`;
-    setText(total, fmtRate(fallbackTotal));
-    const ftbody = $('fallback-reasons').tBodies[0];
-    fallbackRows.sort((a, b) => b.rate - a.rate || b.total - a.total);
-    const frows = fallbackRows.filter((f) => f.total > 0).map((f) => {
-      const tr = document.createElement('tr');
-      tr.dataset.class = f.cls;
-      tr.dataset.reason = f.reason;
-      tr.dataset.rate = f.rate.toFixed(3);
-      for (const [text, cls] of [[f.cls, 'mono'], [f.reason.replace(/_/g, ' '), ''], [fmtRate(f.rate), 'num'], [String(f.total), 'num']]) {
-        const td = document.createElement('td');
-        if (cls) td.className = cls;
-        td.textContent = text;
         tr.appendChild(td);
       }
       return tr;
     });
-    if (frows.length === 0) {
+    $('routing-rates').tBodies[0].replaceChildren(...rows);
+    const note = $('rates-note');
+    note.dataset.seconds = body.rates_over_s === null ? '' : String(body.rates_over_s);
+    setText(note, body.rates_over_s === null
+      ? 'rates appear from the second look'
+      : `per second over the last ${fmtMs(body.rates_over_s * 1000)}`);
+  }
+
+  function renderFallbacks(f) {
+    const total = $('fallbacks-total');
+    total.dataset.rate = f.per_s === null ? '' : f.per_s.toFixed(3);
+    total.className = `mono${f.per_s > 0 ? ' fallback-hot' : ''}`;
+    setText(total, fmtRate(f.per_s));
+    const rows = f.by_reason.map((r) => {
       const tr = document.createElement('tr');
-      const td = document.createElement('td');
+      Object.assign(tr.dataset, { class: r.class, reason: r.reason, rate: r.per_s === null ? '' : r.per_s.toFixed(3) });
+      tr.append(cell(r.class, 'mono'), cell(r.reason.replace(/_/g, ' ')), rateCell(r.per_s), cell(String(r.since_start), 'num'));
+      return tr;
+    });
+    if (rows.length === 0) {
+      const tr = document.createElement('tr');
+      const td = cell('no read has fallen back to the primary since the service started', 'muted');
       td.colSpan = 4;
-      td.className = 'muted';
-      td.textContent = 'no read has fallen back to the primary since the service started';
       tr.appendChild(td);
-      frows.push(tr);
+      rows.push(tr);
     }
-    ftbody.replaceChildren(...frows);
+    $('fallback-reasons').tBodies[0].replaceChildren(...rows);
+  }
+
+  function renderActivity(body) {
+    const rows = [];
+    for (const [kind, list] of [['orders', body.orders_per_s], ['holds', body.holds_per_s]]) {
+      for (const e of list) {
+        const tr = document.createElement('tr');
+        Object.assign(tr.dataset, { kind, label: e.label });
+        tr.append(cell(kind), cell(e.label.replace(/_/g, ' ')), rateCell(e.per_s));
+        rows.push(tr);
+      }
+    }
+    $('activity').tBodies[0].replaceChildren(...rows);
+    const held = $('units-held-total');
+    held.dataset.units = String(body.units_held);
+    setText(held, String(body.units_held));
+  }
+
+  function renderRyw(s) {
+    const ryw = $('ryw');
+    ryw.dataset.kind = s.store;
+    ryw.dataset.healthy = String(s.healthy);
+    setText($('ryw-kind'), s.store === 'in_process' ? 'in-process (one instance)' : s.store);
+    const health = $('ryw-health');
+    health.className = `badge ${s.healthy ? 'ok' : 'bad'}`;
+    setText(health, s.healthy ? 'healthy' : 'unreachable: reads fail closed to the primary');
+    setText($('ryw-ttl'), fmtBudget(s.ttl_ms));
+    const failures = $('ryw-failures');
+    failures.dataset.rate = s.failures_per_s === null ? '' : s.failures_per_s.toFixed(3);
+    setText(failures, fmtRate(s.failures_per_s));
+  }
+
+  async function pollOverview() {
+    const body = await fetchJson('/v1/admin/overview');
+    renderThresholds(body.thresholds);
+    renderRouting(body);
+    renderFallbacks(body.fallbacks);
+    renderActivity(body);
+    renderRyw(body.read_your_writes);
   }
 
   // ---------- start ----------
@@ -528,7 +466,7 @@
     setStatus('starting', 'loading…');
     every('routing', ROUTING_EVERY_MS, pollRouting);
     every('replicas', REPLICAS_EVERY_MS, pollReplicas);
-    every('metrics', METRICS_EVERY_MS, pollMetrics);
+    every('overview', OVERVIEW_EVERY_MS, pollOverview);
     every('holds', ROUTING_EVERY_MS, pollHolds);
   }
 
@@ -545,7 +483,7 @@
       sessionStorage.removeItem(TOKEN_KEY);
       showLogin('');
     });
-    takeTokenFromUrl();
+    window.stockgate.takeTokenFromUrl(TOKEN_KEY);
     if (token()) start();
     else showLogin('');
   });

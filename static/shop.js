@@ -6,7 +6,8 @@
   const REFRESH_MS = 1000;
   const REQUEST_TIMEOUT_MS = 5000;
   const TOKEN_KEY = 'stockgate.userToken';
-  const $ = (id) => document.getElementById(id);
+  const { $, setText, takeTokenFromUrl, describeError } = window.stockgate;
+  const getJson = (path, init) => window.stockgate.getJson(path, init, REQUEST_TIMEOUT_MS);
   const money = new Intl.NumberFormat('en-GB', { style: 'currency', currency: 'GBP' });
 
   // The last segment of /shop/{product_id}; the server has already checked its shape.
@@ -17,9 +18,6 @@
   let product = null; // {body, receivedAt}
   let buying = false;
 
-  function setText(el, text) {
-    if (el.textContent !== text) el.textContent = text;
-  }
   function fmtAge(ms) {
     if (ms < 60000) return `${(Math.max(0, ms) / 1000).toFixed(1)} s`;
     return `${Math.floor(ms / 60000)} min ${Math.floor((ms % 60000) / 1000)} s`;
@@ -36,25 +34,6 @@
     b[8] = (b[8] & 0x3f) | 0x80;
     const h = [...b].map((x) => x.toString(16).padStart(2, '0')).join('');
     return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
-  }
-
-  async function getJson(path, init = {}) {
-    let resp;
-    try {
-      resp = await fetch(path, { cache: 'no-store', signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS), ...init });
-    } catch (e) {
-      return { status: 0, body: null, network: e.name === 'TimeoutError' ? 'no answer within 5 s' : e.message };
-    }
-    let body = null;
-    try {
-      body = await resp.json();
-    } catch (_) { /* not JSON */ }
-    return { status: resp.status, body };
-  }
-  function describeError(r) {
-    if (r.status === 0) return `could not reach the service (${r.network})`;
-    const e = r.body && r.body.error;
-    return e ? `${r.status} ${e.code}: ${e.message}` : `HTTP ${r.status}`;
   }
 
   function showNotFound(r) {
@@ -212,14 +191,7 @@
   }
 
   document.addEventListener('DOMContentLoaded', () => {
-    const params = new URLSearchParams(location.search);
-    const fromUrl = params.get('token');
-    if (fromUrl !== null) {
-      if (fromUrl.trim()) sessionStorage.setItem(TOKEN_KEY, fromUrl.trim());
-      params.delete('token');
-      const rest = params.toString();
-      window.history.replaceState(null, '', location.pathname + (rest ? `?${rest}` : '') + location.hash);
-    }
+    takeTokenFromUrl(TOKEN_KEY);
     $('token').value = sessionStorage.getItem(TOKEN_KEY) || '';
     setText($('product-id'), productId);
     $('buy-form').addEventListener('submit', buy);

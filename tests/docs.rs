@@ -1,5 +1,6 @@
-//! The README's routing table is checked against the code's policy table, so the two cannot
-//! drift apart.
+//! Documents held to what they describe, so they cannot drift apart: the README's routing
+//! table to the code's policy table, and the runbook (`docs/operations.md`) to the alert
+//! rules.
 
 #![allow(clippy::expect_used)]
 
@@ -44,4 +45,40 @@ fn the_readme_routing_table_matches_the_policy_in_the_code() {
             p.class
         );
     }
+}
+
+/// The runbook has one entry per alert, and each alert's `runbook` annotation names its own.
+#[test]
+fn every_alert_has_its_runbook_entry() {
+    let read = |path: &str| {
+        std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).expect(path)
+    };
+    let rules = read("deploy/prometheus/alerts.yml");
+    let runbook = read("docs/operations.md");
+    let headings: Vec<&str> = runbook
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .collect();
+    let mut alerts = vec![];
+    let mut current: Option<&str> = None;
+    for line in rules.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert: ") {
+            alerts.push(name);
+            current = Some(name);
+        } else if let Some(link) = line.strip_prefix("runbook: ") {
+            let alert = current.expect("a runbook annotation inside an alert");
+            assert_eq!(
+                link.trim_matches('"'),
+                format!("docs/operations.md#{}", alert.to_lowercase()),
+                "{alert}'s runbook link"
+            );
+        }
+    }
+    assert!(alerts.len() >= 12, "{alerts:?}");
+    assert_eq!(
+        headings, alerts,
+        "one runbook entry per alert, in the rules' order"
+    );
+    let links = rules.matches("runbook: ").count();
+    assert_eq!(links, alerts.len(), "every alert links its entry");
 }

@@ -8,6 +8,7 @@ mod holds;
 mod imports;
 mod openapi;
 mod orders;
+mod overview;
 mod pages;
 mod products;
 mod reports;
@@ -58,6 +59,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub checkout: Checkout,
     pub imports: imports::Jobs,
+    /// The counter samples behind the overview's rates (`GET /v1/admin/overview`).
+    pub rates: std::sync::Mutex<crate::rates::RateWindow>,
 }
 
 /// JSON bodies whose rejections become the contract's errors (400/413).
@@ -256,6 +259,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(users::router())
         .merge(reports::router())
         .merge(admin::router())
+        .merge(overview::router())
         .merge(imports::router())
         .merge(health::router())
         .merge(pages::router())

@@ -17,6 +17,7 @@ const OPS_HTML: &str = include_str!("../../static/ops.html");
 const SHOP_HTML: &str = include_str!("../../static/shop.html");
 const OPS_JS: &str = include_str!("../../static/ops.js");
 const SHOP_JS: &str = include_str!("../../static/shop.js");
+const COMMON_JS: &str = include_str!("../../static/common.js");
 const PAGES_CSS: &str = include_str!("../../static/pages.css");
 
 const HTML: &str = "text/html; charset=utf-8";
@@ -31,6 +32,7 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(shop_page))
         .routes(routes!(ops_js))
         .routes(routes!(shop_js))
+        .routes(routes!(common_js))
         .routes(routes!(pages_css))
 }
 
@@ -66,6 +68,10 @@ static_asset!(
 static_asset!(
     /// The storefront page's script
     shop_js, "/static/shop.js", "JavaScript", "text/javascript", SHOP_JS
+);
+static_asset!(
+    /// The helpers both pages' scripts share
+    common_js, "/static/common.js", "JavaScript", "text/javascript", COMMON_JS
 );
 static_asset!(
     /// The pages' stylesheet

@@ -560,7 +560,7 @@ impl Db {
             monitor_targets.push((r.name.clone(), replica_options(url)?));
         }
         let freshness = Arc::new(RwLock::new(Freshness::new(replicas.len(), s.thresholds)));
-        Ok(Db {
+        let db = Db {
             inner: Arc::new(Inner {
                 primary: Primary {
                     pools: Arc::new(pools),
@@ -582,7 +582,43 @@ impl Db {
                 monitor_interval: s.monitor_interval,
                 round_robin: AtomicUsize::new(0),
             }),
-        })
+        };
+        db.export_zeroes();
+        Ok(db)
+    }
+
+    /// Exports every routing series from the start: the thresholds in force, the decisions
+    /// and fallbacks each class can be counted under at 0, each node's samples and errors at
+    /// 0, and each replica's staleness and state as the monitor knows them (unknown staleness
+    /// is +Inf). An alert on an absent series never fires, and one that first appears at 1
+    /// hides that first increase from `rate()`.
+    fn export_zeroes(&self) {
+        let m = &self.inner.metrics;
+        m.eviction_threshold
+            .set(self.thresholds().evict_after.as_secs_f64());
+        for p in policy::POLICY {
+            let class = p.class.name();
+            if let (Target::Replica, Some(budget)) = (p.target, p.budget) {
+                m.staleness_budget
+                    .with_label_values(&[class])
+                    .set(budget.as_secs_f64());
+            }
+            for (target, reason) in possible_decisions(p) {
+                m.routing_decisions
+                    .with_label_values(&[class, target, reason.as_str()]);
+                if target == "primary" && p.target == Target::Replica {
+                    m.routing_fallbacks
+                        .with_label_values(&[class, reason.as_str()]);
+                }
+            }
+        }
+        for (node, _) in &self.inner.monitor_targets {
+            m.monitor_samples.with_label_values(&[node]);
+            m.monitor_errors.with_label_values(&[node]);
+        }
+        for i in 0..self.inner.replicas.len() {
+            self.publish_replica_metrics(i);
+        }
     }
 
     pub fn primary(&self) -> &Primary {
@@ -675,13 +711,16 @@ impl Db {
     /// out of recovery), so it is neither: an import told to wait for down replicas must
     /// not wait for the leader.
     pub fn worst_serving_staleness(&self) -> (Option<(String, Duration)>, Vec<String>) {
-        let leader = self
-            .inner
-            .primary
-            .timelines
-            .then(|| self.inner.primary.leader_index())
-            .flatten();
-        worst_and_down(self.replica_status(), leader)
+        worst_and_down(self.replica_status(), self.leading_member())
+    }
+
+    /// Under Patroni, the member that leads now: every member is listed as a replica, the
+    /// leader too, and its entry is no replica. `None` in the static mode.
+    fn leading_member(&self) -> Option<usize> {
+        self.inner
+            .cluster
+            .as_ref()
+            .and(self.inner.primary.leader_index())
     }
 
     /// Decides where a read of `class` goes, without running it.
@@ -993,21 +1032,33 @@ impl Db {
         };
         let m = &self.inner.metrics;
         let name = self.inner.replicas[i].name.as_str();
+        let states = [
+            ReplicaState::Healthy,
+            ReplicaState::Lagging,
+            ReplicaState::Down,
+        ];
+        // Under Patroni every member is listed as a replica, the leader too; it is no
+        // replica, and its entry (never fresh, `down`) must not page as a stale or down one.
+        if self.leading_member() == Some(i) {
+            let _ = m.replica_staleness.remove_label_values(&[name]);
+            let _ = m.replica_lag_bytes.remove_label_values(&[name]);
+            for state in states {
+                let _ = m.replica_state.remove_label_values(&[name, state.as_str()]);
+            }
+            return;
+        }
         m.replica_staleness.with_label_values(&[name]).set(
             view.staleness
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(f64::INFINITY),
         );
-        if let (Some(p), Some(r)) = (primary_lsn, view.replay_lsn) {
-            m.replica_lag_bytes
-                .with_label_values(&[name])
-                .set(p.saturating_sub(r) as i64);
-        }
-        for state in [
-            ReplicaState::Healthy,
-            ReplicaState::Lagging,
-            ReplicaState::Down,
-        ] {
+        m.replica_lag_bytes
+            .with_label_values(&[name])
+            .set(match (primary_lsn, view.replay_lsn) {
+                (Some(p), Some(r)) => p.saturating_sub(r) as f64,
+                _ => f64::NAN,
+            });
+        for state in states {
             m.replica_state
                 .with_label_values(&[name, state.as_str()])
                 .set(i64::from(view.state == state));
@@ -1082,6 +1133,8 @@ impl Db {
     /// The one place a read-your-writes failure is counted and logged: `step` is what
     /// failed (`get`, `advance`, `position`), `then` what the service does instead.
     fn ryw_failed(&self, step: &str, user: &UserId, error: &dyn std::fmt::Display, then: &str) {
+        // Each step's series is exported at 0 from the start; a new step must be listed.
+        debug_assert!(crate::metrics::RYW_STEPS.contains(&step), "{step}");
         self.inner
             .metrics
             .ryw_store_failures
@@ -1136,6 +1189,36 @@ pub fn choose(
     start: usize,
 ) -> Choice {
     choose_among(policy, f, now, min_lsn, loads, start, |_| false)
+}
+
+/// The (target, reason) pairs a class's reads can be counted under in
+/// `routing_decisions_total`: what [`choose_among`], a retried read and a read inside a
+/// transaction can decide. Reads of a replica-target class that land on the primary are
+/// also its fallbacks.
+pub fn possible_decisions(p: &policy::Policy) -> Vec<(&'static str, Reason)> {
+    let mut out = vec![("primary", Reason::InTransaction)];
+    match p.target {
+        Target::Primary => out.push(("primary", Reason::PrimaryOnly)),
+        Target::Replica => {
+            out.push(("replica", Reason::FreshReplica));
+            let mut fallbacks = vec![
+                Reason::NoReplicas,
+                Reason::NoFreshReplica,
+                Reason::ReplicaFailed,
+                Reason::ReplicaBusy,
+                Reason::OverBudget,
+                Reason::NotOnReplica,
+            ];
+            if p.read_your_writes {
+                fallbacks.extend([Reason::ReadYourWrites, Reason::RywStoreUnavailable]);
+            }
+            out.extend(fallbacks.into_iter().map(|r| ("primary", r)));
+            if p.when_no_fresh_replica == WhenNoFreshReplica::Refuse {
+                out.push(("refused", Reason::NoFreshReplica));
+            }
+        }
+    }
+    out
 }
 
 /// [`choose`], never picking a replica for which `skip` holds (already tried this read).
@@ -1289,6 +1372,16 @@ mod tests {
         for &(class, staleness, down, expected) in table {
             let (f, now) = world(staleness, down);
             let got = choose(class.policy(), &f, now, None, &[0, 0], 0);
+            // Every decision is a series exported from the start.
+            let counted_as = match got {
+                Choice::Replica(..) => ("replica", Reason::FreshReplica),
+                Choice::Primary(r) => ("primary", r),
+                Choice::Refuse => ("refused", Reason::NoFreshReplica),
+            };
+            assert!(
+                possible_decisions(class.policy()).contains(&counted_as),
+                "{class}: {counted_as:?} is not exported from the start"
+            );
             match expected {
                 None => assert!(
                     matches!(got, Choice::Replica(..)),

@@ -225,15 +225,6 @@ impl Follower {
             let _ = r.register(Box::new(g.clone()));
             g
         };
-        let refused_read_only = prometheus::IntCounterVec::new(
-            prometheus::Opts::new(
-                "writes_refused_read_only_total",
-                "Primary connections refused because the node was in recovery (a write would have met a read-only node)",
-            ),
-            &["at"],
-        )
-        .expect("static metric");
-        let _ = r.register(Box::new(refused_read_only.clone()));
         let f = Follower {
             client: setup.client.clone(),
             names: setup.members.iter().map(|(n, _)| n.clone()).collect(),
@@ -248,7 +239,7 @@ impl Follower {
                 "1 while Patroni names a running leader, else 0",
             ),
             timeline: gauge("patroni_timeline", "The leader's timeline"),
-            refused_read_only,
+            refused_read_only: metrics.writes_refused_read_only.clone(),
         };
         f.has_leader.set(i64::from(setup.leader.is_some()));
         f

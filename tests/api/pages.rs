@@ -186,6 +186,7 @@ async fn the_pages_and_their_assets_are_served_from_the_binary_with_their_types(
         ("/shop/no-such-product", "text/html"),
         ("/static/ops.js", "text/javascript"),
         ("/static/shop.js", "text/javascript"),
+        ("/static/common.js", "text/javascript"),
         ("/static/pages.css", "text/css"),
     ] {
         let (status, content_type, body, headers) = fetch(&app, path).await;
@@ -228,7 +229,12 @@ async fn the_ops_page_shows_both_replicas_and_follows_replica_1_when_it_is_pause
         return;
     }
     let cluster = private_cluster();
-    let app = spawn_app(&cluster).await;
+    // Not the default 5 s: the page must draw the threshold in force, not a copy of its own.
+    let app = spawn_app_with(AppOptions {
+        env: vec![("STOCKGATE_EVICT_AFTER_MS", "4000".into())],
+        ..AppOptions::new(&cluster)
+    })
+    .await;
     assert_eq!(
         app.create_product("ops-demo", 1000, 1299).await.status(),
         StatusCode::CREATED
@@ -254,6 +260,7 @@ async fn the_ops_page_shows_both_replicas_and_follows_replica_1_when_it_is_pause
         &[
             ("STOCKGATE_URL", &app.address),
             ("STOCKGATE_ADMIN_TOKEN", &app.admin),
+            ("STOCKGATE_EVICT_MS", "4000"),
         ],
     );
     browser.expect("READY").await;

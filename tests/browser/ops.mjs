@@ -1,13 +1,18 @@
 // The ops page in a real browser: asks for the admin token once, shows both replicas
 // healthy, then follows replica-1 as the test pauses its replay (and then replica-2's).
 //
-// env: STOCKGATE_URL, STOCKGATE_ADMIN_TOKEN, SCREENSHOT_DIR
+// What the page draws comes from the service: the thresholds in force (the test runs the
+// service with a non-default eviction threshold, STOCKGATE_EVICT_MS), and the rates, units
+// held and store state of /v1/admin/overview.
+//
+// env: STOCKGATE_URL, STOCKGATE_ADMIN_TOKEN, STOCKGATE_EVICT_MS, SCREENSHOT_DIR
 // protocol: prints READY; waits for PAUSED; prints STALE once replica-1 shows > 1 s;
 //           waits for PAUSED_BOTH; prints DONE once fallbacks and `lagging` show.
 import { check, done, env, expectLine, launch, say, screenshot, waitFor } from './lib.mjs';
 
 const base = env('STOCKGATE_URL');
 const token = env('STOCKGATE_ADMIN_TOKEN');
+const evictMs = env('STOCKGATE_EVICT_MS');
 const { browser, page, problems } = await launch();
 
 const replica = (name) => `[data-replica="${name}"]`;
@@ -44,18 +49,34 @@ await waitFor(page, 'the 7 units the test holds', () => {
 });
 await waitFor(page, 'the read-your-writes store', () => {
   const ryw = document.getElementById('ryw');
-  return ryw.dataset.kind !== '' && ryw.dataset.healthy === 'true';
+  return ryw.dataset.kind !== '' && ryw.dataset.healthy === 'true'
+    && document.getElementById('ryw-failures').dataset.rate === '0.000';
+});
+await waitFor(page, 'the thresholds in force', (evict) => {
+  const gate = document.getElementById('gate-budget');
+  const ev = document.getElementById('evict-threshold');
+  return gate.dataset.ms === '250' && gate.textContent === '250 ms'
+    && ev.dataset.ms === evict && ev.textContent === `${Number(evict) / 1000} s`;
+}, evictMs);
+await waitFor(page, 'the 7 units held in all, and holds taken per second', () => {
+  const total = document.getElementById('units-held-total');
+  const taken = document.querySelector('#activity tr[data-kind="holds"][data-label="taken"] td[data-rate]');
+  return total.dataset.units === '7' && taken && taken.dataset.rate !== '';
+});
+await waitFor(page, 'the span the rates cover', () => {
+  const note = document.getElementById('rates-note');
+  return Number(note.dataset.seconds) > 0 && note.textContent.startsWith('per second over the last');
 });
 // The test reads the stock gate in the background: those reads show up per second.
 await waitFor(page, 'stock-gate reads per second from replicas', () => {
   const td = document.querySelector('#routing-rates tr[data-class="stock_gate"] td[data-target="replica"]');
   return td && Number(td.dataset.rate) > 0;
 });
-await waitFor(page, 'a staleness chart with its thresholds', () => {
+await waitFor(page, 'a staleness chart with its thresholds', (evict) => {
   const chart = document.querySelector('[data-replica="replica-1"] svg');
   return chart && Number(chart.dataset.points) >= 3
-    && chart.querySelector('[data-threshold-ms="250"]') && chart.querySelector('[data-threshold-ms="5000"]');
-});
+    && chart.querySelector('[data-threshold-ms="250"]') && chart.querySelector(`[data-threshold-ms="${evict}"]`);
+}, evictMs);
 await screenshot(page, 'ops-healthy.png');
 say('READY');
 
@@ -79,11 +100,11 @@ await waitFor(page, 'stock-gate fallbacks to the primary', () => {
     && Number(document.getElementById('fallbacks-total').dataset.rate) > 0
     && document.querySelector('#fallback-reasons tr[data-class="stock_gate"][data-reason="no_fresh_replica"]');
 });
-await waitFor(page, 'replica-1 lagging (over 5 s)', () => {
+await waitFor(page, 'replica-1 lagging (over the eviction threshold)', (evict) => {
   const card = document.querySelector('[data-replica="replica-1"]');
   return card.dataset.state === 'lagging'
     && card.querySelector('.badge.state').textContent === 'lagging'
-    && Number(card.dataset.stalenessMs) > 5000;
-});
+    && Number(card.dataset.stalenessMs) > Number(evict);
+}, evictMs);
 await screenshot(page, 'ops.png');
 await done(browser, problems);
