@@ -1,16 +1,17 @@
 //! Time, injectable where a rule depends on it.
 //!
 //! Staleness is measured on the monotonic clock ([`std::time::Instant`]) and turned into
-//! wall-clock `as_of` values through [`TimeBase`], which reads the wall clock at each mapping,
-//! so every figure the service prints comes from one clock and a step of the host's clock
-//! never dates an answer later than it is. Rules with windows (the in-process read-your-writes
+//! wall-clock `as_of` values through [`TimeBase`], which re-anchors on the wall clock every
+//! second and as soon as it sees the wall clock stepped back, so every figure the service
+//! prints comes from one clock and a step of the host's clock never dates an answer later
+//! than it is. Rules with windows (the in-process read-your-writes
 //! TTL, the store-epoch pin) ask a [`Clock`] — monotonic too, so an NTP step or a skewed
 //! peer can never end a window early — which tests replace with a [`ManualClock`] to move
 //! time instead of sleeping. Redis-held windows are Redis's own `PX` expiry: one clock.
 
 use chrono::{DateTime, Utc};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A monotonic clock for windowed rules.
@@ -53,17 +54,27 @@ impl Clock for ManualClock {
     }
 }
 
-/// Maps monotonic instants to UTC, anchored afresh on the wall clock at every mapping: an
-/// instant `d` before now is the wall clock's now minus `d`. An anchor taken once at start
-/// would keep the wall clock of that moment: after the host's clock is stepped back (NTP
-/// correcting a fast clock), every later `as_of` would claim moments the answer does not
-/// include yet. Anchored at each use, a step moves every later `as_of` with the clock at
-/// once (two clock reads, tens of nanoseconds); a step forward only makes one earlier, which
-/// claims less.
+/// Maps monotonic instants to UTC through an anchor, a (monotonic, wall) pair, that is taken
+/// again every second and at once when the wall clock is seen behind it. An anchor taken once
+/// at start keeps the wall clock of that moment: after the host's clock is stepped back (NTP
+/// correcting a fast clock) every later `as_of` would claim moments the answer does not
+/// include yet. Every mapping reads the wall clock first and the monotonic clock second, so a
+/// thread preempted between the two only makes the wall reading look early: a step back is
+/// caught at the next mapping, and a false alarm merely re-anchors. An anchor is taken with
+/// the wall reading between two monotonic ones, dated by the later one, so the mapping it
+/// gives is never later than the wall clock. Between re-anchorings every mapping uses the same
+/// pair, so two `as_of`s of one instant agree (reading the wall clock at every mapping would
+/// let a preempted thread date one `as_of` later than another by the time it lost).
 #[derive(Clone)]
 pub struct TimeBase {
     wall_now: Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>,
+    anchor: Arc<Mutex<(Instant, DateTime<Utc>)>>,
 }
+
+/// How long an anchor serves before it is taken again (a step forward is taken up then).
+const REANCHOR_EVERY: Duration = Duration::from_secs(1);
+/// How far behind the anchor's mapping the wall clock must read to count as stepped back.
+const STEP_TOLERANCE: Duration = Duration::from_millis(1);
 
 impl std::fmt::Debug for TimeBase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -79,45 +90,86 @@ impl TimeBase {
 
     /// Another wall clock (a test steps it).
     pub fn with_wall(wall_now: impl Fn() -> DateTime<Utc> + Send + Sync + 'static) -> Self {
-        TimeBase {
-            wall_now: Arc::new(wall_now),
-        }
+        let wall_now: Arc<dyn Fn() -> DateTime<Utc> + Send + Sync> = Arc::new(wall_now);
+        let anchor = Arc::new(Mutex::new(anchor(&*wall_now)));
+        TimeBase { wall_now, anchor }
     }
 
     pub fn wall(&self, at: Instant) -> DateTime<Utc> {
-        let now = Instant::now();
         let wall = (self.wall_now)();
-        match now.checked_duration_since(at) {
-            Some(d) => wall - chrono::Duration::from_std(d).unwrap_or_default(),
-            None => wall + chrono::Duration::from_std(at - now).unwrap_or_default(),
+        let now = Instant::now();
+        let pair = {
+            let mut a = self.anchor.lock().unwrap_or_else(|p| p.into_inner());
+            let stepped_back = wall + STEP_TOLERANCE < map(*a, now);
+            if stepped_back || now.saturating_duration_since(a.0) > REANCHOR_EVERY {
+                *a = anchor(&*self.wall_now);
+            }
+            *a
+        };
+        map(pair, at)
+    }
+}
+
+/// A (monotonic, wall) pair: the wall clock read between two monotonic readings (taken again
+/// while they are far apart), dated by the later one.
+fn anchor(wall_now: &dyn Fn() -> DateTime<Utc>) -> (Instant, DateTime<Utc>) {
+    let mut pair = (Instant::now(), wall_now());
+    for _ in 0..5 {
+        let before = Instant::now();
+        let wall = wall_now();
+        let after = Instant::now();
+        pair = (after, wall);
+        if after - before < Duration::from_micros(100) {
+            break;
         }
+    }
+    pair
+}
+
+fn map((mono, wall): (Instant, DateTime<Utc>), at: Instant) -> DateTime<Utc> {
+    match at.checked_duration_since(mono) {
+        Some(d) => wall + chrono::Duration::from_std(d).unwrap_or_default(),
+        None => wall - chrono::Duration::from_std(mono - at).unwrap_or_default(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
 
     /// The host's clock is stepped back 10 s after start: an instant from before the step,
-    /// and one after it, are both dated by the clock as it reads now, never later.
+    /// and one after it, are both dated by the clock as it reads then, never later.
     #[test]
     fn a_wall_clock_stepped_back_moves_every_later_as_of_with_it() {
-        let clock = Arc::new(Mutex::new(Utc::now()));
-        let reads = clock.clone();
-        let base = TimeBase::with_wall(move || *reads.lock().expect("clock"));
+        // A wall clock that runs with the monotonic one, plus a step the test sets.
+        let (origin, start) = (Instant::now(), Utc::now());
+        let step = Arc::new(Mutex::new(chrono::Duration::zero()));
+        let clock = {
+            let step = step.clone();
+            move || {
+                start
+                    + chrono::Duration::from_std(origin.elapsed()).unwrap_or_default()
+                    + *step.lock().expect("step")
+            }
+        };
+        let base = TimeBase::with_wall(clock.clone());
         let before = Instant::now();
-        assert!(base.wall(before) <= *clock.lock().expect("clock"));
-        *clock.lock().expect("clock") -= chrono::Duration::seconds(10);
-        let stepped = *clock.lock().expect("clock");
+        let first = base.wall(before);
+        assert!(first <= clock());
+        *step.lock().expect("step") = chrono::Duration::seconds(-10);
+        let after = Instant::now();
+        let (then, now) = (base.wall(before), base.wall(after));
+        let reads = clock();
         assert!(
-            base.wall(before) <= stepped,
-            "{} > {stepped}",
-            base.wall(before)
+            then <= first - chrono::Duration::seconds(9),
+            "{then} did not move with the step ({first})"
         );
-        assert!(base.wall(Instant::now()) <= stepped);
-        // And it is the clock's now for the present, within the time the calls take.
-        let lag = stepped - base.wall(Instant::now());
-        assert!(lag < chrono::Duration::seconds(1), "{lag}");
+        assert!(then <= reads, "{then} > {reads}");
+        assert!(now <= reads, "{now} > {reads}");
+        // And it is the clock's reading, within the time the calls take.
+        assert!(
+            reads - now < chrono::Duration::milliseconds(500),
+            "{now} vs {reads}"
+        );
     }
 }
