@@ -25,6 +25,7 @@
 //! | `STOCKGATE_ORDER_RATE_PER_USER` | orders per second one user may place (429 beyond; 0 = no limit) | `0` |
 //! | `STOCKGATE_ORDER_BATCH_MAX` | most orders one coalesced transaction takes | `256` |
 //! | `STOCKGATE_ORDER_BATCH_WINDOW_US` | how long a batch waits for more orders once the queue is empty | `0` |
+//! | `STOCKGATE_IDEMPOTENCY_WINDOW` | how long a key's answer is remembered at least (`30s`, `15m`, `24h`); refusals older than this are purged, so their keys may be used anew; confirmed orders never are | `24h` |
 //! | `RUST_LOG` | log filter | `info` |
 
 use std::net::SocketAddr;
@@ -61,6 +62,7 @@ pub struct Config {
     pub order_rate_per_user: u32,
     pub primary_timeout: Duration,
     pub order_batch_window: Duration,
+    pub idempotency_window: Duration,
 }
 
 impl Config {
@@ -111,6 +113,8 @@ impl Config {
                 0,
                 100_000,
             )?),
+            idempotency_window: one(&get, "STOCKGATE_IDEMPOTENCY_WINDOW", window)?
+                .unwrap_or(Duration::from_secs(24 * 3600)),
         })
     }
 
@@ -230,6 +234,11 @@ fn number(
             ))),
         },
     }
+}
+
+/// A window like `24h` (see [`parse_duration`]).
+fn window(key: &str, value: &str) -> Result<Duration, ConfigError> {
+    parse_duration(value).map_err(|why| bad(key, value, &why))
 }
 
 /// Parses `5s`, `500ms`, `30m`, `24h`.

@@ -108,6 +108,8 @@ metrics! {
     units_held: IntGauge("units_held", "Units in holds that have not ended (out of availability until they do)");
     /// Statements that claimed refused keys (each for many requests).
     refusal_statements: IntCounter("order_refusal_statements_total", "Primary statements that made refusals final (each claims many keys)");
+    /// Refusals (orders' and holds') older than the idempotency window, deleted.
+    refusals_purged: IntCounter("refusals_purged_total", "Refusals older than STOCKGATE_IDEMPOTENCY_WINDOW deleted (their keys may be used anew)");
     import_rows: IntCounter("import_rows_total", "Rows written by bulk imports");
     import_rate: Gauge("import_rows_per_second", "Current bulk import rate");
     import_paused_seconds: Counter("import_paused_for_lag_seconds_total", "Time bulk imports waited for replicas");

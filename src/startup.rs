@@ -178,8 +178,11 @@ impl Application {
         let (state, monitor) = build_state(config, clock).await?;
         let router = http::router(state.clone(), config.max_in_flight, config.request_timeout);
         // Holds past their time give their units back within a second or so (the contract
-        // allows 5 s), from the database's state, on every instance.
-        let sweeper = state.checkout.start_hold_sweeper(Duration::from_secs(1));
+        // allows 5 s), from the database's state, on every instance; refusals older than the
+        // idempotency window go too.
+        let sweeper = state
+            .checkout
+            .start_sweeper(Duration::from_secs(1), config.idempotency_window);
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;

@@ -226,7 +226,7 @@ pub struct Checkout {
     refusals: refusals::Refusals,
 }
 
-/// Stops the hold sweeper when dropped (with the application).
+/// Stops the sweeper (holds, old refusals) when dropped (with the application).
 pub struct SweeperGuard(tokio::task::JoinHandle<()>);
 
 impl Drop for SweeperGuard {
@@ -392,9 +392,10 @@ impl Checkout {
         holds::units_held(&self.db, top).await
     }
 
-    /// Sweeps holds past their time, every `every`, until the guard drops: their units go
-    /// back (exactly once, whichever instance sweeps) and reopen this instance's gate.
-    pub fn start_hold_sweeper(&self, every: Duration) -> SweeperGuard {
+    /// Sweeps, every `every`, until the guard drops: holds past their time (their units go
+    /// back exactly once, whichever instance sweeps, and reopen this instance's gate), and
+    /// refusals older than `idempotency_window` (their keys may be used anew).
+    pub fn start_sweeper(&self, every: Duration, idempotency_window: Duration) -> SweeperGuard {
         let this = self.clone();
         SweeperGuard(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -402,8 +403,34 @@ impl Checkout {
             loop {
                 tick.tick().await;
                 this.sweep_holds().await;
+                this.purge_refusals(idempotency_window).await;
             }
         }))
+    }
+
+    /// Deletes refusals older than `window`, in statements of a thousand, until none is left
+    /// (every instance does; `SKIP LOCKED` keeps them apart).
+    async fn purge_refusals(&self, window: Duration) {
+        const BATCH: i64 = 1000;
+        let one_round = async || -> Result<(u64, u64), CheckoutError> {
+            let orders = refusals::purge(&self.db, window, BATCH).await?;
+            let holds = holds::purge_refused(&self.db, window, BATCH).await?;
+            Ok((orders, holds))
+        };
+        loop {
+            match one_round().await {
+                Ok((orders, holds)) => {
+                    self.metrics.refusals_purged.inc_by(orders + holds);
+                    if orders.max(holds) < BATCH as u64 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not purge old refusals; retrying next tick");
+                    break;
+                }
+            }
+        }
     }
 
     async fn sweep_holds(&self) {

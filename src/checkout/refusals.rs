@@ -189,3 +189,27 @@ async fn insert<'r>(
         .filter(|(u, k)| rows.contains(&(u.to_string(), k.to_string())))
         .collect())
 }
+
+/// Deletes up to `limit` order refusals (keys claimed by a 409) older than `window`, the
+/// oldest first, skipping rows another instance's purge has locked: their keys may be used
+/// anew (the contract's idempotency window). Confirmed and cancelled orders are never
+/// touched, and no product row is locked (deleting a row that references a product takes no
+/// lock on it). Its own statement: a crash loses nothing but the rest of the purge. Returns
+/// how many went.
+pub(crate) async fn purge(
+    db: &Db,
+    window: std::time::Duration,
+    limit: i64,
+) -> Result<u64, DbError> {
+    let gone = sqlx::query(
+        "DELETE FROM orders WHERE order_id IN ( \
+           SELECT order_id FROM orders \
+           WHERE status = 'refused' AND created_at < clock_timestamp() - make_interval(secs => $1) \
+           ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(window.as_secs_f64())
+    .bind(limit)
+    .execute(db.primary().pool()?)
+    .await?;
+    Ok(gone.rows_affected())
+}

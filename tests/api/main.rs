@@ -11,6 +11,7 @@ mod foundation;
 mod freshness;
 mod helpers;
 mod history;
+mod idempotency_window;
 mod import;
 mod metrics;
 mod order_batch;
