@@ -133,10 +133,6 @@ async fn a_thousand_carts_on_two_instances_with_paused_replicas_never_oversell_o
     let cluster = private_cluster();
     let a = spawn_app(&cluster).await;
     let b = spawn_beside(&a, &cluster).await;
-    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
-    for i in 1..=2 {
-        blocking(|| cluster.pause_replay(i)).unwrap();
-    }
     let products = ["c-a", "c-b", "c-c", "c-d", "c-e"];
     let given: Vec<(&str, i64)> = products.iter().map(|p| (*p, 60)).collect();
     for (p, g) in &given {
@@ -145,7 +141,12 @@ async fn a_thousand_carts_on_two_instances_with_paused_replicas_never_oversell_o
             StatusCode::CREATED
         );
     }
-    // Precondition: the replicas lack the products and are well past the gate's budget.
+    // The replicas hold the full stock, and keep holding it while it sells out.
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    for i in 1..=2 {
+        blocking(|| cluster.pause_replay(i)).unwrap();
+    }
+    // Precondition: the replicas are well past the gate's budget.
     a.wait_for(
         "both replicas over 1 s behind",
         Duration::from_secs(20),
@@ -194,13 +195,21 @@ async fn a_thousand_carts_on_two_instances_with_paused_replicas_never_oversell_o
         }
     }
     assert!(created > 0, "some carts sold");
-    let deadlocks: i64 = sqlx::query_scalar(
-        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
-    )
-    .fetch_one(&a.primary)
-    .await
-    .unwrap();
-    assert_eq!(deadlocks, 0, "the database saw no deadlock");
+    // Precondition: all the while, the replicas offered stock that was gone.
+    for i in 1..=2 {
+        let replica = sqlx::PgPool::connect(&cluster.replica_url(i, &a.database))
+            .await
+            .unwrap();
+        for (p, g) in &given {
+            assert_eq!(
+                stock_on(&replica, p).await,
+                *g,
+                "replica-{i} still offers all of {p}"
+            );
+        }
+        replica.close().await;
+    }
+
     // No partial order: every confirmed cart holds exactly its lines.
     let partial: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM orders o WHERE o.product_id IS NULL AND o.status = 'confirmed' \
@@ -211,6 +220,12 @@ async fn a_thousand_carts_on_two_instances_with_paused_replicas_never_oversell_o
     .unwrap();
     assert_eq!(partial, 0);
     conserved(&a, &given).await;
+    // Last: it ends the instances' database sessions, so that they report their statistics.
+    assert_eq!(
+        deadlocks(&cluster, &a.database).await,
+        0,
+        "the database saw no deadlock"
+    );
     for i in 1..=2 {
         blocking(|| cluster.resume_replay(i)).unwrap();
     }
@@ -535,7 +550,19 @@ async fn a_restart_among_many_open_holds_loses_none_and_returns_none_twice() {
         assert_eq!(s, StatusCode::CREATED);
     }
     assert_eq!(first.stock_on_primary("rs-a").await, 50);
+    let port = first.address.rsplit(':').next().unwrap().to_string();
     drop(first);
+    // The first instance is gone (it no longer accepts) before the next two come up.
+    wait_for(
+        "the first instance stopped",
+        Duration::from_secs(10),
+        || async {
+            tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
+                .await
+                .is_err()
+        },
+    )
+    .await;
     // Two instances come up (a restart and a second one); both sweep.
     let a = spawn_app_with(AppOptions {
         database: Some(db.clone()),

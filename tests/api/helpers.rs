@@ -587,3 +587,56 @@ pub async fn assert_claim_is_honest(
     );
     staleness
 }
+
+/// Deadlocks the primary detected in `database`. Every other session of that database
+/// is ended first: a backend reports its pending statistics when it exits, not at once.
+pub async fn deadlocks(cluster: &Cluster, database: &str) -> i64 {
+    use sqlx::Connection;
+    let url = cluster.primary_url(database);
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let ended: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM (SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+         AND pid <> pg_backend_pid() OFFSET 0) others WHERE pg_terminate_backend(pid)",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    wait_for("the ended sessions gone", Duration::from_secs(10), || {
+        let url = url.clone();
+        let ended = ended.clone();
+        async move {
+            let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+            )
+            .bind(&ended)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+                == 0
+        }
+    })
+    .await;
+    sqlx::query_scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Whether this run is CI (`CI` set and not empty). There, a test whose tools are missing
+/// fails; elsewhere it is skipped, and says so.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty())
+}
+
+/// A test that cannot run here: fails under CI with `reason`; elsewhere prints
+/// `SKIPPED (reason)` on stderr past the test harness's capture, so it shows in a plain
+/// `cargo test` run too, and the caller returns.
+pub fn skip_outside_ci(test: &str, reason: &str) {
+    use std::io::Write;
+    assert!(
+        !in_ci(),
+        "{test}: {reason} (CI is set, so this fails instead of skipping)"
+    );
+    let _ = writeln!(std::io::stderr(), "{test}: SKIPPED ({reason})");
+}
