@@ -497,3 +497,92 @@ async fn an_outcome_unknown_retried_on_another_instance_while_in_doubt_finds_the
     assert_eq!(b.confirmed_orders("doubt").await, (1, 1));
     assert_eq!(b.stock_on_primary("doubt").await, 9);
 }
+
+/// How an export ended for its client: the bytes it got, and whether the body ended cleanly.
+async fn read_export(mut resp: reqwest::Response, after_first: impl FnOnce()) -> (usize, bool) {
+    let mut got = 0;
+    let mut after_first = Some(after_first);
+    loop {
+        match resp.chunk().await {
+            Ok(Some(bytes)) => {
+                got += bytes.len();
+                if let Some(f) = after_first.take() {
+                    f();
+                }
+            }
+            Ok(None) => return (got, true),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+/// An export streamed from a replica that is cut off mid-stream (its connections closed, or
+/// the network silent until the export's timeout): the client sees the body fail, never a
+/// clean 200 that ends early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short() {
+    let cluster = shared_cluster();
+    let db = fresh_database(cluster).await;
+    let proxy = ChaosProxy::start(cluster.port(1)).await;
+    // replica-1, behind the proxy, is the only replica: the export streams from it.
+    let app = spawn_app_with(AppOptions {
+        database: Some(db.clone()),
+        env: vec![
+            (
+                "STOCKGATE_REPLICA_URLS",
+                format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port),
+            ),
+            ("STOCKGATE_EXPORT_TIMEOUT_MS", "3000".into()),
+        ],
+        ..AppOptions::new(cluster)
+    })
+    .await;
+    app.create_product("csv", 1, 100).await;
+    // Far more rows than the buffers between the replica and the client hold (~40 MB).
+    sqlx::query(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, \
+         status, idempotency_key, request_fingerprint) \
+         SELECT gen_random_uuid(), 'csv', 'u' || i, 1, 100, 100, 'confirmed', 'k' || i, 'fp' \
+         FROM generate_series(1, 300000) i",
+    )
+    .execute(&app.primary)
+    .await
+    .unwrap();
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).unwrap();
+    let export = || async {
+        let resp = app
+            .client
+            .get(app.url("/v1/exports/orders"))
+            .bearer_auth(&app.admin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["x-served-by"], "replica-1");
+        resp
+    };
+    // Precondition: whole, the export ends cleanly.
+    let (whole, clean) = read_export(export().await, || {}).await;
+    assert!(clean, "an export with nothing cut failed");
+    // Connections closed mid-stream.
+    let (got, clean) = read_export(export().await, || proxy.sever()).await;
+    assert!(
+        got < whole,
+        "the cut came after the whole export ({got} bytes)"
+    );
+    assert!(
+        !clean,
+        "a severed export ended as a clean 200 after {got} of {whole} bytes"
+    );
+    // The network silent mid-stream: the export's timeout ends it, as a failure.
+    let (got, clean) = read_export(export().await, || proxy.cut()).await;
+    proxy.heal();
+    assert!(
+        got < whole,
+        "the cut came after the whole export ({got} bytes)"
+    );
+    assert!(
+        !clean,
+        "a frozen export ended as a clean 200 after {got} of {whole} bytes"
+    );
+}
