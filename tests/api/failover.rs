@@ -647,6 +647,25 @@ async fn an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_
     let replica = (1..=devcluster::ha::NODES).find(|&i| i != real).unwrap();
     // Precondition: the node we will call leader really is in recovery.
     assert_eq!(c.psql(replica, "SELECT pg_is_in_recovery()").unwrap(), "t");
+    // Precondition: it has replayed the new database and its schema (after a scenario that
+    // restarted it, it may still be catching up).
+    wait_for(
+        "the replica has the database",
+        Duration::from_secs(30),
+        || async {
+            use sqlx::Connection;
+            match sqlx::PgConnection::connect(&c.node_url(replica, &db)).await {
+                Ok(mut conn) => sqlx::query_scalar::<_, bool>(
+                    "SELECT to_regclass('public.products') IS NOT NULL",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .unwrap_or(false),
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
     let fake = FakePatroni::start(cluster_json(c, replica)).await;
     let mut env: HashMap<&str, String> = HashMap::new();
     env.insert("DATABASE_URL", c.database_url(&db));

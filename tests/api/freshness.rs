@@ -134,8 +134,8 @@ async fn an_idle_primary_keeps_replicas_fresh_and_serving_the_stock_gate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_replica_leaves_the_stock_gate_at_once_but_serves_the_dashboard_until_its_budget()
-{
+async fn a_paused_replica_leaves_the_stock_gate_within_its_budget_but_serves_the_dashboard_until_its_own()
+ {
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
     app.create_product("p", 5, 100).await;
@@ -282,7 +282,7 @@ async fn with_both_replicas_paused_the_gate_reads_the_primary_and_stale_by_is_ho
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_two_second_apply_delay_reads_as_about_two_seconds() {
+async fn a_two_second_apply_delay_reads_as_at_least_the_true_staleness() {
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
     let log = AckLog::start(app.primary.clone()).await;
