@@ -550,6 +550,11 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
     .unwrap();
     blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).unwrap();
     let export = || async {
+        // The export goes to a replica that is not down: replica-1, once its monitor says so.
+        app.wait_for("replica-1 healthy", Duration::from_secs(20), || async {
+            app.replica_state("replica-1").await == "healthy"
+        })
+        .await;
         let resp = app
             .client
             .get(app.url("/v1/exports/orders"))
