@@ -62,7 +62,7 @@ async fn build_state(
 ) -> anyhow::Result<(AppState, MonitorGuard)> {
     let metrics = Metrics::new();
     let imports = http::Jobs::new(clock.clone());
-    let (db, monitor) = build_db(config, clock, &metrics).await?;
+    let (db, monitor) = build_db(config, clock.clone(), &metrics).await?;
     let tokens = Tokens::new(config.require_token_secret()?);
     let checkout = Checkout::new(
         db.clone(),
@@ -72,7 +72,8 @@ async fn build_state(
             window: config.order_batch_window,
         },
         config.order_rate_per_user,
-    );
+    )
+    .with_rate_clock(clock);
     let shared = http::Shared {
         db,
         tokens,

@@ -26,6 +26,7 @@ pub mod idempotency;
 pub mod refusals;
 pub mod stock;
 
+use crate::clock::{Clock, SystemClock};
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::lsn::Lsn;
 use crate::metrics::Metrics;
@@ -243,6 +244,14 @@ pub struct Batching {
 }
 
 impl Checkout {
+    /// Judges the per-user order rate on `clock` (the application's clock for windows).
+    pub fn with_rate_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        if let Some(l) = &self.limiter {
+            self.limiter = Some(Arc::new(RateLimiter::with_clock(l.rate as u32, clock)));
+        }
+        self
+    }
+
     pub fn new(db: Db, metrics: Metrics, batching: Batching, rate_per_user: u32) -> Self {
         let cache = Arc::new(GateCache::default());
         let coalescer = Coalescer::new(
@@ -705,22 +714,29 @@ pub(crate) async fn commit(
     })
 }
 
-/// A token bucket per user: `rate` orders per second, bursts of up to `rate`.
+/// A token bucket per user: `rate` orders per second, bursts of up to `rate`, refilled by
+/// its [`Clock`] (a test moves a manual one rather than racing a 1/`rate` s window).
 pub struct RateLimiter {
     rate: f64,
+    clock: Arc<dyn Clock>,
     buckets: Mutex<HashMap<UserId, (f64, Instant)>>,
 }
 
 impl RateLimiter {
     pub fn new(rate: u32) -> Self {
+        Self::with_clock(rate, Arc::new(SystemClock))
+    }
+
+    pub fn with_clock(rate: u32, clock: Arc<dyn Clock>) -> Self {
         RateLimiter {
             rate: f64::from(rate),
+            clock,
             buckets: Mutex::default(),
         }
     }
 
     pub fn allow(&self, user: &UserId) -> bool {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         if buckets.len() > 100_000 {
             // Full buckets carry no state worth keeping.
@@ -747,11 +763,18 @@ mod tests {
 
     #[test]
     fn the_rate_limiter_allows_a_burst_then_refuses_per_user() {
-        let l = RateLimiter::new(3);
+        let clock = crate::clock::ManualClock::new();
+        let l = RateLimiter::with_clock(3, clock.clone());
         let ada = UserId::parse("ada").expect("valid");
         let bob = UserId::parse("bob").expect("valid");
         assert_eq!((0..5).filter(|_| l.allow(&ada)).count(), 3);
         assert!(l.allow(&bob), "another user has their own bucket");
+        clock.advance(Duration::from_millis(334));
+        assert_eq!(
+            (0..3).filter(|_| l.allow(&ada)).count(),
+            1,
+            "one token per 1/3 s"
+        );
     }
 
     #[test]

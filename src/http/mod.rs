@@ -288,7 +288,9 @@ pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) 
                 },
             ))
             .layer(tower::load_shed::LoadShedLayer::new())
-            .layer(tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                max_in_flight,
+            ))
             .layer(tower::timeout::TimeoutLayer::new(request_timeout))
             .layer(DefaultBodyLimit::max(BODY_LIMIT)),
     )

@@ -11,20 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// `pg_stat_database.deadlocks` of `pool`'s database, complete up to now.
-async fn deadlocks(pool: &sqlx::PgPool) -> i64 {
-    flush_other_backends(pool).await;
-    let mut conn = pool.acquire().await.unwrap();
-    sqlx::query("SELECT pg_stat_clear_snapshot()")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    sqlx::query_scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap()
-}
-
 /// Starts an import job of `csv` and waits for it to end; its final state.
 async fn import(app: &TestApp, csv: String) -> Value {
     let resp = app
@@ -75,11 +61,8 @@ async fn imports_and_the_buyers_of_sold_out_products_never_deadlock() {
         .await
         .unwrap();
     blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).unwrap();
-    let pool = sqlx::PgPool::connect(&cluster.primary_url(&db))
-        .await
-        .unwrap();
     // Taken before any instance runs, so that ending their backends cannot disturb them.
-    let before = deadlocks(&pool).await;
+    let before = deadlocks(cluster, &db).await;
     let a = spawn_app_with(AppOptions {
         database: Some(db.clone()),
         ..AppOptions::new(cluster)
@@ -153,7 +136,7 @@ async fn imports_and_the_buyers_of_sold_out_products_never_deadlock() {
         answers.extend(buyer.await.unwrap());
     }
     drop((a, b));
-    let after = deadlocks(&pool).await;
+    let after = deadlocks(cluster, &db).await;
 
     let failed: Vec<&Value> = imports
         .iter()

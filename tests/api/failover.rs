@@ -20,9 +20,6 @@ fn ha() -> &'static HaCluster {
     HA.get_or_init(|| HaCluster::temporary(true).expect("start the shared HA cluster"))
 }
 
-/// One test at a time on the shared cluster: they kill and switch its leader.
-static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// The shared cluster, healthy.
 async fn healthy_cluster() -> &'static HaCluster {
     let c = blocking(ha);
@@ -200,9 +197,7 @@ async fn restore(c: &HaCluster, node: usize) {
     blocking(|| c.wait_healthy(Duration::from_secs(90))).expect("cluster healthy again");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_of_the_leader_mid_sale_loses_no_confirmed_order_and_oversells_nothing() {
-    let _turn = TURN.lock().await;
     let c = healthy_cluster().await;
     let db = ha_database(c).await;
     let app = spawn_ha_app(c, &db, None).await;
@@ -323,9 +318,7 @@ async fn kill_9_of_the_leader_mid_sale_loses_no_confirmed_order_and_oversells_no
     restore(c, old).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn settings_saved_on_the_old_leader_are_read_back_through_both_instances_after_the_kill() {
-    let _turn = TURN.lock().await;
     let c = healthy_cluster().await;
     let db = ha_database(c).await;
     let redis = devcluster::Redis::temporary().expect("a private Redis");
@@ -387,9 +380,7 @@ async fn settings_saved_on_the_old_leader_are_read_back_through_both_instances_a
     restore(c, old).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_planned_switchover_under_hot_sku_load_loses_no_confirmed_order() {
-    let _turn = TURN.lock().await;
     let c = healthy_cluster().await;
     let db = ha_database(c).await;
     let app = Arc::new(spawn_ha_app(c, &db, None).await);
@@ -489,9 +480,7 @@ async fn a_planned_switchover_under_hot_sku_load_loses_no_confirmed_order() {
     blocking(|| c.wait_healthy(Duration::from_secs(90))).expect("healthy after the switchover");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_old_leader_rejoins_as_a_replica_and_serves_reads_only_once_fresh() {
-    let _turn = TURN.lock().await;
     let c = healthy_cluster().await;
     let db = ha_database(c).await;
     let app = spawn_ha_app(c, &db, None).await;
@@ -598,15 +587,32 @@ fn cluster_json(c: &HaCluster, leader: usize) -> String {
 /// Patroni's view can be a loop old, or plainly wrong: an instance told that a replica leads
 /// must not write there. Its new primary connections check `pg_is_in_recovery()`, and the
 /// order is a 503 with `Retry-After` that wrote nothing; told the truth, it writes again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_503() {
-    let _turn = TURN.lock().await;
     let c = healthy_cluster().await;
     let db = ha_database(c).await;
     let real = leader(c);
     let replica = (1..=devcluster::ha::NODES).find(|&i| i != real).unwrap();
     // Precondition: the node we will call leader really is in recovery.
     assert_eq!(c.psql(replica, "SELECT pg_is_in_recovery()").unwrap(), "t");
+    // Precondition: it has replayed the new database and its schema (after a scenario that
+    // restarted it, it may still be catching up).
+    wait_for(
+        "the replica has the database",
+        Duration::from_secs(30),
+        || async {
+            use sqlx::Connection;
+            match sqlx::PgConnection::connect(&c.node_url(replica, &db)).await {
+                Ok(mut conn) => sqlx::query_scalar::<_, bool>(
+                    "SELECT to_regclass('public.products') IS NOT NULL",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .unwrap_or(false),
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
     let fake = FakePatroni::start(cluster_json(c, replica)).await;
     let mut env: HashMap<&str, String> = HashMap::new();
     env.insert("DATABASE_URL", c.database_url(&db));
@@ -686,4 +692,34 @@ async fn an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(stock(&truth, "p").await, 9);
+}
+
+/// The scenarios share one Patroni cluster whose leader they kill and switch, so they run
+/// in turn, inside one test: one test thread waits on the cluster, not one per scenario,
+/// and the rest of the suite runs beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_scenarios_one_after_another() {
+    eprintln!(
+        "failover scenario: kill_9_of_the_leader_mid_sale_loses_no_confirmed_order_and_oversells_nothing"
+    );
+    Box::pin(kill_9_of_the_leader_mid_sale_loses_no_confirmed_order_and_oversells_nothing()).await;
+    eprintln!(
+        "failover scenario: settings_saved_on_the_old_leader_are_read_back_through_both_instances_after_the_kill"
+    );
+    Box::pin(
+        settings_saved_on_the_old_leader_are_read_back_through_both_instances_after_the_kill(),
+    )
+    .await;
+    eprintln!(
+        "failover scenario: a_planned_switchover_under_hot_sku_load_loses_no_confirmed_order"
+    );
+    Box::pin(a_planned_switchover_under_hot_sku_load_loses_no_confirmed_order()).await;
+    eprintln!(
+        "failover scenario: the_old_leader_rejoins_as_a_replica_and_serves_reads_only_once_fresh"
+    );
+    Box::pin(the_old_leader_rejoins_as_a_replica_and_serves_reads_only_once_fresh()).await;
+    eprintln!(
+        "failover scenario: an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_503"
+    );
+    Box::pin(an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_503()).await;
 }

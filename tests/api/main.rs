@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 mod carts;
+mod contract;
 mod edges;
 mod failover;
 mod foundation;

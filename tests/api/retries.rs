@@ -9,15 +9,14 @@ use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 const QUEUE: &str = "stockgate_order_queue_depth";
-const TXS: &str = "stockgate_order_transactions_total";
 
-/// Waits until `n` more order batches than `before` have begun and nothing is queued:
-/// those batches are waiting on a held row.
-async fn batches_waiting(app: &TestApp, before: f64, n: f64) {
+/// Waits until exactly `n` order batches are waiting on a row lock, as the primary's
+/// `pg_stat_activity` shows them.
+async fn batches_waiting(app: &TestApp, n: i64) {
     app.wait_for(
-        "batches waiting on held rows",
+        &format!("{n} batches waiting on held rows"),
         Duration::from_secs(10),
-        || async { app.metric(TXS).await >= before + n && app.metric(QUEUE).await == 0.0 },
+        || async { batches_waiting_on(&app.primary, "Lock").await == n },
     )
     .await;
 }
@@ -83,9 +82,8 @@ async fn a_key_reused_on_another_product_takes_nothing_and_refuses_no_honest_buy
         // One early order occupies the worker on the held row; the rest form one batch,
         // the reuser first, asking for everything that batch can have.
         let lock = app.lock_rows(&[&p2]).await;
-        let before = app.metric(TXS).await;
         let early = order_in_background(&app, "early", &key, &p2, 1);
-        batches_waiting(&app, before, 1.0).await;
+        batches_waiting(&app, 1).await;
         let reuser = order_in_background(&app, "ada", &key, &p2, 20);
         queued(&app, 1.0).await;
         let honest: Vec<_> = (0..20)
@@ -133,9 +131,8 @@ async fn a_retry_on_another_instance_while_the_original_is_queued_agrees_with_it
         // ... while stock comes back through A, which B does not hear of.
         assert_eq!(a.restock(&p, 1).await.status(), StatusCode::OK);
         let lock = a.lock_rows(&[&p]).await;
-        let before = a.metric(TXS).await;
         let original = order_in_background(&a, "ada", &key, &p, 1);
-        batches_waiting(&a, before, 1.0).await;
+        batches_waiting(&a, 1).await;
         // The buyer's answer was lost; they retry on B, whose gate says "sold out".
         let retry = order_in_background(&b, "ada", &key, &p, 1);
         let early = tokio::time::timeout(Duration::from_millis(500), async {
@@ -353,12 +350,11 @@ async fn batches_claiming_the_same_keys_in_opposite_orders_never_deadlock() {
         app.create_product(&d1, 100, 100).await;
         app.create_product(&d2, 100, 100).await;
         let lock = app.lock_rows(&[&d1, &d2]).await;
-        let before = app.metric(TXS).await;
         let early: Vec<_> = [&d1, &d2]
             .iter()
             .map(|p| order_in_background(&app, "early", &format!("e-{p}"), p, 1))
             .collect();
-        batches_waiting(&app, before, 2.0).await;
+        batches_waiting(&app, 2).await;
         let key = format!("k{round}");
         let mut answers = Vec::new();
         for (p, user) in [(&d1, "u1"), (&d1, "u2"), (&d2, "u2"), (&d2, "u1")] {
@@ -366,6 +362,13 @@ async fn batches_claiming_the_same_keys_in_opposite_orders_never_deadlock() {
             queued(&app, answers.len() as f64).await;
         }
         lock.commit().await.unwrap();
+        // Precondition: the two batches were inside their key claims at the same moment.
+        app.wait_for(
+            "both batches inserting at once",
+            Duration::from_secs(10),
+            || async { batches_waiting_on(&app.primary, "PgSleep").await == 2 },
+        )
+        .await;
         for e in early {
             assert_eq!(e.await.unwrap().0, StatusCode::CREATED);
         }
@@ -391,25 +394,39 @@ async fn batches_claiming_the_same_keys_in_opposite_orders_never_deadlock() {
         let taken = 200 - app.stock_on_primary(&d1).await - app.stock_on_primary(&d2).await;
         assert_eq!(taken, 4, "round {round}: two early orders and one per user");
     }
+    // A batch that hit a deadlock is rerun and ends the same: only the database saw it.
+    assert_eq!(
+        deadlocks(shared_cluster(), &app.database).await,
+        0,
+        "the primary detected deadlocks between the batches"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_poisoned_row_fails_alone_and_the_rest_of_its_batch_commits() {
     let app = spawn_app(shared_cluster()).await;
     app.create_product("poisoned", 100, 100).await;
-    // A real fault inside the batch transaction: the database refuses one buyer's row.
+    // A real fault inside the batch transaction: the database refuses a statement that
+    // inserts one buyer's row. Before refusing, it notes in a sequence (which no rollback
+    // undoes) the most rows it saw refused in one statement.
     sqlx::raw_sql(
-        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.user_id = 'poison' THEN RAISE EXCEPTION 'poisoned row'; END IF; RETURN NEW; END $$; \
-         CREATE TRIGGER refuse_poison BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+        "CREATE SEQUENCE poisoned_batch MINVALUE 0 START 0; \
+         CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         DECLARE n bigint; BEGIN \
+           IF EXISTS (SELECT 1 FROM inserted WHERE user_id = 'poison') THEN \
+             SELECT count(*) INTO n FROM inserted; \
+             PERFORM setval('poisoned_batch', greatest(n, (SELECT last_value FROM poisoned_batch))); \
+             RAISE EXCEPTION 'poisoned row'; \
+           END IF; RETURN NULL; END $$; \
+         CREATE TRIGGER refuse_poison AFTER INSERT ON orders REFERENCING NEW TABLE AS inserted \
+         FOR EACH STATEMENT EXECUTE FUNCTION refuse_poison();",
     )
     .execute(&app.primary)
     .await
     .unwrap();
     let lock = app.lock_rows(&["poisoned"]).await;
-    let before = app.metric(TXS).await;
     let early = order_in_background(&app, "early", "e", "poisoned", 1);
-    batches_waiting(&app, before, 1.0).await;
+    batches_waiting(&app, 1).await;
     let mut buyers: Vec<String> = (0..30).map(|i| format!("mate-{i}")).collect();
     buyers.insert(13, "poison".into());
     let rest: Vec<_> = buyers
@@ -433,6 +450,15 @@ async fn a_poisoned_row_fails_alone_and_the_rest_of_its_batch_commits() {
     }
     assert_eq!(app.confirmed_orders("poisoned").await, (31, 31));
     assert_eq!(app.stock_on_primary("poisoned").await, 69);
+    // Precondition: the poisoned row was first tried in one statement with all 30 others.
+    let widest: i64 = sqlx::query_scalar("SELECT last_value FROM poisoned_batch")
+        .fetch_one(&app.primary)
+        .await
+        .unwrap();
+    assert_eq!(
+        widest, 31,
+        "the widest statement refused for the poisoned row"
+    );
 }
 
 /// A histogram's observations above `le` seconds, and the sum of all of them.
@@ -458,11 +484,10 @@ async fn an_orders_wait_in_the_queue_and_its_batchs_transaction_are_measured_apa
     let (queue_slow, queue_sum) = above(&app, QUEUED, "0.25").await;
     let (batch_slow, batch_sum) = above(&app, BATCH, "0.25").await;
     let lock = app.lock_rows(&["timed"]).await;
-    let before = app.metric(TXS).await;
     // The first order's batch waits on the row inside its transaction; the second order
     // waits in the queue behind it.
     let first = order_in_background(&app, "ada", "t1", "timed", 1);
-    batches_waiting(&app, before, 1.0).await;
+    batches_waiting(&app, 1).await;
     let in_transaction = Instant::now();
     let second = order_in_background(&app, "bob", "t2", "timed", 1);
     queued(&app, 1.0).await;
