@@ -682,7 +682,9 @@ async fn update_restated(tx: &mut Tx, updates: &[(&Row, i32)]) -> sqlx::Result<(
 
 /// The clock's now as a UTC instant (through the time base, so a test clock moves it).
 pub fn clock_now(clock: &dyn Clock) -> DateTime<Utc> {
-    crate::clock::TimeBase::now().wall(clock.now())
+    static BASE: std::sync::OnceLock<crate::clock::TimeBase> = std::sync::OnceLock::new();
+    BASE.get_or_init(crate::clock::TimeBase::now)
+        .wall(clock.now())
 }
 
 #[cfg(test)]

@@ -513,8 +513,17 @@ async fn holds_that_expire_under_load_and_confirms_racing_them_return_exactly_wh
                 let (s, hold) = unless_busy(busy, || take_hold(app, &user, "k", &items, 1)).await;
                 assert_eq!(s, StatusCode::CREATED, "{hold}");
                 let id = hold["hold_id"].as_str().unwrap().to_string();
-                // Aim the confirm at the moment the hold runs out, give or take.
-                tokio::time::sleep(Duration::from_millis(900 + (i as u64 % 20) * 10)).await;
+                // Aim the confirm at the moment the hold runs out (its `expires_at`, on the
+                // database's clock, which is this machine's), from 300 ms before to 90 ms
+                // after: however long the hold's answer took on a loaded machine, some
+                // confirms land before the expiry and some after.
+                let expires: chrono::DateTime<chrono::Utc> =
+                    hold["expires_at"].as_str().unwrap().parse().unwrap();
+                let aim = expires - chrono::Duration::milliseconds(300)
+                    + chrono::Duration::milliseconds((i as i64 % 20) * 20);
+                if let Ok(wait) = (aim - chrono::Utc::now()).to_std() {
+                    tokio::time::sleep(wait).await;
+                }
                 let path = format!("/v1/holds/{id}/confirm");
                 let (c, _) =
                     unless_busy(busy, || call(other, reqwest::Method::POST, &path, &user)).await;

@@ -530,19 +530,25 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
     let cluster = shared_cluster();
     let db = fresh_database(cluster).await;
     let proxy = ChaosProxy::start(cluster.port(1)).await;
-    // replica-1, behind the proxy, is the only replica: the export streams from it.
-    let app = spawn_app_with(AppOptions {
-        database: Some(db.clone()),
-        env: vec![
-            (
-                "STOCKGATE_REPLICA_URLS",
-                format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port),
-            ),
-            ("STOCKGATE_EXPORT_TIMEOUT_MS", "3000".into()),
-        ],
-        ..AppOptions::new(cluster)
-    })
-    .await;
+    // replica-1, behind the proxy, is the only replica: the exports stream from it. One
+    // instance with the default export timeout (a whole export on a loaded machine takes
+    // what it takes), one whose timeout ends a frozen stream in 3 s.
+    let instance = |timeout_ms: Option<&str>| {
+        let mut env = vec![(
+            "STOCKGATE_REPLICA_URLS",
+            format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port),
+        )];
+        if let Some(ms) = timeout_ms {
+            env.push(("STOCKGATE_EXPORT_TIMEOUT_MS", ms.to_string()));
+        }
+        spawn_app_with(AppOptions {
+            database: Some(db.clone()),
+            env,
+            ..AppOptions::new(cluster)
+        })
+    };
+    let app = instance(None).await;
+    let short = instance(Some("3000")).await;
     app.create_product("csv", 1, 100).await;
     // Far more rows than the buffers between the replica and the client hold (~40 MB).
     sqlx::query(
@@ -555,7 +561,8 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
     .await
     .unwrap();
     blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).unwrap();
-    let export = || async {
+    /// An export, sent once replica-1 is healthy (so it streams from there).
+    async fn export(app: &TestApp) -> reqwest::Response {
         // The export goes to a replica that is not down: replica-1, once its monitor says so.
         app.wait_for("replica-1 healthy", Duration::from_secs(20), || async {
             app.replica_state("replica-1").await == "healthy"
@@ -571,12 +578,12 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(resp.headers()["x-served-by"], "replica-1");
         resp
-    };
+    }
     // Precondition: whole, the export ends cleanly.
-    let (whole, clean) = read_export(export().await, || {}).await;
+    let (whole, clean) = read_export(export(&app).await, || {}).await;
     assert!(clean, "an export with nothing cut failed");
     // Connections closed mid-stream.
-    let (got, clean) = read_export(export().await, || proxy.sever()).await;
+    let (got, clean) = read_export(export(&app).await, || proxy.sever()).await;
     assert!(
         got < whole,
         "the cut came after the whole export ({got} bytes)"
@@ -586,7 +593,7 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
         "a severed export ended as a clean 200 after {got} of {whole} bytes"
     );
     // The network silent mid-stream: the export's timeout ends it, as a failure.
-    let (got, clean) = read_export(export().await, || proxy.cut()).await;
+    let (got, clean) = read_export(export(&short).await, || proxy.cut()).await;
     proxy.heal();
     assert!(
         got < whole,
