@@ -366,26 +366,6 @@ pub async fn expire_due(db: &Db, limit: i64) -> Result<(usize, Vec<ProductId>), 
     Ok((ended.len(), products))
 }
 
-/// Deletes up to `limit` refused holds (keys claimed by a 409; they have no lines) older
-/// than `window`, like [`super::refusals::purge`] does for orders. Returns how many went.
-pub(crate) async fn purge_refused(
-    db: &Db,
-    window: std::time::Duration,
-    limit: i64,
-) -> Result<u64, CheckoutError> {
-    let gone = sqlx::query(
-        "DELETE FROM holds WHERE hold_id IN ( \
-           SELECT hold_id FROM holds \
-           WHERE status = 'refused' AND created_at < clock_timestamp() - make_interval(secs => $1) \
-           ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    )
-    .bind(window.as_secs_f64())
-    .bind(limit)
-    .execute(db.primary().pool()?)
-    .await?;
-    Ok(gone.rows_affected())
-}
-
 /// Units held right now, per product (the hottest first), for operators.
 pub async fn units_held(db: &Db, top: i64) -> Result<Vec<(String, i64)>, CheckoutError> {
     Ok(sqlx::query_as(

@@ -421,16 +421,13 @@ impl Checkout {
     /// (every instance does; `SKIP LOCKED` keeps them apart).
     async fn purge_refusals(&self, window: Duration) {
         const BATCH: i64 = 1000;
-        let one_round = async || -> Result<(u64, u64), CheckoutError> {
-            let orders = refusals::purge(&self.db, window, BATCH).await?;
-            let holds = holds::purge_refused(&self.db, window, BATCH).await?;
-            Ok((orders, holds))
-        };
         loop {
-            match one_round().await {
+            match refusals::purge(&self.db, window, BATCH).await {
                 Ok((orders, holds)) => {
-                    self.metrics.refusals_purged.inc_by(orders + holds);
-                    if orders.max(holds) < BATCH as u64 {
+                    self.metrics
+                        .refusals_purged
+                        .inc_by(u64::try_from(orders + holds).unwrap_or(0));
+                    if orders.max(holds) < BATCH {
                         break;
                     }
                 }

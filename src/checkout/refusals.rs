@@ -190,26 +190,31 @@ async fn insert<'r>(
         .collect())
 }
 
-/// Deletes up to `limit` order refusals (keys claimed by a 409) older than `window`, the
-/// oldest first, skipping rows another instance's purge has locked: their keys may be used
-/// anew (the contract's idempotency window). Confirmed and cancelled orders are never
+/// Deletes up to `limit` order refusals and up to `limit` hold refusals (keys claimed by a
+/// 409; a refused hold has no lines) older than `window`, the oldest first, skipping rows
+/// another instance's purge has locked: their keys may be used anew (the contract's
+/// idempotency window). Confirmed and cancelled orders and live or ended holds are never
 /// touched, and no product row is locked (deleting a row that references a product takes no
-/// lock on it). Its own statement: a crash loses nothing but the rest of the purge. Returns
-/// how many went.
+/// lock on it). One statement, committed on its own: a crash loses nothing but the rest of
+/// the purge. Returns how many of each went.
 pub(crate) async fn purge(
     db: &Db,
     window: std::time::Duration,
     limit: i64,
-) -> Result<u64, DbError> {
-    let gone = sqlx::query(
-        "DELETE FROM orders WHERE order_id IN ( \
-           SELECT order_id FROM orders \
-           WHERE status = 'refused' AND created_at < clock_timestamp() - make_interval(secs => $1) \
-           ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+) -> Result<(i64, i64), DbError> {
+    Ok(sqlx::query_as(
+        "WITH o AS (DELETE FROM orders WHERE order_id IN ( \
+                      SELECT order_id FROM orders \
+                      WHERE status = 'refused' AND created_at < clock_timestamp() - make_interval(secs => $1) \
+                      ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1), \
+              h AS (DELETE FROM holds WHERE hold_id IN ( \
+                      SELECT hold_id FROM holds \
+                      WHERE status = 'refused' AND created_at < clock_timestamp() - make_interval(secs => $1) \
+                      ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1) \
+         SELECT (SELECT count(*) FROM o), (SELECT count(*) FROM h)",
     )
     .bind(window.as_secs_f64())
     .bind(limit)
-    .execute(db.primary().pool()?)
-    .await?;
-    Ok(gone.rows_affected())
+    .fetch_one(db.primary().pool()?)
+    .await?)
 }

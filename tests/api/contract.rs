@@ -431,15 +431,7 @@ async fn an_outcome_unknown_retried_on_another_instance_while_in_doubt_finds_the
     let cluster = shared_cluster();
     let db = fresh_database(cluster).await;
     let proxy = ChaosProxy::start(cluster.port(0)).await;
-    let a = spawn_app_with(AppOptions {
-        database: Some(db.clone()),
-        env: vec![(
-            "DATABASE_URL",
-            format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port),
-        )],
-        ..AppOptions::new(cluster)
-    })
-    .await;
+    let a = spawn_through_proxy(cluster, &db, &proxy).await;
     let b = spawn_beside(&a, cluster).await;
     a.create_product("doubt", 10, 100).await;
     // This buyer's commit takes a while (a deferred trigger, run at COMMIT).

@@ -223,16 +223,7 @@ async fn post(
     key: Option<&str>,
     body: Value,
 ) -> (StatusCode, Value) {
-    let mut req = app
-        .client
-        .post(app.url(path))
-        .bearer_auth(app.user_token(user))
-        .json(&body);
-    if let Some(key) = key {
-        req = req.header("Idempotency-Key", key);
-    }
-    let resp = req.send().await.unwrap();
-    (resp.status(), resp.json().await.unwrap_or(Value::Null))
+    send_as(app, reqwest::Method::POST, path, user, key, body).await
 }
 
 /// #25's third item: a client's own order key `hold:<hold_id>` (a legal key) made that hold
@@ -309,15 +300,7 @@ async fn a_settings_write_whose_commit_reply_is_lost_says_so_and_pins_the_user_t
     let cluster = shared_cluster();
     let db = fresh_database(cluster).await;
     let proxy = ChaosProxy::start(cluster.port(0)).await;
-    let app = spawn_app_with(AppOptions {
-        database: Some(db.clone()),
-        env: vec![(
-            "DATABASE_URL",
-            format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port),
-        )],
-        ..AppOptions::new(cluster)
-    })
-    .await;
+    let app = spawn_through_proxy(cluster, &db, &proxy).await;
     // This user's COMMIT takes a while (a deferred trigger), long enough to lose the link.
     sqlx::raw_sql(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \

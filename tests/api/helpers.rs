@@ -163,6 +163,42 @@ pub async fn spawn_beside(app: &TestApp, cluster: &Cluster) -> TestApp {
     .await
 }
 
+/// `method path` as `user` (with `Idempotency-Key: key` if given) and a JSON body: the
+/// status and the JSON answer (`null` if none).
+pub async fn send_as(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    user: &str,
+    key: Option<&str>,
+    body: Value,
+) -> (StatusCode, Value) {
+    let mut req = app
+        .client
+        .request(method, app.url(path))
+        .bearer_auth(app.user_token(user))
+        .json(&body);
+    if let Some(key) = key {
+        req = req.header("Idempotency-Key", key);
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status(), resp.json().await.unwrap_or(Value::Null))
+}
+
+/// An instance of `database`'s deployment that reaches the primary through `proxy` (the
+/// replicas directly), so a test can cut or sever its primary link.
+pub async fn spawn_through_proxy(cluster: &Cluster, database: &str, proxy: &ChaosProxy) -> TestApp {
+    spawn_app_with(AppOptions {
+        database: Some(database.to_string()),
+        env: vec![(
+            "DATABASE_URL",
+            format!("postgres://postgres@127.0.0.1:{}/{database}", proxy.port),
+        )],
+        ..AppOptions::new(cluster)
+    })
+    .await
+}
+
 /// A new, migrated database on `cluster`, already on its replicas.
 pub async fn fresh_database(cluster: &Cluster) -> String {
     let db = format!("t_{}", uuid::Uuid::new_v4().simple());

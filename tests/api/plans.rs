@@ -40,16 +40,7 @@ async fn send(
     key: Option<String>,
     body: Value,
 ) -> (StatusCode, Value) {
-    let mut req = app
-        .client
-        .request(method, app.url(path))
-        .bearer_auth(app.user_token(user))
-        .json(&body);
-    if let Some(k) = key {
-        req = req.header("Idempotency-Key", k);
-    }
-    let r = req.send().await.unwrap();
-    (r.status(), r.json().await.unwrap_or(Value::Null))
+    send_as(app, method, path, user, key.as_deref(), body).await
 }
 
 /// A fresh database (tables never analyzed, autovacuum off for them so nothing analyzes

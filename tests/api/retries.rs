@@ -284,15 +284,7 @@ async fn a_commit_whose_outcome_is_unknown_says_so_and_the_retry_finds_the_order
     let cluster = shared_cluster();
     let db = fresh_database(cluster).await;
     let proxy = ChaosProxy::start(cluster.port(0)).await;
-    let app = spawn_app_with(AppOptions {
-        database: Some(db.clone()),
-        env: vec![(
-            "DATABASE_URL",
-            format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port),
-        )],
-        ..AppOptions::new(cluster)
-    })
-    .await;
+    let app = spawn_through_proxy(cluster, &db, &proxy).await;
     app.create_product("ambiguous", 10, 100).await;
     // The commit takes a while for this buyer (a deferred trigger, run when the batch's
     // statement commits), long enough to lose the link.
