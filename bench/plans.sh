@@ -14,6 +14,10 @@
 # and p99 per size with min–max, the ratio of each size to 0 rows, and appends it all to
 # bench/results/plans-<YYYY-MM-DD>.md.
 #
+# PLANS_RESET_FUNCTION=1 resets the batch function's planner settings after migrating (as
+# before migration 20261202000002): the same binary with the plans main had, for a side by
+# side.
+#
 # Environment: ROUNDS (3), BENCH_SECONDS (per turn, 8), SIZES ("0 100000 1000000"),
 # PLANS_PORT (18380), STOCKGATE_BIN (target/release/stockgate), STOCKGATE_DEV_DIR /
 # STOCKGATE_DEV_PORT (as for ./dev), PLANS_NOTE (a line for the file).
@@ -57,6 +61,7 @@ DO \$\$ DECLARE t text; BEGIN
     EXECUTE format('ALTER TABLE %I SET (autovacuum_enabled = off)', t);
   END LOOP;
 END \$\$;
+$( [ "${PLANS_RESET_FUNCTION:-}" = 1 ] && echo "ALTER FUNCTION take_order_batch(text, uuid[], text[], text[], integer[], text[]) RESET ALL;" )
 INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
   VALUES ('$HOT', 'hot', 100, 2000000000, 2000000000), ('plans-filler', 'filler', 100, 0, 0);
 INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, created_at)
@@ -100,7 +105,7 @@ range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s",
 base="$(awk '$1 == 0 { print $2 }' "$work/rows" | median)"
 {
   echo
-  echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): $BIN, never-analyzed tables"
+  echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): $BIN, never-analyzed tables$( [ "${PLANS_RESET_FUNCTION:-}" = 1 ] && echo ', batch function settings reset (as before #31)' )"
   [ -z "${PLANS_NOTE:-}" ] || echo "$PLANS_NOTE"
   echo
   echo "wrk -t2 -c64, ${SECS} s a turn, $ROUNDS rounds with the sizes alternating, one hot product, fresh keys; a database per turn, autovacuum off on its tables; load average $(cut -d' ' -f1-3 /proc/loadavg)."
