@@ -694,6 +694,178 @@ async fn an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_
     assert_eq!(stock(&truth, "p").await, 9);
 }
 
+/// Turns Patroni's `synchronous_mode` on or off (`PATCH /config` on the leader) and waits
+/// until the leader's replication says so.
+fn set_synchronous(c: &HaCluster, on: bool) {
+    let l = leader(c);
+    let body = format!("{{\"synchronous_mode\": {on}}}");
+    let (status, text) =
+        devcluster::ha::http(c.rest_port(l), "PATCH", "/config", Some(&body)).expect("PATCH");
+    assert_eq!(status, 200, "{text}");
+    let want = if on { "1" } else { "0" };
+    devcluster::wait_until(Duration::from_secs(30), || {
+        Ok(c.psql(
+            l,
+            "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+        )? == want)
+    })
+    .expect("replication as configured");
+}
+
+/// A user's settings on node `i`, read there directly with psql ("" when none, or when the
+/// node cannot say yet).
+fn settings_on(c: &HaCluster, i: usize, db: &str, user: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            db,
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+        ])
+        .args(["-p", &c.pg_port(i).to_string()])
+        .args([
+            "-c",
+            &format!("SELECT settings FROM user_settings WHERE user_id = '{user}'"),
+        ])
+        .env("PGCONNECT_TIMEOUT", "3")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Without `synchronous_mode` a write the leader acknowledged can be lost in a failover: the
+/// promoted replica never received it, and its timeline forks before it. The user who wrote
+/// must then be read from the primary, even once a replica of the new timeline has replayed
+/// past the write's offset (its WAL there is other WAL) and serves other users' reads, and
+/// what they read is what the new leader holds. Mutation: `reached` comparing offsets without
+/// the timeline's history serves the user from that replica (`served_by: node2`).
+async fn an_async_write_lost_past_the_fork_is_never_claimed_by_a_replica_of_the_new_timeline() {
+    let c = healthy_cluster().await;
+    blocking(|| set_synchronous(c, false));
+    let db = ha_database(c).await;
+    // One instance, its read-your-writes store in process: a new Redis would send every
+    // user's reads to the primary for a TTL after its first use (its epoch's pin), which
+    // would hide what this checks.
+    let a = spawn_ha_app(c, &db, None).await;
+    let user = "lin";
+    let token = a.user_token(user);
+    let put = |app: &TestApp, v: i64| {
+        app.client
+            .put(app.url(&format!("/v1/users/{user}/settings")))
+            .bearer_auth(&token)
+            .json(&json!({"settings": {"v": v}}))
+            .send()
+    };
+    eprintln!("async failover: v1");
+    assert_eq!(put(&a, 1).await.unwrap().status(), StatusCode::OK);
+    let old = leader(c);
+    let others: Vec<usize> = (1..=3).filter(|&i| i != old).collect();
+    blocking(|| {
+        devcluster::wait_until(Duration::from_secs(20), || {
+            Ok(others
+                .iter()
+                .all(|&i| settings_on(c, i, &db, user) == r#"{"v": 1}"#))
+        })
+    })
+    .expect("v1 on every replica");
+    // The leader's WAL stops leaving it: its WAL senders are frozen.
+    let senders = c
+        .psql(old, "SELECT pid FROM pg_stat_replication")
+        .expect("walsenders");
+    eprintln!("async failover: freezing WAL senders {senders:?}");
+    assert_eq!(senders.lines().count(), 2, "two WAL senders: {senders}");
+    for pid in senders.lines() {
+        let ok = std::process::Command::new("kill")
+            .args(["-STOP", pid.trim()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+    // Acknowledged on the leader alone (asynchronous replication).
+    assert_eq!(put(&a, 2).await.unwrap().status(), StatusCode::OK);
+    let written_at = c.psql(old, "SELECT pg_current_wal_lsn()").expect("lsn");
+    eprintln!("async failover: v2 at {written_at}");
+    assert_eq!(settings_on(c, old, &db, user), r#"{"v": 2}"#);
+    for &i in &others {
+        assert_eq!(
+            settings_on(c, i, &db, user),
+            r#"{"v": 1}"#,
+            "precondition: the replicas never got the write"
+        );
+    }
+    blocking(|| c.kill_node(old)).expect("kill -9 the leader");
+    // The frozen senders outlive their postmaster (orphans by then) and would hold its shared
+    // memory against a restart: they go too.
+    for pid in senders.lines() {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status();
+    }
+    let new = blocking(|| c.wait_new_leader(old, Duration::from_secs(60))).expect("a new leader");
+    eprintln!("async failover: new leader {}", c.name(new));
+    let replica = others.into_iter().find(|&i| i != new).unwrap();
+    wait_for(
+        "the instance writes to the new leader",
+        Duration::from_secs(30),
+        || async { a.state.db.cluster_status().and_then(|s| s.writes_to) == Some(c.name(new)) },
+    )
+    .await;
+    // The new timeline's WAL passes the lost write's offset, and the replica follows it.
+    blocking(|| {
+        devcluster::wait_until(Duration::from_secs(60), || {
+            let _ = c.psql(new, "SELECT pg_switch_wal()");
+            Ok(c.psql(
+                replica,
+                &format!("SELECT pg_last_wal_replay_lsn() > '{written_at}'"),
+            )
+            .unwrap_or_default()
+                == "t")
+        })
+    })
+    .expect("the replica past the lost write's offset on the new timeline");
+    eprintln!(
+        "async failover: replica {} past {written_at}",
+        c.name(replica)
+    );
+    // Precondition: that replica serves this class: a user who wrote nothing is read there.
+    let bystander = a.user_token("bystander");
+    wait_for(
+        "the replica serving own data",
+        Duration::from_secs(30),
+        || async {
+            let (_, body) = a
+                .get_json("/v1/users/bystander/settings", Some(&bystander))
+                .await;
+            body["served_by"] == c.name(replica)
+        },
+    )
+    .await;
+    let truth = settings_on(c, new, &db, user);
+    assert_eq!(
+        truth, r#"{"v": 1}"#,
+        "the write was lost with the old leader"
+    );
+    for _ in 0..20 {
+        let (status, body) = a
+            .get_json(&format!("/v1/users/{user}/settings"), Some(&token))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["served_by"], "primary", "{body}");
+        assert_eq!(body["settings"], json!({"v": 1}));
+    }
+    drop(a);
+    // Synchronous again (the cluster as the other scenarios expect it), then the old leader
+    // back, rewound onto the new timeline.
+    blocking(|| set_synchronous(c, true));
+    restore(c, old).await;
+}
+
 /// The scenarios share one Patroni cluster whose leader they kill and switch, so they run
 /// in turn, inside one test: one test thread waits on the cluster, not one per scenario,
 /// and the rest of the suite runs beside it.
@@ -722,4 +894,9 @@ async fn failover_scenarios_one_after_another() {
         "failover scenario: an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_503"
     );
     Box::pin(an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_503()).await;
+    eprintln!(
+        "failover scenario: an_async_write_lost_past_the_fork_is_never_claimed_by_a_replica_of_the_new_timeline"
+    );
+    Box::pin(an_async_write_lost_past_the_fork_is_never_claimed_by_a_replica_of_the_new_timeline())
+        .await;
 }
