@@ -11,7 +11,10 @@
 #   2. a restock on instance A seen by instance B: B answers "sold out" from its gate, A
 #      restocks, and B is polled until it says available (the gate's budget is 250 ms);
 #   3. reads with replica 1 frozen (SIGSTOP: it still accepts TCP): the slowest of 40 product
-#      page reads right after the freeze (the replica timeout is 500 ms).
+#      page reads right after the freeze (the replica timeout is 500 ms);
+#   4. a settings write with the primary stopped: how long until its 503 (the primary
+#      timeout is 2 s; the monitor makes later ones fail fast), then the primary is started
+#      again and the service is shown answering writes.
 #
 # ROUNDS rounds (default 5); prints the median and max of each, and appends them to
 # bench/results/latency-<YYYY-MM-DD>.md. Needs curl and jq.
@@ -101,7 +104,22 @@ for r in $(seq "$ROUNDS"); do
   done
   "$DC" thaw 1 >/dev/null
   echo "worst_read_frozen_replica_ms $worst" >>"$work/rows"
-  tail -3 "$work/rows" >&2
+
+  # 4. A write with the primary stopped.
+  USER_TOKEN="$("$BIN" token --user latency)"
+  put() { curl -s -o /dev/null -w '%{http_code}' -X PUT "$A/v1/users/latency/settings" \
+    -H "Authorization: Bearer $USER_TOKEN" -H 'Content-Type: application/json' -d '{"settings":{"r":1}}'; }
+  "$DC" stop-primary >/dev/null
+  t=$(now_ms); code=$(put); d=$(( $(now_ms) - t ))
+  [ "$code" = 503 ] || { echo "latency.sh: a write with the primary stopped got $code" >&2; exit 1; }
+  echo "write_503_primary_down_ms $d" >>"$work/rows"
+  "$DC" start-primary >/dev/null
+  t=$(now_ms)
+  until [ "$(put)" = 200 ]; do
+    [ $(( $(now_ms) - t )) -lt 30000 ] || { echo "latency.sh: writes did not come back" >&2; exit 1; }
+    sleep 0.1
+  done
+  tail -4 "$work/rows" >&2
   sleep 1
 done
 
@@ -111,7 +129,7 @@ done
   echo
   echo "| figure | median ms | max ms | per round |"
   echo "| --- | --- | --- | --- |"
-  for f in gate_left_paused_ms restock_seen_by_b_ms worst_read_frozen_replica_ms; do
+  for f in gate_left_paused_ms restock_seen_by_b_ms worst_read_frozen_replica_ms write_503_primary_down_ms; do
     vals="$(awk -v f="$f" '$1 == f { print $2 }' "$work/rows" | sort -n)"
     med="$(echo "$vals" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')"
     printf '| %s | %s | %s | %s |\n' "$f" "$med" "$(echo "$vals" | tail -1)" "$(echo "$vals" | tr '\n' ' ')"

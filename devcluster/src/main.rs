@@ -19,7 +19,7 @@ use devcluster::{Cluster, Redis};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: devcluster up|down|status|env|wait|reap | pause|resume|stop|start|freeze|thaw N | delay N MS";
+const USAGE: &str = "usage: devcluster up|down|status|env|wait|reap|stop-primary|start-primary | pause|resume|stop|start|freeze|thaw N | delay N MS";
 
 fn main() {
     if let Err(e) = run() {
@@ -107,6 +107,8 @@ fn on_existing(cmd: &str, args: &[String], dir: &Path, port: u16, redis_port: u1
             println!("STOCKGATE_REDIS_URL={}", redis.url());
         }
         "wait" => cluster.wait_caught_up(Duration::from_secs(30))?,
+        "stop-primary" => cluster.stop_primary()?,
+        "start-primary" => cluster.start_primary()?,
         "pause" => cluster.pause_replay(replica()?)?,
         "resume" => cluster.resume_replay(replica()?)?,
         "stop" => cluster.stop_replica(replica()?)?,
