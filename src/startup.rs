@@ -72,8 +72,8 @@ async fn build_state(
             window: config.order_batch_window,
         },
         config.order_rate_per_user,
-    )
-    .with_rate_clock(clock);
+        clock,
+    );
     let shared = http::Shared {
         db,
         tokens,

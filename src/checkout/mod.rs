@@ -26,7 +26,7 @@ pub mod idempotency;
 pub mod refusals;
 pub mod stock;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::lsn::Lsn;
 use crate::metrics::Metrics;
@@ -244,15 +244,14 @@ pub struct Batching {
 }
 
 impl Checkout {
-    /// Judges the per-user order rate on `clock` (the application's clock for windows).
-    pub fn with_rate_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        if let Some(l) = &self.limiter {
-            self.limiter = Some(Arc::new(RateLimiter::with_clock(l.rate as u32, clock)));
-        }
-        self
-    }
-
-    pub fn new(db: Db, metrics: Metrics, batching: Batching, rate_per_user: u32) -> Self {
+    /// `clock` judges the per-user order rate (the application's clock for windows).
+    pub fn new(
+        db: Db,
+        metrics: Metrics,
+        batching: Batching,
+        rate_per_user: u32,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let cache = Arc::new(GateCache::default());
         let coalescer = Coalescer::new(
             db.clone(),
@@ -261,7 +260,8 @@ impl Checkout {
             batching.max,
             batching.window,
         );
-        let limiter = (rate_per_user > 0).then(|| Arc::new(RateLimiter::new(rate_per_user)));
+        let limiter =
+            (rate_per_user > 0).then(|| Arc::new(RateLimiter::with_clock(rate_per_user, clock)));
         let refusals = refusals::Refusals::start(db.clone(), metrics.clone());
         Checkout {
             db,
@@ -319,9 +319,8 @@ impl Checkout {
         let outcome = match &self.limiter {
             Some(l) if !l.allow(&req.user) => Err(CheckoutError::RateLimited),
             _ => {
-                // The reopen after the commit is in the task too: a hang-up cannot skip it.
                 let this = self.clone();
-                tokio::spawn(async move {
+                whole_or_none(async move {
                     let placed = cart::place(&this.db, &req).await?;
                     if let Placed::Created(order) = &placed {
                         this.reopened(&order.products()).await;
@@ -329,8 +328,6 @@ impl Checkout {
                     Ok(placed)
                 })
                 .await
-                .map_err(|_| CheckoutError::OutcomeUnknown)
-                .and_then(|r| r)
             }
         };
         self.count(&outcome);
@@ -342,10 +339,8 @@ impl Checkout {
         &self,
         req: holds::HoldRequest,
     ) -> Result<(holds::Hold, bool), CheckoutError> {
-        // What follows the commit runs in the task too: a client that hangs up cannot skip
-        // this instance's reopen.
         let this = self.clone();
-        tokio::spawn(async move {
+        whole_or_none(async move {
             let taken = holds::take(&this.db, &req).await?;
             if taken.1 {
                 // The units left availability at once: this instance's gate must not answer
@@ -356,7 +351,6 @@ impl Checkout {
             Ok(taken)
         })
         .await
-        .map_err(|_| CheckoutError::OutcomeUnknown)?
     }
 
     pub async fn hold_by_id(&self, hold_id: Uuid) -> Result<holds::Hold, CheckoutError> {
@@ -366,9 +360,7 @@ impl Checkout {
     /// Turns a hold into its order, exactly once; `true` when confirmed now.
     pub async fn confirm_hold(&self, hold_id: Uuid) -> Result<(Order, bool), CheckoutError> {
         let db = self.db.clone();
-        let ended = tokio::spawn(async move { holds::confirm(&db, hold_id).await })
-            .await
-            .map_err(|_| CheckoutError::OutcomeUnknown)??;
+        let ended = whole_or_none(async move { holds::confirm(&db, hold_id).await }).await?;
         if ended.value.1 {
             self.metrics.holds.with_label_values(&["confirmed"]).inc();
         }
@@ -377,9 +369,8 @@ impl Checkout {
 
     /// Releases a hold; its units go back exactly once and reopen the gate.
     pub async fn release_hold(&self, hold_id: Uuid) -> Result<holds::Hold, CheckoutError> {
-        // The reopen after the commit runs in the task too: a hang-up cannot skip it.
         let this = self.clone();
-        tokio::spawn(async move {
+        whole_or_none(async move {
             let ended = holds::release(&this.db, hold_id).await?;
             this.reopened(&ended.returned).await;
             if !ended.returned.is_empty() {
@@ -393,7 +384,6 @@ impl Checkout {
             Ok(ended.value)
         })
         .await
-        .map_err(|_| CheckoutError::OutcomeUnknown)?
     }
 
     /// Units held now per product, the most first (up to `top`).
@@ -562,7 +552,7 @@ impl Checkout {
     pub async fn cancel(&self, order: &Order) -> Result<Order, CheckoutError> {
         let this = self.clone();
         let order_id = order.order_id;
-        let task = tokio::spawn(async move {
+        whole_or_none(async move {
             let mut tx = this.db.primary().begin().await?;
             let cancelled: Option<Order> = sqlx::query_as(concat!(
                 "UPDATE orders SET status = 'cancelled', cancelled_at = clock_timestamp() \
@@ -601,9 +591,8 @@ impl Checkout {
                 this.reopened(&order.products()).await;
             }
             Ok(order)
-        });
-        // A panicked task may or may not have committed; cancelling again tells.
-        task.await.map_err(|_| CheckoutError::OutcomeUnknown)?
+        })
+        .await
     }
 
     /// Adds `quantity` to a product's stock, exactly once per `key`: the same key with the
@@ -618,8 +607,7 @@ impl Checkout {
         let fingerprint = format!("{product}:{quantity}");
         let this = self.clone();
         let (product, key) = (product.clone(), key.cloned());
-        // Its own task: a client that hangs up leaves the whole restock or none.
-        let task = tokio::spawn(async move {
+        whole_or_none(async move {
             // A second round only when a concurrent restock with this key won the claim.
             for _ in 0..2 {
                 if let Some(key) = &key
@@ -661,8 +649,8 @@ impl Checkout {
                 return Ok(stocked);
             }
             Err(CheckoutError::OutcomeUnknown)
-        });
-        task.await.map_err(|_| CheckoutError::OutcomeUnknown)?
+        })
+        .await
     }
 
     /// What the restock under `key` did, if there was one.
@@ -700,6 +688,19 @@ impl Checkout {
     }
 }
 
+/// Runs `work` in a task of its own and awaits it: a client that hangs up (dropping the
+/// request's future) cannot cut a change short between its commit and what must follow it
+/// (the gate's reopen, the counters), so the whole change happens or none. A task that died
+/// may have committed: that is [`CheckoutError::OutcomeUnknown`], and the same request
+/// again tells.
+async fn whole_or_none<T: Send + 'static>(
+    work: impl Future<Output = Result<T, CheckoutError>> + Send + 'static,
+) -> Result<T, CheckoutError> {
+    tokio::spawn(work)
+        .await
+        .map_err(|_| CheckoutError::OutcomeUnknown)?
+}
+
 /// Commits, telling "nothing was written" apart from "the outcome is unknown": an error
 /// on COMMIT itself may come after the server made the transaction durable.
 pub(crate) async fn commit(
@@ -720,10 +721,6 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    pub fn new(rate: u32) -> Self {
-        Self::with_clock(rate, Arc::new(SystemClock))
-    }
-
     pub fn with_clock(rate: u32, clock: Arc<dyn Clock>) -> Self {
         RateLimiter {
             rate: f64::from(rate),

@@ -35,17 +35,6 @@ fn hold_request(
         .json(&json!({"lines": lines, "ttl_s": ttl}))
 }
 
-/// Sessions of `pool`'s database (other than this query's) waiting on a lock.
-async fn lock_waits(pool: &sqlx::PgPool) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-         AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
 /// `DATABASE_URL` pointed at a streaming replica (a static configuration gone stale, a
 /// leader demoted under the service): every write meets SQLSTATE 25006 there. Each is a 503
 /// with `Retry-After`, and nothing is written anywhere; the same key then works on the
@@ -185,7 +174,7 @@ async fn a_hold_retried_after_a_lost_answer_is_the_same_hold_and_takes_units_onc
     app.wait_for(
         "the hold waits on the row",
         Duration::from_secs(10),
-        || async { lock_waits(&app.primary).await == 1 },
+        || async { sessions_waiting(&app.primary, "Lock", "%").await == 1 },
     )
     .await;
     first.abort();

@@ -336,14 +336,7 @@ async fn a_settings_write_whose_commit_reply_is_lost_says_so_and_pins_the_user_t
         .send();
     let put = tokio::spawn(put);
     wait_for("the COMMIT under way", Duration::from_secs(10), || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event = 'PgSleep' AND query ILIKE 'COMMIT%'",
-        )
-        .fetch_one(&app.primary)
-        .await
-        .unwrap()
-            == 1
+        sessions_waiting(&app.primary, "PgSleep", "COMMIT%").await == 1
     })
     .await;
     proxy.sever();
@@ -460,16 +453,7 @@ async fn a_hold_whose_client_hangs_up_still_reopens_the_gate_at_once() {
     wait_for(
         "the hold waiting on the row",
         Duration::from_secs(10),
-        || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
-            )
-            .fetch_one(&app.primary)
-            .await
-            .unwrap()
-                == 1
-        },
+        || async { sessions_waiting(&app.primary, "Lock", "%").await == 1 },
     )
     .await;
     // The client hangs up.

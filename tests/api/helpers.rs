@@ -369,18 +369,26 @@ pub async fn stock_on(pool: &sqlx::PgPool, product: &str) -> i64 {
         .into()
 }
 
-/// How many order batches of `pool`'s database (calls of `take_order_batch`, other than this
-/// query) are waiting on `wait`: a wait event type (`Lock`) or a wait event (`PgSleep`).
-pub async fn batches_waiting_on(pool: &sqlx::PgPool, wait: &str) -> i64 {
+/// How many sessions of `pool`'s database (other than this query's) running a statement
+/// like `query` (`ILIKE`: `%` for any) are waiting on `wait`: a wait event type (`Lock`) or a
+/// wait event (`PgSleep`).
+pub async fn sessions_waiting(pool: &sqlx::PgPool, wait: &str, query: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity \
          WHERE datname = current_database() AND pid <> pg_backend_pid() \
-         AND query LIKE '%take_order_batch%' AND $1 IN (wait_event_type, wait_event)",
+         AND query ILIKE $2 AND $1 IN (wait_event_type, wait_event)",
     )
     .bind(wait)
+    .bind(query)
     .fetch_one(pool)
     .await
     .unwrap()
+}
+
+/// How many order batches (calls of `take_order_batch`) are waiting on `wait`
+/// ([`sessions_waiting`]).
+pub async fn batches_waiting_on(pool: &sqlx::PgPool, wait: &str) -> i64 {
+    sessions_waiting(pool, wait, "%take_order_batch%").await
 }
 
 /// Polls `cond` every 10 ms until it holds; panics with `what` after `timeout`.

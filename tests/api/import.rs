@@ -483,16 +483,7 @@ async fn a_stopped_job_finishes_its_batch_writes_no_more_and_says_cancelled() {
     app.wait_for(
         "the first batch waits for the row lock",
         Duration::from_secs(10),
-        || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND query LIKE '%KEY UPDATE OF p%'",
-            )
-            .fetch_one(&app.primary)
-            .await
-            .unwrap()
-                == 1
-        },
+        || async { sessions_waiting(&app.primary, "Lock", "%KEY UPDATE OF p%").await == 1 },
     )
     .await;
     assert_eq!(job(&app, &id).await["rows_done"], 0);
