@@ -1,7 +1,7 @@
 //! One order batch: one statement, one round trip, its own transaction. The product's
-//! queued orders go to the primary's `take_order_batch` function (migration
-//! `20261201000004_take_order_batch.sql`), which locks the product row, seats the requests
-//! in arrival order (first fit), claims every new key in one `INSERT … ON CONFLICT DO
+//! queued orders go to the primary's `take_order_batch_v2` function (migration
+//! `20261202000005_flash_drops.sql`), which locks the product row, judges its sale window,
+//! seats the requests in arrival order (first fit, stock then each user's allowance), claims every new key in one `INSERT … ON CONFLICT DO
 //! NOTHING`, hands the units of a seat whose key a concurrent transaction claimed to this
 //! batch's refused requests, takes the confirmed total with ONE guarded `UPDATE … WHERE
 //! available_quantity >= total` (a guard that changes no row raises, and nothing commits),
@@ -9,7 +9,8 @@
 //! function runs and its commit is flushed: no round trip to this service happens under it.
 //!
 //! Here, each request is answered from what its key holds ([`decide`]): the order this batch
-//! wrote (201), the refusal it wrote (409), or what was there before or was claimed
+//! wrote (201), the refusal it wrote (409), nothing before the sale starts (409
+//! `SALE_NOT_STARTED`, the key stays free), or what was there before or was claimed
 //! concurrently, judged by the idempotency rule (the order again, the refusal again, or 422
 //! for another body). A repeat of an earlier request's key in the same batch never takes a
 //! seat and is judged the same way, against what the key holds: the same body as the row
@@ -19,6 +20,7 @@
 //! back (nothing written), while a link that fails after the statement was sent leaves the
 //! outcome unknown.
 
+use super::drops::Window;
 use super::idempotency::{Existing, judge};
 use super::{CheckoutError, OrderRequest, Placed, REFUSED};
 use crate::domain::ProductId;
@@ -54,6 +56,8 @@ pub(super) struct RowSeen {
     /// No later than the moment the row lock was taken ([`locked_at`]): the stock figures
     /// are exact from then.
     pub locked_at: Instant,
+    /// The product's sale window.
+    pub window: Window,
 }
 
 /// Runs the batch: one call of `take_order_batch` on the primary.
@@ -72,7 +76,7 @@ pub(super) async fn run(
         .await
         .map_err(Failed::NothingWritten)?;
     let sent = Instant::now();
-    let rows = sqlx::query("SELECT * FROM take_order_batch($1, $2, $3, $4, $5, $6)")
+    let rows = sqlx::query("SELECT * FROM take_order_batch_v2($1, $2, $3, $4, $5, $6)")
         .bind(product.as_str())
         .bind(&ids)
         .bind(&users)
@@ -119,7 +123,12 @@ fn read(
         found: first.try_get("found")?,
         left: first.try_get("left_after")?,
         locked_at: locked_at(sent, Duration::from_micros(waited), arrived),
+        window: Window {
+            starts: first.try_get("sale_starts_at")?,
+            ends: first.try_get("sale_ends_at")?,
+        },
     };
+    let starts_in: Option<i64> = first.try_get("starts_in_ms")?;
     let mut held: Vec<Option<Existing>> = vec![None; reqs.len()];
     for r in rows {
         let n: i64 = r.try_get("n")?;
@@ -135,7 +144,7 @@ fn read(
         }
     }
     Ok(Committed {
-        fates: decide(reqs, ids, held),
+        fates: decide(reqs, ids, held, starts_in),
         row: Some(row),
     })
 }
@@ -154,11 +163,13 @@ fn locked_at(sent: Instant, waited: Duration, arrived: Instant) -> Instant {
 /// any other row (our own refusal, what the key held before, a concurrent claim, or, for a
 /// repeat of an earlier request's key, the row that request wrote) is judged like a retry,
 /// against the row's body. Never against another request of the batch: a wrong body queued
-/// ahead of an honest retry must not turn the retry's answer into 422.
+/// ahead of an honest retry must not turn the retry's answer into 422. Before the sale starts
+/// (`starts_in`, ms) a key that holds nothing was left free: `SALE_NOT_STARTED`.
 pub(super) fn decide(
     reqs: &[&OrderRequest],
     ids: &[Uuid],
     held: Vec<Option<Existing>>,
+    starts_in: Option<i64>,
 ) -> Vec<Result<Placed, CheckoutError>> {
     let mut fates = Vec::with_capacity(reqs.len());
     for (i, (r, now)) in reqs.iter().zip(held).enumerate() {
@@ -166,7 +177,12 @@ pub(super) fn decide(
             Some(e) if e.order.order_id == ids[i] && e.order.status != REFUSED => {
                 Ok(Placed::Created(e.order.complete()))
             }
-            found => judge(r, found.as_ref()).and_then(|p| p.ok_or(CheckoutError::OutcomeUnknown)),
+            found => judge(r, found.as_ref()).and_then(|p| {
+                p.ok_or(match starts_in {
+                    Some(retry_after_ms) => CheckoutError::SaleNotStarted { retry_after_ms },
+                    None => CheckoutError::OutcomeUnknown,
+                })
+            }),
         };
         fates.push(fate);
     }
@@ -194,6 +210,7 @@ mod tests {
         Some(Existing {
             idempotency_key: r.key.as_str().into(),
             request_fingerprint: format!("{product}:{}", r.quantity.get()),
+            refusal: None,
             order: Order {
                 order_id: id,
                 product_id: Some(product.into()),
@@ -224,6 +241,7 @@ mod tests {
                 held(&a, id[0], "p", "confirmed"),
                 held(&b, id[1], "p", REFUSED),
             ],
+            None,
         );
         assert!(
             matches!(&fates[0], Ok(Placed::Created(o)) if o.order_id == id[0] && o.lines.len() == 1)
@@ -251,6 +269,7 @@ mod tests {
                 // A refusal holds the key: it stays refused.
                 held(&c, Uuid::new_v4(), "p", REFUSED),
             ],
+            None,
         );
         assert!(matches!(&fates[0], Ok(Placed::Replayed(o)) if o.order_id == before));
         assert!(matches!(fates[1], Err(CheckoutError::KeyReused)));
@@ -269,6 +288,7 @@ mod tests {
             &[&a, &again, &other],
             &id,
             vec![row.clone(), row.clone(), row],
+            None,
         );
         assert!(matches!(fates[0], Ok(Placed::Created(_))));
         assert!(matches!(&fates[1], Ok(Placed::Replayed(o)) if o.order_id == id[0]));
@@ -293,7 +313,7 @@ mod tests {
         let honest = req("a", "k", "p", 1);
         let before = Uuid::new_v4();
         let row = held(&honest, before, "p", "confirmed");
-        let fates = decide(&[&wrong, &honest], &ids(2), vec![row.clone(), row]);
+        let fates = decide(&[&wrong, &honest], &ids(2), vec![row.clone(), row], None);
         assert!(matches!(fates[0], Err(CheckoutError::KeyReused)));
         assert!(
             matches!(&fates[1], Ok(Placed::Replayed(o)) if o.order_id == before),
@@ -305,8 +325,27 @@ mod tests {
     #[test]
     fn a_key_that_holds_nothing_after_the_batch_is_unknown_never_a_guess() {
         let a = req("a", "1", "p", 1);
-        let fates = decide(&[&a, &a], &ids(2), vec![None, None]);
+        let fates = decide(&[&a, &a], &ids(2), vec![None, None], None);
         assert!(matches!(fates[0], Err(CheckoutError::OutcomeUnknown)));
         assert!(matches!(fates[1], Err(CheckoutError::OutcomeUnknown)));
+    }
+
+    #[test]
+    fn before_the_start_a_free_key_is_not_started_and_a_held_one_keeps_its_answer() {
+        let (a, b) = (req("a", "1", "p", 1), req("b", "1", "p", 1));
+        let before = Uuid::new_v4();
+        let fates = decide(
+            &[&a, &b],
+            &ids(2),
+            vec![None, held(&b, before, "p", "confirmed")],
+            Some(1500),
+        );
+        assert!(matches!(
+            fates[0],
+            Err(CheckoutError::SaleNotStarted {
+                retry_after_ms: 1500
+            })
+        ));
+        assert!(matches!(&fates[1], Ok(Placed::Replayed(o)) if o.order_id == before));
     }
 }

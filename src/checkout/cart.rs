@@ -8,6 +8,7 @@
 //! same rule as single-product orders. A cart holds its rows only for its own few
 //! statements, so a hot product's batch waits at most that long.
 
+use super::drops::{self, Refusal, Verdict};
 use super::idempotency::{existing_under, judge_held};
 use super::stock::{self, Short};
 use super::{CheckoutError, Order, Placed, commit, order_columns, with_lines};
@@ -60,8 +61,18 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
     };
-    let short = stock::shortfalls(req.lines.get(), &locked);
-    let Some(order) = claim(&mut tx, req, &locked, short.is_empty()).await? else {
+    let refusal =
+        match drops::judge_lines(&mut tx, &req.user, req.lines.get(), &locked, false).await? {
+            Verdict::Fits => None,
+            Verdict::NotStarted { retry_after_ms } => {
+                // Nothing is claimed before the sale: the key may be sent again once it is on.
+                tx.rollback().await?;
+                return Err(CheckoutError::SaleNotStarted { retry_after_ms });
+            }
+            Verdict::Short(short) => Some((Refusal::OutOfStock, CheckoutError::Short(short))),
+            Verdict::Refused(r) => Some((r.clone(), r.into_error())),
+        };
+    let Some(order) = claim(&mut tx, req, &locked, refusal.as_ref().map(|(r, _)| r)).await? else {
         // A concurrent request with this key committed first: answer as it did.
         tx.rollback().await?;
         let mut conn = db.primary().pool()?.acquire().await?;
@@ -69,9 +80,9 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
             .await?
             .ok_or(CheckoutError::OutcomeUnknown);
     };
-    if !short.is_empty() {
+    if let Some((_, answer)) = refusal {
         commit(tx).await?;
-        return Err(CheckoutError::Short(short));
+        return Err(answer);
     }
     insert_lines(&mut tx, order.order_id, req, &locked).await?;
     let lines = req.lines.units();
@@ -86,22 +97,21 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
 }
 
 /// Claims the request's key with the order: `confirmed` at the locked prices when every line
-/// fits, else `refused` (total 0), so the 409 is final for the key. `None`: another request
-/// claimed the key first.
+/// fits, else `refused` (total 0) with its reason, so the 409 is final for the key. `None`:
+/// another request claimed the key first.
 async fn claim(
     tx: &mut Tx,
     req: &CartRequest,
     locked: &Locked,
-    fits: bool,
+    refusal: Option<&Refusal>,
 ) -> Result<Option<Order>, sqlx::Error> {
-    let (status, total) = if fits {
-        ("confirmed", total(req, locked))
-    } else {
-        (super::REFUSED, 0)
+    let (status, total) = match refusal {
+        None => ("confirmed", total(req, locked)),
+        Some(_) => (super::REFUSED, 0),
     };
     sqlx::query_as(concat!(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-         VALUES ($1, NULL, $2, NULL, 0, $3, $4, $5, $6) \
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
+         VALUES ($1, NULL, $2, NULL, 0, $3, $4, $5, $6, $7) \
          ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
         order_columns!()
     ))
@@ -111,6 +121,7 @@ async fn claim(
     .bind(status)
     .bind(req.key.as_str())
     .bind(req.fingerprint())
+    .bind(refusal.and_then(Refusal::to_stored))
     .fetch_optional(&mut **tx)
     .await
 }
@@ -120,7 +131,7 @@ fn total(req: &CartRequest, locked: &Locked) -> i64 {
     req.lines
         .get()
         .iter()
-        .map(|(p, q)| i64::from(locked[p.as_str()].1) * i64::from(q.get()))
+        .map(|(p, q)| i64::from(locked[p.as_str()].price) * i64::from(q.get()))
         .sum()
 }
 
@@ -132,7 +143,7 @@ async fn insert_lines(
 ) -> Result<(), sqlx::Error> {
     let products: Vec<&str> = req.lines.get().iter().map(|(p, _)| p.as_str()).collect();
     let qty: Vec<i32> = req.lines.get().iter().map(|(_, q)| q.get()).collect();
-    let prices: Vec<i32> = products.iter().map(|p| locked[*p].1).collect();
+    let prices: Vec<i32> = products.iter().map(|p| locked[*p].price).collect();
     sqlx::query(
         "INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
          SELECT $1, l.product_id, l.quantity, l.price FROM UNNEST($2::text[], $3::int4[], $4::int4[]) AS l(product_id, quantity, price) \

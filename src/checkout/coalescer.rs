@@ -276,7 +276,7 @@ impl Coalescer {
         let fates: Vec<Result<Placed, CheckoutError>> = match result {
             Ok(Committed { fates, row }) => {
                 if let (Some(p), Some(row)) = (batch.first(), row) {
-                    self.remember(&p.req.product, row.left, row.locked_at);
+                    self.remember(&p.req.product, row);
                 }
                 fates
             }
@@ -308,12 +308,15 @@ impl Coalescer {
     }
 
     /// The stock right after our commit, exact from the moment we held the row lock.
-    fn remember(&self, product: &ProductId, stock: i32, locked_at: std::time::Instant) {
-        let route = self.db.committed_route(QueryClass::StockGate, locked_at);
+    fn remember(&self, product: &ProductId, row: RowSeen) {
+        let route = self
+            .db
+            .committed_route(QueryClass::StockGate, row.locked_at);
         self.cache.put(
             product,
             Answer {
-                available: Some(stock),
+                available: Some(row.left),
+                window: row.window,
                 route,
             },
         );
@@ -333,6 +336,7 @@ mod tests {
                     found,
                     left: found - 10,
                     locked_at: std::time::Instant::now(),
+                    window: super::super::drops::Window::default(),
                 },
                 waited,
             })

@@ -7,6 +7,7 @@
 //! sold-out product answer from memory until its answer ages out, is restocked, or a cancel
 //! reopens it.
 
+use super::drops::Window;
 use crate::domain::ProductId;
 use crate::lsn::Lsn;
 use crate::routing::Route;
@@ -17,10 +18,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
 
-/// A gate answer: the product's stock (`None`: no such product) and where it came from.
+/// A gate answer: the product's stock (`None`: no such product), its sale window, and where
+/// they came from.
 #[derive(Debug, Clone)]
 pub struct Answer {
     pub available: Option<i32>,
+    pub window: Window,
     pub route: Route,
 }
 
@@ -34,6 +37,7 @@ impl Answer {
     pub fn restated(&self, now: Instant) -> Answer {
         Answer {
             available: self.available,
+            window: self.window,
             route: self.route.clone().restated(now),
         }
     }
@@ -194,6 +198,7 @@ mod tests {
     fn answer(available: i32, as_of: Instant) -> Answer {
         Answer {
             available: Some(available),
+            window: Window::default(),
             route: Route::example(
                 QueryClass::StockGate,
                 "primary",
@@ -252,6 +257,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
             Ok::<_, ()>(Answer {
                 available: Some(7),
+                window: Window::default(),
                 route: Route::example_as_of(QueryClass::StockGate, "replica-1", sent),
             })
         };

@@ -10,7 +10,8 @@
 //! state (every instance sweeps due holds each second with `SKIP LOCKED`), so a restart loses
 //! nothing and returns nothing twice.
 
-use super::stock::{self, Short};
+use super::drops::{self, Refusal, Verdict};
+use super::stock;
 use super::{CheckoutError, Order, commit, order_columns, with_lines};
 use crate::domain::{HoldTtl, IdempotencyKey, Lines, ProductId, UserId};
 use crate::routing::Db;
@@ -154,11 +155,22 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
     };
-    let short: Vec<Short> = stock::shortfalls(req.lines.get(), &locked);
-    if !short.is_empty() {
-        refuse(&mut tx, hold_id).await?;
+    // The hold's own lines are written already: the user's count includes them.
+    let refusal =
+        match drops::judge_lines(&mut tx, &req.user, req.lines.get(), &locked, true).await? {
+            Verdict::Fits => None,
+            Verdict::NotStarted { retry_after_ms } => {
+                // Nothing is claimed before the sale: the key may be sent again once it is on.
+                tx.rollback().await?;
+                return Err(CheckoutError::SaleNotStarted { retry_after_ms });
+            }
+            Verdict::Short(short) => Some((Refusal::OutOfStock, CheckoutError::Short(short))),
+            Verdict::Refused(r) => Some((r.clone(), r.into_error())),
+        };
+    if let Some((refusal, answer)) = refusal {
+        refuse(&mut tx, hold_id, &refusal).await?;
         commit(tx).await?;
-        return Err(CheckoutError::Short(short));
+        return Err(answer);
     }
     if !stock::take(&mut tx, &lines).await? {
         tx.rollback().await?;
@@ -197,14 +209,15 @@ async fn claim(
     .await
 }
 
-/// A line was short: the claimed hold becomes a `refused` one without lines, so the key's
-/// 409 stays true.
-async fn refuse(tx: &mut Tx, hold_id: Uuid) -> Result<(), sqlx::Error> {
+/// The hold was refused (a line short, its user's limit, the sale over): the claimed hold
+/// becomes a `refused` one without lines, with its reason, so the key's 409 stays true.
+async fn refuse(tx: &mut Tx, hold_id: Uuid, refusal: &Refusal) -> Result<(), sqlx::Error> {
     sqlx::query(
         "WITH gone AS (DELETE FROM hold_lines WHERE hold_id = $1) \
-         UPDATE holds SET status = 'refused' WHERE hold_id = $1",
+         UPDATE holds SET status = 'refused', refusal = $2 WHERE hold_id = $1",
     )
     .bind(hold_id)
+    .bind(refusal.to_stored())
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -225,8 +238,9 @@ async fn replay(
     tx: &mut Tx,
     req: &HoldRequest,
 ) -> Result<Option<Result<Hold, CheckoutError>>, sqlx::Error> {
-    let found: Option<(Uuid, String, String)> = sqlx::query_as(
-        "SELECT hold_id, request_fingerprint, status FROM holds WHERE user_id = $1 AND idempotency_key = $2",
+    type Found = (Uuid, String, String, Option<sqlx::types::Json<Refusal>>);
+    let found: Option<Found> = sqlx::query_as(
+        "SELECT hold_id, request_fingerprint, status, refusal FROM holds WHERE user_id = $1 AND idempotency_key = $2",
     )
     .bind(req.user.as_str())
     .bind(req.key.as_str())
@@ -234,9 +248,11 @@ async fn replay(
     .await?;
     Ok(match found {
         None => None,
-        Some((_, fp, _)) if fp != req.fingerprint() => Some(Err(CheckoutError::KeyReused)),
-        Some((_, _, status)) if status == "refused" => Some(Err(CheckoutError::OutOfStock)),
-        Some((id, _, _)) => Some(
+        Some((_, fp, _, _)) if fp != req.fingerprint() => Some(Err(CheckoutError::KeyReused)),
+        Some((_, _, status, why)) if status == "refused" => {
+            Some(Err(Refusal::stored(why).into_error()))
+        }
+        Some((id, _, _, _)) => Some(
             load(tx, id, false)
                 .await?
                 .ok_or(CheckoutError::HoldNotFound),

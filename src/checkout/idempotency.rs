@@ -4,6 +4,7 @@
 //! refusal again), another body 422, and a free key nothing. Orders, carts, holds and
 //! refusals all ask here.
 
+use super::drops::Refusal;
 use super::{CheckoutError, Order, OrderRequest, Placed, REFUSED, order_columns};
 use crate::routing::Db;
 use std::collections::HashMap;
@@ -24,6 +25,8 @@ pub(crate) fn key_of(req: &OrderRequest) -> Key {
 pub(crate) struct Existing {
     pub(super) idempotency_key: String,
     pub(super) request_fingerprint: String,
+    /// A refusal's reason (`None` for stock, and for orders).
+    pub(super) refusal: Option<sqlx::types::Json<Refusal>>,
     #[sqlx(flatten)]
     pub(super) order: Order,
 }
@@ -52,7 +55,7 @@ pub(crate) async fn existing_under<'e>(
     keys: &[&str],
 ) -> Result<Held, sqlx::Error> {
     let found: Vec<Existing> = sqlx::query_as(concat!(
-        "SELECT idempotency_key, request_fingerprint, ",
+        "SELECT idempotency_key, request_fingerprint, refusal, ",
         order_columns!(),
         " FROM orders WHERE (user_id, idempotency_key) IN (SELECT * FROM UNNEST($1::text[], $2::text[]))"
     ))
@@ -72,7 +75,9 @@ pub(crate) fn judge_held(
     match found {
         None => Ok(None),
         Some(e) if e.request_fingerprint != fingerprint => Err(CheckoutError::KeyReused),
-        Some(e) if e.order.status == REFUSED => Err(CheckoutError::OutOfStock),
+        Some(e) if e.order.status == REFUSED => {
+            Err(Refusal::stored(e.refusal.clone()).into_error())
+        }
         Some(e) => Ok(Some(e.order.clone().complete())),
     }
 }

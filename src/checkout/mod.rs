@@ -20,6 +20,7 @@
 pub mod batch;
 pub mod cart;
 pub mod coalescer;
+pub mod drops;
 pub mod gate_cache;
 pub mod holds;
 pub mod idempotency;
@@ -31,7 +32,7 @@ use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::lsn::Lsn;
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
-use crate::routing::{Db, DbError, ReadCtx, Route};
+use crate::routing::{Db, DbError, ReadCtx};
 use chrono::{DateTime, Utc};
 use coalescer::Coalescer;
 use gate_cache::{Answer, GateCache};
@@ -186,6 +187,22 @@ pub enum CheckoutError {
     /// refusal holds the key.
     #[error("not enough stock for: {}", cart::describe(.0))]
     Short(Vec<stock::Short>),
+    /// The request would take its user past the product's `max_per_customer`; nothing was
+    /// taken, and the refusal holds the key.
+    #[error(
+        "the limit for {product_id} is {limit} per customer, and this user already has {already}"
+    )]
+    LimitExceeded {
+        product_id: String,
+        limit: i32,
+        already: i32,
+    },
+    /// The product's sale has not started (on the primary's clock); nothing was claimed.
+    #[error("the sale has not started; it starts in {retry_after_ms} ms")]
+    SaleNotStarted { retry_after_ms: i64 },
+    /// The product's sale is over; the refusal holds the key.
+    #[error("the sale has ended")]
+    SaleEnded,
     #[error("no such hold")]
     HoldNotFound,
     #[error("the hold expired; its units went back")]
@@ -214,6 +231,8 @@ pub struct Stocked {
     pub name: String,
     pub price_cents: i32,
     pub available_quantity: i32,
+    #[sqlx(flatten)]
+    pub rules: drops::Rules,
 }
 
 #[derive(Clone)]
@@ -462,6 +481,9 @@ impl Checkout {
             Ok(Placed::Replayed(_)) => "replayed",
             Err(CheckoutError::OutOfStock | CheckoutError::Short(_)) => "out_of_stock",
             Err(CheckoutError::KeyReused) => "key_reused",
+            Err(CheckoutError::LimitExceeded { .. }) => "limit_exceeded",
+            Err(CheckoutError::SaleNotStarted { .. }) => "sale_not_started",
+            Err(CheckoutError::SaleEnded) => "sale_ended",
             Err(CheckoutError::ProductNotFound | CheckoutError::OrderNotFound) => "not_found",
             Err(CheckoutError::RateLimited) => "rate_limited",
             Err(CheckoutError::OutcomeUnknown) => "outcome_unknown",
@@ -477,31 +499,33 @@ impl Checkout {
     }
 
     async fn place_inner(&self, req: OrderRequest) -> Result<Placed, CheckoutError> {
-        let (available, _) = self.available(&req.product).await?;
-        if available.is_some_and(|a| a < req.quantity.get()) {
-            // The gate's "no" becomes final only once it holds the key on the primary.
+        let gate = self.available(&req.product).await?;
+        if gate.available.is_some_and(|a| a < req.quantity.get()) {
+            // The gate's "no" becomes final only once it holds the key on the primary, which
+            // judges the sale window first.
             return self.refusals.refuse(req).await;
         }
         self.coalescer.submit(req).await
     }
 
-    /// A product's stock through the stock gate (the micro-cache, a replica within 250 ms,
-    /// or the primary), with the route that says as of when. `None`: no such product.
-    pub async fn available(&self, product: &ProductId) -> Result<(Option<i32>, Route), DbError> {
-        let answer = self
-            .cache
+    /// A product's stock and sale window through the stock gate (the micro-cache, a replica
+    /// within 250 ms, or the primary), with the route that says as of when. `available` is
+    /// `None` for no such product.
+    pub async fn available(&self, product: &ProductId) -> Result<Answer, DbError> {
+        self.cache
             .get_or_fetch(product, |min_lsn| async move {
                 let ctx = ReadCtx {
                     user: None,
                     min_lsn,
                 };
+                type Row = (i32, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
                 let read = self
                     .db
                     .read_existing(QueryClass::StockGate, &ctx, |pool| {
                         let product = product.clone();
                         async move {
-                            sqlx::query_scalar::<_, i32>(
-                                "SELECT available_quantity FROM products WHERE product_id = $1",
+                            sqlx::query_as::<_, Row>(
+                                "SELECT available_quantity, sale_starts_at, sale_ends_at FROM products WHERE product_id = $1",
                             )
                             .bind(product.as_str())
                             .fetch_optional(pool.exec())
@@ -510,12 +534,14 @@ impl Checkout {
                     })
                     .await?;
                 Ok::<_, DbError>(Answer {
-                    available: read.value,
+                    available: read.value.map(|r| r.0),
+                    window: read.value.map_or_else(drops::Window::default, |(_, starts, ends)| {
+                        drops::Window { starts, ends }
+                    }),
                     route: read.route,
                 })
             })
-            .await?;
-        Ok((answer.available, answer.route))
+            .await
     }
 
     /// An order by id, with its lines, from the primary (its owner may have placed it a
@@ -616,10 +642,11 @@ impl Checkout {
                     return Ok(done);
                 }
                 let mut tx = this.db.primary().begin().await?;
-                let Some(stocked) = sqlx::query_as::<_, Stocked>(
+                let Some(stocked) = sqlx::query_as::<_, Stocked>(concat!(
                     "UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
-                     WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity",
-                )
+                     WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity, ",
+                    drops::rule_columns!()
+                ))
                 .bind(product.as_str())
                 .bind(quantity)
                 .fetch_optional(&mut *tx)
@@ -659,27 +686,21 @@ impl Checkout {
         key: &IdempotencyKey,
         fingerprint: &str,
     ) -> Result<Option<Stocked>, CheckoutError> {
-        let found: Option<(String, Stocked)> = sqlx::query_as::<
-            _,
-            (String, String, String, i32, i32),
-        >(
-            "SELECT r.request_fingerprint, p.product_id, p.name, p.price_cents, r.available_after \
-             FROM restocks r JOIN products p USING (product_id) WHERE r.idempotency_key = $1",
-        )
+        #[derive(sqlx::FromRow)]
+        struct Found {
+            request_fingerprint: String,
+            #[sqlx(flatten)]
+            stocked: Stocked,
+        }
+        let found: Option<(String, Stocked)> = sqlx::query_as::<_, Found>(concat!(
+            "SELECT r.request_fingerprint, p.product_id, p.name, p.price_cents, r.available_after AS available_quantity, ",
+            drops::rule_columns!(),
+            " FROM restocks r JOIN products p USING (product_id) WHERE r.idempotency_key = $1"
+        ))
         .bind(key.as_str())
         .fetch_optional(self.db.primary().pool()?)
         .await?
-        .map(|(fp, product_id, name, price_cents, available_quantity)| {
-            (
-                fp,
-                Stocked {
-                    product_id,
-                    name,
-                    price_cents,
-                    available_quantity,
-                },
-            )
-        });
+        .map(|f| (f.request_fingerprint, f.stocked));
         match found {
             None => Ok(None),
             Some((fp, _)) if fp != fingerprint => Err(CheckoutError::KeyReused),

@@ -11,7 +11,8 @@
 //! (user, key) order like the order batches, and one indexed read for the keys that were
 //! taken.
 
-use super::idempotency::{Key, decided_on_primary, existing_for, judge, key_of};
+use super::drops::Refusal;
+use super::idempotency::{decided_on_primary, existing_for, judge, key_of};
 use super::{CheckoutError, OrderRequest, Placed};
 use crate::metrics::Metrics;
 use crate::routing::{Db, DbError, is_connection_error};
@@ -43,7 +44,8 @@ impl Refusals {
         Refusals { tx }
     }
 
-    /// Refuses `req` for want of stock, unless its key already holds an answer: that answer.
+    /// Refuses `req` for want of stock (or as the sale window says), unless its key already
+    /// holds an answer: that answer.
     pub async fn refuse(&self, req: OrderRequest) -> Result<Placed, CheckoutError> {
         let (reply, rx) = oneshot::channel();
         self.tx
@@ -87,20 +89,27 @@ async fn claim(db: &Db, reqs: &[&OrderRequest]) -> Vec<Result<Placed, CheckoutEr
         CheckoutError::Db(e) => CheckoutError::Db(e.shared()),
         other => CheckoutError::Db(DbError::Internal(other.to_string())),
     };
-    let claimed = match insert(db, reqs).await {
-        Ok(claimed) => claimed,
+    let Claims {
+        claimed,
+        not_started,
+    } = match insert(db, reqs).await {
+        Ok(claims) => claims,
         Err(e) => return reqs.iter().map(|_| Err(fail(&e))).collect(),
     };
     // The first request of each claimed key is refused; every other one reads its key.
     let mut first_seen: HashSet<(&str, &str)> = HashSet::new();
-    let refused: Vec<bool> = reqs
+    let refused: Vec<Option<&Refusal>> = reqs
         .iter()
-        .map(|r| claimed.contains(&r.key_pair()) && first_seen.insert(r.key_pair()))
+        .map(|r| {
+            claimed
+                .get(&r.key_pair())
+                .filter(|_| first_seen.insert(r.key_pair()))
+        })
         .collect();
     let rest: Vec<&OrderRequest> = reqs
         .iter()
         .zip(&refused)
-        .filter(|(_, refused)| !**refused)
+        .filter(|(_, refused)| refused.is_none())
         .map(|(r, _)| *r)
         .collect();
     let held = match db.primary().pool() {
@@ -113,28 +122,40 @@ async fn claim(db: &Db, reqs: &[&OrderRequest]) -> Vec<Result<Placed, CheckoutEr
     let mut answers = Vec::with_capacity(reqs.len());
     for (r, refused) in reqs.iter().zip(refused) {
         answers.push(match (&held, refused) {
-            (_, true) => Err(CheckoutError::OutOfStock),
-            (Ok(held), false) => {
+            (_, Some(why)) => Err(why.clone().into_error()),
+            (Ok(held), None) => {
                 let key = key_of(r);
                 match judge(r, held.get(&key)) {
                     Ok(Some(placed)) => Ok(placed),
-                    Ok(None) => decided_on_primary(db, r).await,
+                    // Before the start nothing was claimed: the key stays free.
+                    Ok(None) => match not_started.get(r.product.as_str()) {
+                        Some(&retry_after_ms) => {
+                            Err(CheckoutError::SaleNotStarted { retry_after_ms })
+                        }
+                        None => decided_on_primary(db, r).await,
+                    },
                     Err(e) => Err(e),
                 }
             }
-            (Err(e), false) => Err(fail(e)),
+            (Err(e), None) => Err(fail(e)),
         });
     }
     answers
 }
 
-/// One statement inserting a `refused` row for each distinct key, in (user, key) order.
-/// Returns the keys it claimed. It commits on its own, so a connection lost during it
-/// leaves its outcome unknown.
-async fn insert<'r>(
-    db: &Db,
-    reqs: &[&'r OrderRequest],
-) -> Result<HashSet<(&'r str, &'r str)>, CheckoutError> {
+/// What one claim statement did: the keys it refused (and why), and the products that were
+/// not on sale yet (ms to their start), whose keys it left free.
+struct Claims<'r> {
+    claimed: HashMap<(&'r str, &'r str), Refusal>,
+    not_started: HashMap<String, i64>,
+}
+
+/// One statement inserting a `refused` row for each distinct key, in (user, key) order, on
+/// the primary's clock: before a product's sale starts its keys are left free (the answer is
+/// `SALE_NOT_STARTED`), from its end they are refused as `SALE_ENDED`, else for stock (the
+/// order of judgement of [`super::drops`]). It commits on its own, so a connection lost
+/// during it leaves its outcome unknown.
+async fn insert<'r>(db: &Db, reqs: &[&'r OrderRequest]) -> Result<Claims<'r>, CheckoutError> {
     let mut distinct: Vec<&OrderRequest> = Vec::with_capacity(reqs.len());
     let mut seen = HashSet::new();
     for r in reqs {
@@ -150,14 +171,32 @@ async fn insert<'r>(
     let qty: Vec<i32> = distinct.iter().map(|r| r.quantity.get()).collect();
     let fps: Vec<String> = distinct.iter().map(|r| r.fingerprint()).collect();
     let pool = db.primary().pool()?;
-    let statement = sqlx::query_as(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-         SELECT o.order_id, o.product_id, o.user_id, o.quantity, 0, 0, 'refused', o.idempotency_key, o.fingerprint \
-         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[]) \
-              WITH ORDINALITY AS o(order_id, product_id, user_id, quantity, idempotency_key, fingerprint, n) \
-         ORDER BY o.n \
-         ON CONFLICT (user_id, idempotency_key) DO NOTHING \
-         RETURNING user_id, idempotency_key",
+    // (user or product, key, refusal, ms to the start): a claimed key, or a product not on
+    // sale yet (no key).
+    type Row = (
+        String,
+        Option<String>,
+        Option<sqlx::types::Json<Refusal>>,
+        Option<i64>,
+    );
+    let statement = sqlx::query_as::<_, Row>(
+        "WITH w AS (SELECT p.product_id, \
+                           CASE WHEN p.sale_starts_at > clock_timestamp() \
+                                THEN ceil(extract(epoch FROM p.sale_starts_at - clock_timestamp()) * 1000)::int8 END AS starts_in_ms, \
+                           coalesce(p.sale_ends_at <= clock_timestamp(), false) AS ended \
+                      FROM products p WHERE p.product_id = ANY($2::text[])), \
+              ins AS (INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
+                      SELECT o.order_id, o.product_id, o.user_id, o.quantity, 0, 0, 'refused', o.idempotency_key, o.fingerprint, \
+                             CASE WHEN w.ended THEN '{\"code\": \"SALE_ENDED\"}'::jsonb END \
+                      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[]) \
+                           WITH ORDINALITY AS o(order_id, product_id, user_id, quantity, idempotency_key, fingerprint, n) \
+                      LEFT JOIN w ON w.product_id = o.product_id \
+                      WHERE w.starts_in_ms IS NULL \
+                      ORDER BY o.n \
+                      ON CONFLICT (user_id, idempotency_key) DO NOTHING \
+                      RETURNING user_id, idempotency_key, refusal) \
+         SELECT user_id, idempotency_key, refusal, NULL::int8 FROM ins \
+         UNION ALL SELECT product_id, NULL, NULL, starts_in_ms FROM w WHERE starts_in_ms IS NOT NULL",
     )
     .bind(&ids)
     .bind(&products)
@@ -168,7 +207,7 @@ async fn insert<'r>(
     .fetch_all(pool);
     // A silent link must not hold every buyer of a sold-out product: past the limit the
     // statement's outcome is unknown.
-    let rows: Vec<Key> = tokio::time::timeout(STATEMENT_LIMIT, statement)
+    let rows: Vec<Row> = tokio::time::timeout(STATEMENT_LIMIT, statement)
         .await
         .map_err(|_| CheckoutError::OutcomeUnknown)?
         .map_err(|e| {
@@ -182,12 +221,31 @@ async fn insert<'r>(
                 CheckoutError::from(e)
             }
         })?;
-    let rows: HashSet<Key> = rows.into_iter().collect();
-    Ok(distinct
+    let mut refused: HashMap<(String, String), Refusal> = HashMap::new();
+    let mut not_started = HashMap::new();
+    for (who, key, why, starts_in) in rows {
+        match (key, starts_in) {
+            (Some(key), _) => {
+                refused.insert((who, key), Refusal::stored(why));
+            }
+            (None, Some(ms)) => {
+                not_started.insert(who, ms);
+            }
+            (None, None) => {}
+        }
+    }
+    let claimed = distinct
         .iter()
-        .map(|r| r.key_pair())
-        .filter(|(u, k)| rows.contains(&(u.to_string(), k.to_string())))
-        .collect())
+        .filter_map(|r| {
+            let (u, k) = r.key_pair();
+            let why = refused.remove(&(u.to_string(), k.to_string()))?;
+            Some(((u, k), why))
+        })
+        .collect();
+    Ok(Claims {
+        claimed,
+        not_started,
+    })
 }
 
 /// Deletes up to `limit` order refusals and up to `limit` hold refusals (keys claimed by a

@@ -13,8 +13,21 @@ use std::collections::BTreeMap;
 /// A write transaction on the primary.
 pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
-/// Each locked product's (available, price), in lock order.
-pub(crate) type Locked = BTreeMap<String, (i32, i32)>;
+/// Each locked product's row, in lock order.
+pub(crate) type Locked = BTreeMap<String, LockedRow>;
+
+/// What a transaction holding a product's row lock knows of it, on the primary's clock.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub(crate) struct LockedRow {
+    pub available: i32,
+    pub price: i32,
+    /// `max_per_customer`.
+    pub limit: Option<i32>,
+    /// Milliseconds until `sale_starts_at`, while it is ahead.
+    pub starts_in_ms: Option<i64>,
+    /// At or past `sale_ends_at`.
+    pub ended: bool,
+}
 
 /// A line that cannot be served: what was asked and what there is.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
@@ -33,17 +46,26 @@ pub(crate) fn per_product(lines: &[(ProductId, i32)]) -> BTreeMap<&str, i32> {
     merged
 }
 
-/// Locks the rows in lock order and reads (available, price) of each; a missing product is
-/// absent from the answer.
+/// Locks the rows in lock order and reads each (its window judged on the primary's clock once
+/// the lock is held); a missing product is absent from the answer.
 pub(crate) async fn lock(tx: &mut Tx, products: &[&str]) -> Result<Locked, sqlx::Error> {
-    let rows: Vec<(String, i32, i32)> = sqlx::query_as(
-        "SELECT product_id, available_quantity, price_cents FROM products \
-         WHERE product_id = ANY($1) ORDER BY product_id COLLATE \"C\" FOR NO KEY UPDATE",
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        product_id: String,
+        #[sqlx(flatten)]
+        row: LockedRow,
+    }
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT product_id, available_quantity AS available, price_cents AS price, max_per_customer AS limit, \
+                CASE WHEN sale_starts_at > clock_timestamp() \
+                     THEN ceil(extract(epoch FROM sale_starts_at - clock_timestamp()) * 1000)::int8 END AS starts_in_ms, \
+                coalesce(sale_ends_at <= clock_timestamp(), false) AS ended \
+         FROM products WHERE product_id = ANY($1) ORDER BY product_id COLLATE \"C\" FOR NO KEY UPDATE",
     )
     .bind(products)
     .fetch_all(&mut **tx)
     .await?;
-    Ok(rows.into_iter().map(|(p, a, c)| (p, (a, c))).collect())
+    Ok(rows.into_iter().map(|r| (r.product_id, r.row)).collect())
 }
 
 /// Locks the lines' products ([`lock`]); `None` when one of them does not exist.
@@ -61,7 +83,7 @@ pub(crate) fn shortfalls(lines: &[(ProductId, Quantity)], stock: &Locked) -> Vec
     lines
         .iter()
         .filter_map(|(p, q)| {
-            let available = stock.get(p.as_str()).map_or(0, |(a, _)| *a);
+            let available = stock.get(p.as_str()).map_or(0, |r| r.available);
             (available < q.get()).then(|| Short {
                 product_id: p.to_string(),
                 requested: q.get(),

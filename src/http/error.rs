@@ -34,6 +34,19 @@ pub enum ApiError {
     /// (`[{"product_id","requested","available"}]`); nothing was taken.
     #[error("not enough stock for every line; nothing was taken")]
     ShortLines(serde_json::Value),
+    /// 409 `LIMIT_EXCEEDED`: the request would take its user past the product's
+    /// `max_per_customer`; says the limit and the units the user already has.
+    #[error(
+        "{product_id} is limited to {limit} per customer and you already have {already}; nothing was taken"
+    )]
+    LimitExceeded {
+        product_id: String,
+        limit: i32,
+        already: i32,
+    },
+    /// 409 `SALE_NOT_STARTED` with `Retry-After` (seconds to the start); nothing was claimed.
+    #[error("the sale has not started yet; send the same request again once it has")]
+    SaleNotStarted { retry_after_s: u64 },
     /// 413: body over the limit.
     #[error("request body is larger than 64 KiB")]
     PayloadTooLarge,
@@ -90,7 +103,10 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Conflict { .. } | ApiError::ShortLines(_) => StatusCode::CONFLICT,
+            ApiError::Conflict { .. }
+            | ApiError::ShortLines(_)
+            | ApiError::LimitExceeded { .. }
+            | ApiError::SaleNotStarted { .. } => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
@@ -107,6 +123,8 @@ impl ApiError {
             | ApiError::Unavailable { code, .. } => code,
             ApiError::Invalid(i) => i.code,
             ApiError::ShortLines(_) => "OUT_OF_STOCK",
+            ApiError::LimitExceeded { .. } => "LIMIT_EXCEEDED",
+            ApiError::SaleNotStarted { .. } => "SALE_NOT_STARTED",
             ApiError::Unauthorized => "UNAUTHORIZED",
             ApiError::Forbidden(_) => "FORBIDDEN",
             ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
@@ -124,10 +142,27 @@ impl IntoResponse for ApiError {
             tracing::error!(error = ?e, "internal error");
         }
         let mut body = ErrorBody::new(self.code(), self.to_string());
-        if let ApiError::ShortLines(lines) = self {
-            body.error.lines = Some(lines);
+        let mut retry_after = None;
+        match self {
+            ApiError::ShortLines(lines) => body.error.lines = Some(lines),
+            ApiError::LimitExceeded {
+                product_id,
+                limit,
+                already,
+            } => {
+                body.error.product_id = Some(product_id);
+                body.error.limit = Some(limit);
+                body.error.already = Some(already);
+            }
+            ApiError::SaleNotStarted { retry_after_s } => retry_after = Some(retry_after_s),
+            _ => {}
         }
         let mut response = (status, axum::Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             response
                 .headers_mut()
@@ -203,6 +238,22 @@ impl From<CheckoutError> for ApiError {
             CheckoutError::Short(lines) => {
                 ApiError::ShortLines(serde_json::to_value(lines).unwrap_or_default())
             }
+            CheckoutError::LimitExceeded {
+                product_id,
+                limit,
+                already,
+            } => ApiError::LimitExceeded {
+                product_id,
+                limit,
+                already,
+            },
+            CheckoutError::SaleNotStarted { retry_after_ms } => ApiError::SaleNotStarted {
+                retry_after_s: crate::checkout::drops::retry_after_secs(retry_after_ms),
+            },
+            CheckoutError::SaleEnded => ApiError::conflict(
+                "SALE_ENDED",
+                "the sale for this product has ended; nothing was taken",
+            ),
             CheckoutError::HoldNotFound => ApiError::not_found("HOLD_NOT_FOUND", "no such hold"),
             CheckoutError::HoldExpired => ApiError::conflict(
                 "HOLD_EXPIRED",

@@ -6,12 +6,14 @@ use super::responses::{
 };
 use super::{Admin, ApiError, AppState, Json, Path, Query, Stated, stated, with_route_headers};
 use crate::checkout::CheckoutError;
+use crate::checkout::drops::{Rules, rule_columns};
 use crate::domain::{PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
 use crate::routing::{DbError, ReadCtx, Route};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 use utoipa::{IntoParams, ToSchema};
@@ -21,7 +23,7 @@ use utoipa_axum::routes;
 pub(super) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default()
         .routes(routes!(create))
-        .routes(routes!(show))
+        .routes(routes!(show, patch))
         .routes(routes!(restock))
         .routes(routes!(availability))
 }
@@ -35,6 +37,19 @@ pub struct Product {
     pub price_cents: i32,
     #[schema(minimum = 0)]
     pub available_quantity: i32,
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub rules: Rules,
+}
+
+/// The columns of a [`Product`].
+macro_rules! product_columns {
+    () => {
+        concat!(
+            "product_id, name, price_cents, available_quantity, ",
+            rule_columns!()
+        )
+    };
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -54,6 +69,78 @@ struct NewProduct {
     price_cents: Number,
     #[schema(value_type = i64, minimum = 0, maximum = 2147483647, example = 60)]
     available_quantity: Number,
+    /// The most units one user may hold (1–10,000); absent or `null`: no limit.
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 10000, example = 2)]
+    #[serde(default)]
+    max_per_customer: Option<Number>,
+    /// RFC 3339; before it, orders are 409 `SALE_NOT_STARTED`.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(default)]
+    sale_starts_at: Option<String>,
+    /// RFC 3339, after `sale_starts_at`; from it, orders are 409 `SALE_ENDED`.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(default)]
+    sale_ends_at: Option<String>,
+}
+
+/// Some of a product's drop rules; a field left out stays as it is, `null` clears it.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct RulesPatch {
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 10000, example = 2)]
+    #[serde(default, deserialize_with = "present")]
+    max_per_customer: Option<Option<Number>>,
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(default, deserialize_with = "present")]
+    sale_starts_at: Option<Option<String>>,
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(default, deserialize_with = "present")]
+    sale_ends_at: Option<Option<String>>,
+}
+
+/// A field that is present, `null` or not: `Some(None)` for `null` (absent is the default,
+/// `None`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+fn parse_limit(n: &Number) -> Result<i32, ApiError> {
+    match n.as_i64() {
+        Some(l) if (1..=10_000).contains(&l) => Ok(l as i32),
+        _ => Err(ApiError::invalid(
+            "INVALID_LIMIT",
+            "max_per_customer must be a whole number from 1 to 10000",
+        )),
+    }
+}
+
+fn parse_time(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
+    DateTime::parse_from_rfc3339(raw)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|_| {
+            ApiError::invalid(
+                "INVALID_DATE",
+                format!("{field} must be an RFC 3339 date-time, e.g. 2026-12-24T18:00:00Z"),
+            )
+        })
+}
+
+fn check_window(rules: &Rules) -> Result<(), ApiError> {
+    match (rules.sale_starts_at, rules.sale_ends_at) {
+        (Some(s), Some(e)) if e <= s => Err(window_error()),
+        _ => Ok(()),
+    }
+}
+
+fn window_error() -> ApiError {
+    ApiError::invalid(
+        "INVALID_SALE_WINDOW",
+        "sale_ends_at must come after sale_starts_at",
+    )
 }
 
 /// Create a product (admin)
@@ -84,15 +171,37 @@ async fn create(
     let name = ProductName::parse(&body.name)?;
     let price = PriceCents::parse(&body.price_cents)?;
     let stock = Stock::parse(&body.available_quantity)?;
+    let rules = Rules {
+        max_per_customer: body
+            .max_per_customer
+            .as_ref()
+            .map(parse_limit)
+            .transpose()?,
+        sale_starts_at: body
+            .sale_starts_at
+            .as_deref()
+            .map(|t| parse_time("sale_starts_at", t))
+            .transpose()?,
+        sale_ends_at: body
+            .sale_ends_at
+            .as_deref()
+            .map(|t| parse_time("sale_ends_at", t))
+            .transpose()?,
+    };
+    check_window(&rules)?;
     let mut tx = state.db.primary().begin().await?;
-    let created: Option<Product> = sqlx::query_as(
-        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
-         VALUES ($1, $2, $3, $4, $4) ON CONFLICT (product_id) DO NOTHING RETURNING product_id, name, price_cents, available_quantity",
-    )
+    let created: Option<Product> = sqlx::query_as(concat!(
+        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer, sale_starts_at, sale_ends_at) \
+         VALUES ($1, $2, $3, $4, $4, $5, $6, $7) ON CONFLICT (product_id) DO NOTHING RETURNING ",
+        product_columns!()
+    ))
     .bind(id.as_str())
     .bind(name.as_str())
     .bind(price.get())
     .bind(stock.get())
+    .bind(rules.max_per_customer)
+    .bind(rules.sale_starts_at)
+    .bind(rules.sale_ends_at)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(product) = created else {
@@ -132,10 +241,14 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<R
         .read_existing(QueryClass::ProductPage, &ReadCtx::none(), |pool| {
             let id = id.clone();
             async move {
-                sqlx::query_as::<_, Product>("SELECT product_id, name, price_cents, available_quantity FROM products WHERE product_id = $1")
-                    .bind(id.as_str())
-                    .fetch_optional(pool.exec())
-                    .await
+                sqlx::query_as::<_, Product>(concat!(
+                    "SELECT ",
+                    product_columns!(),
+                    " FROM products WHERE product_id = $1"
+                ))
+                .bind(id.as_str())
+                .fetch_optional(pool.exec())
+                .await
             }
         })
         .await?;
@@ -143,6 +256,95 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<R
         .value
         .ok_or_else(|| ApiError::not_found("PRODUCT_NOT_FOUND", format!("no product {id}")))?;
     Ok(stated(StatusCode::OK, product, &read.route))
+}
+
+/// Set a product's drop rules (admin)
+///
+/// Takes the product's row lock, so the change falls between order batches, never inside one.
+#[utoipa::path(
+    patch,
+    path = "/v1/products/{product_id}",
+    tag = "products",
+    params(("product_id" = String, Path, pattern = "^[A-Za-z0-9_.-]{1,64}$")),
+    request_body = RulesPatch,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The product after the change, on the primary", body = Stated<Product>),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "PRODUCT_NOT_FOUND", body = ErrorBody),
+        (status = 413, response = PayloadTooLarge),
+        (status = 422, description = "INVALID_LIMIT, INVALID_DATE, INVALID_SALE_WINDOW (the end would not come after the start), INVALID_PRODUCT_ID", body = ErrorBody),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn patch(
+    State(state): State<AppState>,
+    _: Admin,
+    Path(id): Path<String>,
+    Json(body): Json<RulesPatch>,
+) -> Result<Response, ApiError> {
+    let id = ProductId::parse(&id)?;
+    let limit = body
+        .max_per_customer
+        .map(|l| l.as_ref().map(parse_limit).transpose())
+        .transpose()?;
+    let starts = body
+        .sale_starts_at
+        .map(|t| {
+            t.as_deref()
+                .map(|t| parse_time("sale_starts_at", t))
+                .transpose()
+        })
+        .transpose()?;
+    let ends = body
+        .sale_ends_at
+        .map(|t| {
+            t.as_deref()
+                .map(|t| parse_time("sale_ends_at", t))
+                .transpose()
+        })
+        .transpose()?;
+    // Each rule: (whether to set it, its new value); the window is checked against what the
+    // row holds, by the table's CHECK.
+    let updated: Result<Option<Product>, sqlx::Error> = sqlx::query_as(concat!(
+        "UPDATE products SET \
+           max_per_customer = CASE WHEN $2 THEN $3 ELSE max_per_customer END, \
+           sale_starts_at = CASE WHEN $4 THEN $5 ELSE sale_starts_at END, \
+           sale_ends_at = CASE WHEN $6 THEN $7 ELSE sale_ends_at END, \
+           updated_at = clock_timestamp() \
+         WHERE product_id = $1 RETURNING ",
+        product_columns!()
+    ))
+    .bind(id.as_str())
+    .bind(limit.is_some())
+    .bind(limit.flatten())
+    .bind(starts.is_some())
+    .bind(starts.flatten())
+    .bind(ends.is_some())
+    .bind(ends.flatten())
+    .fetch_optional(state.db.primary().pool()?)
+    .await;
+    let product = match updated {
+        Ok(Some(product)) => product,
+        Ok(None) => {
+            return Err(ApiError::not_found(
+                "PRODUCT_NOT_FOUND",
+                format!("no product {id}"),
+            ));
+        }
+        Err(sqlx::Error::Database(e))
+            if e.constraint() == Some("products_sale_ends_after_it_starts") =>
+        {
+            return Err(window_error());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // This instance's gate states the new window at once.
+    state.checkout.reopened(std::slice::from_ref(&id)).await;
+    let route = state.db.written_route();
+    Ok(stated(StatusCode::OK, product, &route))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -215,6 +417,7 @@ async fn restock(
         name: done.name,
         price_cents: done.price_cents,
         available_quantity: done.available_quantity,
+        rules: done.rules,
     };
     let route = state.db.written_route();
     Ok(stated(StatusCode::OK, product, &route))
@@ -240,6 +443,8 @@ struct Availability {
     available: bool,
     #[schema(minimum = 0)]
     available_quantity: i32,
+    /// False before the product's `sale_starts_at` and from its `sale_ends_at`.
+    on_sale: bool,
 }
 
 impl Availability {
@@ -260,7 +465,11 @@ impl Availability {
             b",\"available\":false,\"available_quantity\":"
         });
         push_int(&mut out, self.available_quantity);
-        out.extend_from_slice(b",\"as_of\":\"");
+        out.extend_from_slice(if self.on_sale {
+            b",\"on_sale\":true,\"as_of\":\""
+        } else {
+            b",\"on_sale\":false,\"as_of\":\""
+        });
         out.extend_from_slice(route.as_of_rfc3339().as_bytes());
         out.extend_from_slice(b"\",\"stale_by_ms\":");
         push_int(&mut out, route.stale_by_ms());
@@ -311,14 +520,17 @@ async fn availability(
             Quantity::from_i64(n)?
         }
     };
-    let (available_quantity, route) = state.checkout.available(&id).await?;
-    let available_quantity = available_quantity
+    let gate = state.checkout.available(&id).await?;
+    let route = gate.route;
+    let available_quantity = gate
+        .available
         .ok_or_else(|| ApiError::not_found("PRODUCT_NOT_FOUND", format!("no product {id}")))?;
     let body = Availability {
         product_id: id,
         qty: qty.get(),
         available: available_quantity >= qty.get(),
         available_quantity,
+        on_sale: gate.window.on_sale(chrono::Utc::now()),
     };
     let json = [(
         header::CONTENT_TYPE,
@@ -354,6 +566,7 @@ mod tests {
                 qty,
                 available: stock >= qty,
                 available_quantity: stock,
+                on_sale: qty % 2 == 0,
             };
             let fast = body.stated_json(&route);
             let serde = serde_json::to_vec(&super::super::Stated {

@@ -25,6 +25,14 @@ pub(crate) struct ErrorDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<Object>>)]
     pub(crate) lines: Option<serde_json::Value>,
+    /// With 409 `LIMIT_EXCEEDED`: the limited product, its `max_per_customer`, and the units
+    /// the user already had of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) product_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) limit: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) already: Option<i32>,
     /// With 422 `INVALID_CSV`: the first 100 bad lines of the file; nothing was written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) bad_lines: Option<Vec<crate::import::BadLine>>,
@@ -37,6 +45,9 @@ impl ErrorBody {
                 code,
                 message,
                 lines: None,
+                product_id: None,
+                limit: None,
+                already: None,
                 bad_lines: None,
             },
         }

@@ -6,6 +6,7 @@
 
 mod carts;
 mod contract;
+mod drops;
 mod edges;
 mod failover;
 mod foundation;

@@ -1,0 +1,643 @@
+//! Flash drops: per-customer limits and sale windows, decided on the primary in the
+//! transaction that takes the stock, whatever the replicas, instances and keys.
+
+use crate::helpers::*;
+use futures::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+fn lines(items: &[(&str, i64)]) -> Value {
+    json!(
+        items
+            .iter()
+            .map(|(p, q)| json!({"product_id": p, "quantity": q}))
+            .collect::<Vec<_>>()
+    )
+}
+
+async fn order(
+    app: &TestApp,
+    user: &str,
+    key: &str,
+    product: &str,
+    qty: i64,
+) -> (StatusCode, Value) {
+    let body = json!({"product_id": product, "quantity": qty});
+    send_as(app, Method::POST, "/v1/orders", user, Some(key), body).await
+}
+
+async fn cart(app: &TestApp, user: &str, key: &str, items: &[(&str, i64)]) -> (StatusCode, Value) {
+    let body = json!({"lines": lines(items)});
+    send_as(app, Method::POST, "/v1/orders", user, Some(key), body).await
+}
+
+async fn hold(app: &TestApp, user: &str, key: &str, items: &[(&str, i64)]) -> (StatusCode, Value) {
+    let body = json!({"lines": lines(items), "ttl_s": 600});
+    send_as(app, Method::POST, "/v1/holds", user, Some(key), body).await
+}
+
+/// Creates a product with drop rules (`extra` is merged into the body).
+async fn create(app: &TestApp, id: &str, stock: i64, extra: Value) -> (StatusCode, Value) {
+    let mut body =
+        json!({"product_id": id, "name": id, "price_cents": 100, "available_quantity": stock});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    let r = app
+        .client
+        .post(app.url("/v1/products"))
+        .bearer_auth(&app.admin)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn patch(app: &TestApp, id: &str, token: &str, body: Value) -> (StatusCode, Value) {
+    let r = app
+        .client
+        .patch(app.url(&format!("/v1/products/{id}")))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// Units `user` holds of `product` on the primary: confirmed orders (single and cart lines)
+/// and live holds, counted from the tables, not by the service.
+async fn units_of(app: &TestApp, user: &str, product: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE(SUM(q), 0)::int8 FROM ( \
+           SELECT quantity AS q FROM orders WHERE status = 'confirmed' AND user_id = $1 AND product_id = $2 \
+           UNION ALL SELECT l.quantity FROM order_lines l JOIN orders o USING (order_id) \
+             WHERE o.status = 'confirmed' AND o.user_id = $1 AND o.product_id IS NULL AND l.product_id = $2 \
+           UNION ALL SELECT l.quantity FROM hold_lines l JOIN holds h USING (hold_id) \
+             WHERE h.status = 'held' AND h.user_id = $1 AND l.product_id = $2) s",
+    )
+    .bind(user)
+    .bind(product)
+    .fetch_one(&app.primary)
+    .await
+    .unwrap()
+}
+
+/// Rows of any kind (orders, refusals, holds) that name `product` or claim one of `user`'s keys.
+async fn rows_written(app: &TestApp, product: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM orders WHERE product_id = $1) \
+              + (SELECT count(*) FROM order_lines WHERE product_id = $1) \
+              + (SELECT count(*) FROM hold_lines WHERE product_id = $1)",
+    )
+    .bind(product)
+    .fetch_one(&app.primary)
+    .await
+    .unwrap()
+}
+
+fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("")
+}
+
+/// The issue's first scenario. 30 users × 5 one-unit attempts (orders, and for every third user
+/// a hold first), spread over two instances, with both replicas paused and proven a second
+/// behind: every user ends with exactly 2 units, every excess is `LIMIT_EXCEEDED` with its
+/// limit and what the user already had, and a retry of a limited key on the other instance
+/// stays 409. Mutations seen failing it: the batch's limit check removed (users got 5), the
+/// count without hold lines (the hold users got 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_users_five_attempts_on_two_instances_get_exactly_their_limit() {
+    let cluster = private_cluster();
+    let a = spawn_app(&cluster).await;
+    let b = spawn_beside(&a, &cluster).await;
+    let (s, body) = create(&a, "drop-2", 1000, json!({"max_per_customer": 2})).await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    assert_eq!(body["max_per_customer"], 2);
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    for i in 1..=2 {
+        blocking(|| cluster.pause_replay(i)).unwrap();
+    }
+    let wal = WalTicker::start(a.primary.clone());
+    a.wait_for(
+        "both replicas over 1 s behind",
+        Duration::from_secs(20),
+        || async {
+            a.replica_states()
+                .await
+                .iter()
+                .all(|(_, _, ms)| ms.is_some_and(|ms| ms > 1000))
+        },
+    )
+    .await;
+    drop(wal);
+
+    let answers: Vec<(usize, usize, StatusCode, Value)> = futures::stream::iter(0..150usize)
+        .map(|n| {
+            let (user, attempt) = (n % 30, n / 30);
+            let app = if n % 2 == 0 { &a } else { &b };
+            async move {
+                let name = format!("buyer-{user}");
+                let key = format!("k{attempt}");
+                let (s, body) = if user % 3 == 0 && attempt == 0 {
+                    hold(app, &name, &key, &[("drop-2", 1)]).await
+                } else {
+                    order(app, &name, &key, "drop-2", 1).await
+                };
+                (user, attempt, s, body)
+            }
+        })
+        .buffer_unordered(150)
+        .collect()
+        .await;
+    let mut limited = vec![];
+    for (user, attempt, s, body) in &answers {
+        match *s {
+            StatusCode::CREATED => {}
+            StatusCode::CONFLICT => {
+                assert_eq!(
+                    code(body),
+                    "LIMIT_EXCEEDED",
+                    "buyer-{user} k{attempt}: {body}"
+                );
+                assert_eq!(body["error"]["limit"], 2, "{body}");
+                assert_eq!(body["error"]["already"], 2, "{body}");
+                limited.push((*user, *attempt));
+            }
+            other => panic!("buyer-{user} k{attempt}: {other} {body}"),
+        }
+    }
+    for user in 0..30 {
+        let won = answers
+            .iter()
+            .filter(|(u, _, s, _)| *u == user && *s == StatusCode::CREATED)
+            .count();
+        assert_eq!(won, 2, "buyer-{user} was told 201 twice");
+        assert_eq!(
+            units_of(&a, &format!("buyer-{user}"), "drop-2").await,
+            2,
+            "buyer-{user} holds exactly the limit"
+        );
+    }
+    assert_eq!(limited.len(), 90, "every excess was refused for the limit");
+    // A limited key is final, on the other instance too.
+    for (user, attempt) in limited
+        .iter()
+        .filter(|(u, k)| u % 3 != 0 || *k != 0)
+        .take(10)
+    {
+        let (s, body) = order(
+            &b,
+            &format!("buyer-{user}"),
+            &format!("k{attempt}"),
+            "drop-2",
+            1,
+        )
+        .await;
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
+            "{body}"
+        );
+    }
+    assert_eq!(a.stock_on_primary("drop-2").await, 1000 - 60);
+    for i in 1..=2 {
+        blocking(|| cluster.resume_replay(i)).unwrap();
+    }
+}
+
+/// A cart that would pass a limit takes nothing from any line, says the limit, and its key
+/// stays refused; a cart within it buys. Mutation seen failing it: `judge_lines` without its
+/// limit step (the cart took 2 of `lim`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cart_over_the_limit_takes_nothing() {
+    let app = spawn_app(shared_cluster()).await;
+    assert_eq!(
+        create(&app, "lim", 10, json!({"max_per_customer": 2}))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        create(&app, "free", 10, json!({})).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        order(&app, "carter", "one", "lim", 1).await.0,
+        StatusCode::CREATED
+    );
+    let (s, body) = cart(&app, "carter", "big", &[("lim", 2), ("free", 1)]).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
+        "{body}"
+    );
+    assert_eq!(body["error"]["limit"], 2);
+    assert_eq!(body["error"]["already"], 1);
+    assert_eq!(body["error"]["product_id"], "lim");
+    assert_eq!(app.stock_on_primary("lim").await, 9, "nothing taken");
+    assert_eq!(app.stock_on_primary("free").await, 10, "nothing taken");
+    let (s, body) = cart(&app, "carter", "big", &[("lim", 2), ("free", 1)]).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
+        "the key is final: {body}"
+    );
+    // A hold over the limit is refused the same way.
+    let (s, body) = hold(&app, "carter", "h", &[("lim", 2)]).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
+        "{body}"
+    );
+    assert_eq!(app.stock_on_primary("lim").await, 9);
+    let (s, body) = cart(&app, "carter", "fits", &[("lim", 1), ("free", 1)]).await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    assert_eq!(units_of(&app, "carter", "lim").await, 2);
+}
+
+/// A cancel and a release free units for new keys; the keys refused before stay refused.
+/// Mutation seen failing it: `customer_units` counting cancelled orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_and_a_release_free_units_for_new_keys() {
+    let app = spawn_app(shared_cluster()).await;
+    assert_eq!(
+        create(&app, "lim-c", 10, json!({"max_per_customer": 2}))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    let (s, first) = order(&app, "canceller", "1", "lim-c", 1).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, held) = hold(&app, "canceller", "2", &[("lim-c", 1)]).await;
+    assert_eq!(s, StatusCode::CREATED, "{held}");
+    let (s, body) = order(&app, "canceller", "3", "lim-c", 1).await;
+    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "LIMIT_EXCEEDED"));
+    let id = first["order_id"].as_str().unwrap();
+    let (s, _) = send_as(
+        &app,
+        Method::POST,
+        &format!("/v1/orders/{id}/cancel"),
+        "canceller",
+        None,
+        json!({}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        order(&app, "canceller", "4", "lim-c", 1).await.0,
+        StatusCode::CREATED,
+        "the cancel freed a unit"
+    );
+    let (s, body) = order(&app, "canceller", "3", "lim-c", 1).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
+        "a refused key stays refused"
+    );
+    let hold_id = held["hold_id"].as_str().unwrap();
+    let (s, _) = send_as(
+        &app,
+        Method::DELETE,
+        &format!("/v1/holds/{hold_id}"),
+        "canceller",
+        None,
+        json!({}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        order(&app, "canceller", "5", "lim-c", 1).await.0,
+        StatusCode::CREATED,
+        "the release freed a unit"
+    );
+    assert_eq!(units_of(&app, "canceller", "lim-c").await, 2);
+}
+
+/// Before the start: orders (on both instances, in stock and sold out), carts and holds are
+/// `SALE_NOT_STARTED` with `Retry-After`, nothing is written, availability says `on_sale`
+/// false; once the primary's clock passes the start, the same keys buy. The sold-out product
+/// goes through the stock gate's early "no", which must not make it `OUT_OF_STOCK`.
+/// Mutations seen failing it: the refusal claim without its window (the sold-out product
+/// said OUT_OF_STOCK), the batch writing refusals before the start (the keys stayed 409).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn before_the_start_nothing_is_claimed_and_the_same_keys_buy_once_it_starts() {
+    let cluster = shared_cluster();
+    let a = spawn_app(cluster).await;
+    let b = spawn_beside(&a, cluster).await;
+    let starts: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT date_trunc('milliseconds', now() + interval '3 seconds')")
+            .fetch_one(&a.primary)
+            .await
+            .unwrap();
+    let window = json!({"sale_starts_at": starts.to_rfc3339()});
+    assert_eq!(
+        create(&a, "soon", 10, window.clone()).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        create(&a, "soon-gone", 0, window).await.0,
+        StatusCode::CREATED
+    );
+    let (_, page) = b.get_json("/v1/products/soon", None).await;
+    let shown: chrono::DateTime<chrono::Utc> =
+        page["sale_starts_at"].as_str().unwrap().parse().unwrap();
+    assert_eq!(shown, starts, "{page}");
+    assert!(
+        page["max_per_customer"].is_null() && page["sale_ends_at"].is_null(),
+        "{page}"
+    );
+    let (_, avail) = b.get_json("/v1/products/soon/availability", None).await;
+    assert_eq!(avail["on_sale"], false, "{avail}");
+    for (app, user) in [(&a, "early-a"), (&b, "early-b")] {
+        for product in ["soon", "soon-gone"] {
+            let r = app.order(user, product, product, 1).await;
+            assert_eq!(r.status(), StatusCode::CONFLICT);
+            let retry: u64 = r.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((1..=4).contains(&retry), "Retry-After {retry}");
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(code(&body), "SALE_NOT_STARTED", "{product}: {body}");
+        }
+        let (s, body) = cart(app, user, "cart", &[("soon", 1)]).await;
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::CONFLICT, "SALE_NOT_STARTED"),
+            "{body}"
+        );
+        let (s, body) = hold(app, user, "hold", &[("soon", 1)]).await;
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::CONFLICT, "SALE_NOT_STARTED"),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        rows_written(&a, "soon").await + rows_written(&a, "soon-gone").await,
+        0
+    );
+    let keys: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM orders WHERE user_id LIKE 'early-%') + (SELECT count(*) FROM holds WHERE user_id LIKE 'early-%')",
+    )
+    .fetch_one(&a.primary)
+    .await
+    .unwrap();
+    assert_eq!(keys, 0, "no key was claimed before the start");
+    assert_eq!(a.stock_on_primary("soon").await, 10);
+    // The start passes on the primary's clock.
+    wait_for("the sale to start", Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, bool>("SELECT now() >= $1")
+            .bind(starts)
+            .fetch_one(&a.primary)
+            .await
+            .unwrap()
+    })
+    .await;
+    for (app, user) in [(&a, "early-a"), (&b, "early-b")] {
+        assert_eq!(
+            app.order(user, "soon", "soon", 1).await.status(),
+            StatusCode::CREATED
+        );
+        let r = app.order(user, "soon-gone", "soon-gone", 1).await;
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(code(&r.json::<Value>().await.unwrap()), "OUT_OF_STOCK");
+        assert_eq!(
+            cart(app, user, "cart", &[("soon", 1)]).await.0,
+            StatusCode::CREATED
+        );
+        assert_eq!(
+            hold(app, user, "hold", &[("soon", 1)]).await.0,
+            StatusCode::CREATED
+        );
+    }
+    assert_eq!(a.stock_on_primary("soon").await, 4);
+}
+
+/// From the end: orders, carts and holds are `SALE_ENDED`, for good (the key stays refused
+/// after the end is cleared), while a new key then buys. Mutation seen failing it: the batch's
+/// end check removed (the order bought).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn from_the_end_every_request_is_sale_ended_for_good() {
+    let app = spawn_app(shared_cluster()).await;
+    let ended: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now() - interval '1 second'")
+            .fetch_one(&app.primary)
+            .await
+            .unwrap();
+    let window = json!({"sale_starts_at": (ended - chrono::Duration::hours(1)).to_rfc3339(), "sale_ends_at": ended.to_rfc3339()});
+    assert_eq!(
+        create(&app, "over", 10, window.clone()).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        create(&app, "over-gone", 0, window).await.0,
+        StatusCode::CREATED
+    );
+    let (_, avail) = app.get_json("/v1/products/over/availability", None).await;
+    assert_eq!(avail["on_sale"], false, "{avail}");
+    for product in ["over", "over-gone"] {
+        let (s, body) = order(&app, "late", product, product, 1).await;
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::CONFLICT, "SALE_ENDED"),
+            "{product}: {body}"
+        );
+    }
+    let (s, body) = cart(&app, "late", "cart", &[("over", 1)]).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "SALE_ENDED"),
+        "{body}"
+    );
+    let (s, body) = hold(&app, "late", "hold", &[("over", 1)]).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "SALE_ENDED"),
+        "{body}"
+    );
+    assert_eq!(app.stock_on_primary("over").await, 10);
+    let (s, body) = patch(&app, "over", &app.admin, json!({"sale_ends_at": null})).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert!(body["sale_ends_at"].is_null(), "{body}");
+    let (s, body) = order(&app, "late", "over", "over", 1).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "SALE_ENDED"),
+        "final for its key: {body}"
+    );
+    let (s, body) = cart(&app, "late", "cart", &[("over", 1)]).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "SALE_ENDED"),
+        "final for its key: {body}"
+    );
+    let (s, body) = hold(&app, "late", "hold", &[("over", 1)]).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "SALE_ENDED"),
+        "final for its key: {body}"
+    );
+    assert_eq!(
+        order(&app, "late", "new", "over", 1).await.0,
+        StatusCode::CREATED
+    );
+}
+
+/// PATCH validates like the contract says and changes the rules between batches: a limit
+/// raised mid-sale lets a buyer take more with new keys, while a key refused under the old
+/// limit stays refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn patch_validates_and_a_limit_raised_mid_sale_lets_buyers_take_more() {
+    let app = spawn_app(shared_cluster()).await;
+    let (s, body) = create(&app, "pat", 10, json!({})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    for field in ["max_per_customer", "sale_starts_at", "sale_ends_at"] {
+        assert!(body[field].is_null(), "{field} is null when unset: {body}");
+    }
+    let admin = app.admin.clone();
+    for (bad, status, want) in [
+        (
+            json!({"max_per_customer": 0}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "INVALID_LIMIT",
+        ),
+        (
+            json!({"max_per_customer": 10001}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "INVALID_LIMIT",
+        ),
+        (
+            json!({"max_per_customer": 1.5}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "INVALID_LIMIT",
+        ),
+        (
+            json!({"max_per_customer": "2"}),
+            StatusCode::BAD_REQUEST,
+            "INVALID_BODY",
+        ),
+        (
+            json!({"sale_starts_at": "tomorrow"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "INVALID_DATE",
+        ),
+        (
+            json!({"sale_starts_at": "2026-12-24 18:00:00"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "INVALID_DATE",
+        ),
+        (
+            json!({"sale_starts_at": "2026-12-24T18:00:00Z", "sale_ends_at": "2026-12-24T17:00:00Z"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "INVALID_SALE_WINDOW",
+        ),
+        (
+            json!({"available_quantity": 5}),
+            StatusCode::BAD_REQUEST,
+            "INVALID_BODY",
+        ),
+    ] {
+        let (s, body) = patch(&app, "pat", &admin, bad.clone()).await;
+        assert_eq!((s, code(&body)), (status, want), "{bad}: {body}");
+    }
+    // An end before the start the row already holds.
+    let (s, _) = patch(
+        &app,
+        "pat",
+        &admin,
+        json!({"sale_starts_at": "2020-01-02T00:00:00Z"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, body) = patch(
+        &app,
+        "pat",
+        &admin,
+        json!({"sale_ends_at": "2020-01-01T00:00:00+00:00"}),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "INVALID_SALE_WINDOW"),
+        "{body}"
+    );
+    let (s, body) = patch(&app, "nope", &admin, json!({"max_per_customer": 2})).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::NOT_FOUND, "PRODUCT_NOT_FOUND"),
+        "{body}"
+    );
+    let user = app.user_token("patcher");
+    assert_eq!(
+        patch(&app, "pat", &user, json!({"max_per_customer": 2}))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    let (s, body) = create(
+        &app,
+        "bad-window",
+        1,
+        json!({"sale_starts_at": "2026-12-24T18:00:00Z", "sale_ends_at": "2026-12-24T18:00:00Z"}),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "INVALID_SALE_WINDOW"),
+        "{body}"
+    );
+    let (s, body) = create(&app, "bad-limit", 1, json!({"max_per_customer": 0})).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "INVALID_LIMIT"),
+        "{body}"
+    );
+
+    // Mid-sale: a limit of 1, then 3.
+    let (s, body) = patch(&app, "pat", &admin, json!({"max_per_customer": 1})).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["max_per_customer"], 1);
+    assert_eq!(
+        body["sale_starts_at"], "2020-01-02T00:00:00Z",
+        "a field left out stays: {body}"
+    );
+    assert_eq!(
+        order(&app, "patcher", "1", "pat", 1).await.0,
+        StatusCode::CREATED
+    );
+    let (s, body) = order(&app, "patcher", "2", "pat", 1).await;
+    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "LIMIT_EXCEEDED"));
+    assert_eq!(body["error"]["already"], 1);
+    let (s, body) = patch(&app, "pat", &admin, json!({"max_per_customer": 3})).await;
+    assert_eq!(
+        (s, body["max_per_customer"].clone()),
+        (StatusCode::OK, json!(3))
+    );
+    assert_eq!(
+        order(&app, "patcher", "3", "pat", 2).await.0,
+        StatusCode::CREATED
+    );
+    let (s, body) = order(&app, "patcher", "2", "pat", 1).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
+        "refused under the old limit: {body}"
+    );
+    let (s, body) = patch(&app, "pat", &admin, json!({"max_per_customer": null})).await;
+    assert!(
+        s == StatusCode::OK && body["max_per_customer"].is_null(),
+        "{body}"
+    );
+    assert_eq!(
+        order(&app, "patcher", "4", "pat", 5).await.0,
+        StatusCode::CREATED,
+        "no limit now"
+    );
+    let (_, page) = app.get_json("/v1/products/pat", None).await;
+    assert!(page["max_per_customer"].is_null(), "{page}");
+}
