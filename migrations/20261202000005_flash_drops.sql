@@ -27,10 +27,15 @@ ALTER TABLE holds ADD COLUMN refusal jsonb;
 ALTER TABLE holds ADD CONSTRAINT holds_refusal_only_on_refused
     CHECK (refusal IS NULL OR status = 'refused') NOT VALID;
 
--- Units each (product, user) pair holds now. Every probe is by `user_id`, the leading column
--- of the (user_id, idempotency_key) keys of `orders` and `holds`, then by the line tables'
--- primary keys; the settings keep those plans without statistics (see migration
--- 20261202000002).
+-- Units each (product, user) pair holds now. The only way in is the user's own rows, by
+-- `user_id`, the leading column of the (user_id, idempotency_key) keys of `orders` and
+-- `holds`: each is read in an `OFFSET 0` subquery (a fence the planner does not push other
+-- conditions through) on `user_id` alone, so neither the `product_id` index (every order of a
+-- hot product) nor the partial index of live holds (every held hold) can be chosen instead,
+-- with or without statistics; a cart's or hold's line is then one primary-key probe. The cost
+-- is the user's own rows, whatever the product's or the table's size. The settings keep
+-- these plans without statistics (see migration 20261202000002); tests/api/plans.rs holds
+-- the index entries read per request.
 CREATE FUNCTION customer_units(p_products text[], p_users text[])
 RETURNS TABLE (product_id text, user_id text, units bigint)
 LANGUAGE sql STABLE
@@ -39,16 +44,20 @@ SET enable_hashjoin = off
 SET enable_mergejoin = off
 AS $$
     SELECT k.product_id, k.user_id,
-           coalesce((SELECT sum(o.quantity) FROM orders o
-                      WHERE o.user_id = k.user_id AND o.product_id = k.product_id
-                        AND o.status = 'confirmed'), 0)
-         + coalesce((SELECT sum(l.quantity) FROM orders o
-                       JOIN order_lines l ON l.order_id = o.order_id AND l.product_id = k.product_id
-                      WHERE o.user_id = k.user_id AND o.product_id IS NULL
-                        AND o.status = 'confirmed'), 0)
-         + coalesce((SELECT sum(l.quantity) FROM holds h
-                       JOIN hold_lines l ON l.hold_id = h.hold_id AND l.product_id = k.product_id
-                      WHERE h.user_id = k.user_id AND h.status = 'held'), 0)
+           coalesce((SELECT sum(CASE WHEN x.product_id IS NULL
+                                     THEN (SELECT l.quantity FROM order_lines l
+                                            WHERE l.order_id = x.order_id
+                                              AND l.product_id = k.product_id)
+                                     ELSE x.quantity END)
+                       FROM (SELECT o.order_id, o.product_id, o.quantity, o.status
+                               FROM orders o WHERE o.user_id = k.user_id OFFSET 0) AS x
+                      WHERE x.status = 'confirmed'
+                        AND (x.product_id IS NULL OR x.product_id = k.product_id)), 0)
+         + coalesce((SELECT sum((SELECT l.quantity FROM hold_lines l
+                                  WHERE l.hold_id = y.hold_id AND l.product_id = k.product_id))
+                       FROM (SELECT h.hold_id, h.status
+                               FROM holds h WHERE h.user_id = k.user_id OFFSET 0) AS y
+                      WHERE y.status = 'held'), 0)
       FROM (SELECT DISTINCT u.product_id, u.user_id
               FROM unnest(p_products, p_users) AS u(product_id, user_id)) AS k
 $$;

@@ -106,8 +106,8 @@ fn code(body: &Value) -> &str {
 /// a hold first), spread over two instances, with both replicas paused and proven a second
 /// behind: every user ends with exactly 2 units, every excess is `LIMIT_EXCEEDED` with its
 /// limit and what the user already had, and a retry of a limited key on the other instance
-/// stays 409. Mutations seen failing it: the batch's limit check removed (users got 5), the
-/// count without hold lines (the hold users got 3).
+/// stays 409. Mutations seen failing it: the batch's limit check removed (buyers got 5), the
+/// count without hold lines, or holds without `judge_lines`' limit step (hold users got 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_users_five_attempts_on_two_instances_get_exactly_their_limit() {
     let cluster = private_cluster();
@@ -321,7 +321,7 @@ async fn a_cancel_and_a_release_free_units_for_new_keys() {
 /// false; once the primary's clock passes the start, the same keys buy. The sold-out product
 /// goes through the stock gate's early "no", which must not make it `OUT_OF_STOCK`.
 /// Mutations seen failing it: the refusal claim without its window (the sold-out product
-/// said OUT_OF_STOCK), the batch writing refusals before the start (the keys stayed 409).
+/// said OUT_OF_STOCK), the batch without its not-started branch (an order bought early).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn before_the_start_nothing_is_claimed_and_the_same_keys_buy_once_it_starts() {
     let cluster = shared_cluster();

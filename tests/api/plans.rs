@@ -45,7 +45,8 @@ async fn send(
 
 /// A fresh database (tables never analyzed, autovacuum off for them so nothing analyzes
 /// them meanwhile), and a few thousand orders, refusals, carts, holds with their endings,
-/// cancels and keyed restocks through the service: not one sequential scan of the tables the
+/// cancels and keyed restocks through the service, on products with and without a
+/// per-customer limit: not one sequential scan of the tables the
 /// order paths write, and a bounded number of index entries read per request (a full scan of
 /// a key index under a hash join would read the whole table per batch). Mutation: without
 /// migration 20261202000002 (the batch function's planner settings) the batches' cached key
@@ -79,6 +80,29 @@ async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statist
     for i in 0..20 {
         app.create_product(&format!("plan-{i}"), 100_000, 100).await;
     }
+    // Limited products: every batch, cart and hold on them counts its users' units
+    // (`customer_units`), which must probe indexes too.
+    let limited = json!({"product_id": "plan-lim", "name": "limited", "price_cents": 100, "available_quantity": 100_000, "max_per_customer": 2});
+    let r = app
+        .client
+        .post(app.url("/v1/products"))
+        .bearer_auth(&app.admin)
+        .json(&limited)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    for i in 0..20 {
+        let r = app
+            .client
+            .patch(app.url(&format!("/v1/products/plan-{i}")))
+            .bearer_auth(&app.admin)
+            .json(&json!({"max_per_customer": 10_000}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
 
     let mut requests = 0usize;
     // Orders on the hot product, 32 at a time (they batch), and refusals of a sold-out one.
@@ -86,6 +110,8 @@ async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statist
         .map(|i| {
             let (product, user) = if i % 4 == 3 {
                 ("plan-gone", format!("r{i}"))
+            } else if i % 4 == 2 {
+                ("plan-lim", format!("l{i}"))
             } else {
                 ("plan-hot", format!("b{}", i % 50))
             };
