@@ -35,14 +35,19 @@ ALTER TABLE holds ADD CONSTRAINT holds_refusal_only_on_refused
 -- with or without statistics; a cart's or hold's line is then one primary-key probe. The cost
 -- is the user's own rows, whatever the product's or the table's size. The settings keep
 -- these plans without statistics (see migration 20261202000002); tests/api/plans.rs holds
--- the index entries read per request.
+-- the index entries read per request. PL/pgSQL, not SQL: a SQL function that cannot be
+-- inlined (these settings prevent it) is planned again at every call, and the order batch
+-- calls it while it holds the product's row lock; PL/pgSQL keeps the plan per connection.
 CREATE FUNCTION customer_units(p_products text[], p_users text[])
 RETURNS TABLE (product_id text, user_id text, units bigint)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     SELECT k.product_id, k.user_id,
            coalesce((SELECT sum(CASE WHEN x.product_id IS NULL
                                      THEN (SELECT l.quantity FROM order_lines l
@@ -59,7 +64,8 @@ AS $$
                                FROM holds h WHERE h.user_id = k.user_id OFFSET 0) AS y
                       WHERE y.status = 'held'), 0)
       FROM (SELECT DISTINCT u.product_id, u.user_id
-              FROM unnest(p_products, p_users) AS u(product_id, user_id)) AS k
+              FROM unnest(p_products, p_users) AS u(product_id, user_id)) AS k;
+END
 $$;
 
 -- The order batch, version 2: take_order_batch (migration 20261201000004) with the product's
