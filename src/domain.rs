@@ -220,6 +220,26 @@ impl Stock {
     }
 }
 
+/// A product's `max_per_customer`: a whole number of units from 1 to 10,000.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct CustomerLimit(i32);
+
+impl CustomerLimit {
+    pub fn parse(n: &serde_json::Number) -> Result<Self, Invalid> {
+        match whole(n) {
+            Some(v) if (1..=10_000).contains(&v) => Ok(Self(v as i32)),
+            _ => Err(invalid(
+                "INVALID_LIMIT",
+                "max_per_customer must be a whole number from 1 to 10000",
+            )),
+        }
+    }
+    pub fn get(self) -> i32 {
+        self.0
+    }
+}
+
 /// A product's display name: 1–200 characters, no control characters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]

@@ -150,6 +150,43 @@ struct Claims<'r> {
     not_started: HashMap<String, i64>,
 }
 
+/// A claimed key `(user, Some(key), refusal, None)`, or a product not on sale yet
+/// `(product, None, None, Some(ms to its start))`.
+type ClaimRow = (String, Option<String>, Option<sqlx::types::Json<Refusal>>, Option<i64>);
+
+/// The claim statement of [`insert`]: the products' windows on the primary's clock, then a
+/// refusal for every key of a product on sale (`SALE_ENDED` past its end).
+const CLAIM: &str = "WITH w AS (SELECT p.product_id, \
+                           CASE WHEN p.sale_starts_at > clock_timestamp() \
+                                THEN ceil(extract(epoch FROM p.sale_starts_at - clock_timestamp()) * 1000)::int8 END AS starts_in_ms, \
+                           coalesce(p.sale_ends_at <= clock_timestamp(), false) AS ended \
+                      FROM products p WHERE p.product_id = ANY($2::text[])), \
+              ins AS (INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
+                      SELECT o.order_id, o.product_id, o.user_id, o.quantity, 0, 0, 'refused', o.idempotency_key, o.fingerprint, \
+                             CASE WHEN w.ended THEN '{\"code\": \"SALE_ENDED\"}'::jsonb END \
+                      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[]) \
+                           WITH ORDINALITY AS o(order_id, product_id, user_id, quantity, idempotency_key, fingerprint, n) \
+                      LEFT JOIN w ON w.product_id = o.product_id \
+                      WHERE w.starts_in_ms IS NULL \
+                      ORDER BY o.n \
+                      ON CONFLICT (user_id, idempotency_key) DO NOTHING \
+                      RETURNING user_id, idempotency_key, refusal) \
+         SELECT user_id, idempotency_key, refusal, NULL::int8 FROM ins \
+         UNION ALL SELECT product_id, NULL, NULL, starts_in_ms FROM w WHERE starts_in_ms IS NOT NULL";
+
+/// What a failed claim statement means for its requests.
+fn claim_failed(e: sqlx::Error) -> CheckoutError {
+    if matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
+        // Never sent: nothing was written.
+        CheckoutError::from(e)
+    } else if is_connection_error(&e) {
+        // The statement may have committed before the connection went.
+        CheckoutError::OutcomeUnknown
+    } else {
+        CheckoutError::from(e)
+    }
+}
+
 /// One statement inserting a `refused` row for each distinct key, in (user, key) order, on
 /// the primary's clock: before a product's sale starts its keys are left free (the answer is
 /// `SALE_NOT_STARTED`), from its end they are refused as `SALE_ENDED`, else for stock (the
@@ -171,56 +208,20 @@ async fn insert<'r>(db: &Db, reqs: &[&'r OrderRequest]) -> Result<Claims<'r>, Ch
     let qty: Vec<i32> = distinct.iter().map(|r| r.quantity.get()).collect();
     let fps: Vec<String> = distinct.iter().map(|r| r.fingerprint()).collect();
     let pool = db.primary().pool()?;
-    // (user or product, key, refusal, ms to the start): a claimed key, or a product not on
-    // sale yet (no key).
-    type Row = (
-        String,
-        Option<String>,
-        Option<sqlx::types::Json<Refusal>>,
-        Option<i64>,
-    );
-    let statement = sqlx::query_as::<_, Row>(
-        "WITH w AS (SELECT p.product_id, \
-                           CASE WHEN p.sale_starts_at > clock_timestamp() \
-                                THEN ceil(extract(epoch FROM p.sale_starts_at - clock_timestamp()) * 1000)::int8 END AS starts_in_ms, \
-                           coalesce(p.sale_ends_at <= clock_timestamp(), false) AS ended \
-                      FROM products p WHERE p.product_id = ANY($2::text[])), \
-              ins AS (INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
-                      SELECT o.order_id, o.product_id, o.user_id, o.quantity, 0, 0, 'refused', o.idempotency_key, o.fingerprint, \
-                             CASE WHEN w.ended THEN '{\"code\": \"SALE_ENDED\"}'::jsonb END \
-                      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[]) \
-                           WITH ORDINALITY AS o(order_id, product_id, user_id, quantity, idempotency_key, fingerprint, n) \
-                      LEFT JOIN w ON w.product_id = o.product_id \
-                      WHERE w.starts_in_ms IS NULL \
-                      ORDER BY o.n \
-                      ON CONFLICT (user_id, idempotency_key) DO NOTHING \
-                      RETURNING user_id, idempotency_key, refusal) \
-         SELECT user_id, idempotency_key, refusal, NULL::int8 FROM ins \
-         UNION ALL SELECT product_id, NULL, NULL, starts_in_ms FROM w WHERE starts_in_ms IS NOT NULL",
-    )
-    .bind(&ids)
-    .bind(&products)
-    .bind(&users)
-    .bind(&qty)
-    .bind(&keys)
-    .bind(&fps)
-    .fetch_all(pool);
+    let statement = sqlx::query_as::<_, ClaimRow>(CLAIM)
+        .bind(&ids)
+        .bind(&products)
+        .bind(&users)
+        .bind(&qty)
+        .bind(&keys)
+        .bind(&fps)
+        .fetch_all(pool);
     // A silent link must not hold every buyer of a sold-out product: past the limit the
     // statement's outcome is unknown.
-    let rows: Vec<Row> = tokio::time::timeout(STATEMENT_LIMIT, statement)
+    let rows: Vec<ClaimRow> = tokio::time::timeout(STATEMENT_LIMIT, statement)
         .await
         .map_err(|_| CheckoutError::OutcomeUnknown)?
-        .map_err(|e| {
-            if matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
-                // Never sent: nothing was written.
-                CheckoutError::from(e)
-            } else if is_connection_error(&e) {
-                // The statement may have committed before the connection went.
-                CheckoutError::OutcomeUnknown
-            } else {
-                CheckoutError::from(e)
-            }
-        })?;
+        .map_err(claim_failed)?;
     let mut refused: HashMap<(String, String), Refusal> = HashMap::new();
     let mut not_started = HashMap::new();
     for (who, key, why, starts_in) in rows {

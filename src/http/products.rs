@@ -7,7 +7,7 @@ use super::responses::{
 use super::{Admin, ApiError, AppState, Json, Path, Query, Stated, stated, with_route_headers};
 use crate::checkout::CheckoutError;
 use crate::checkout::drops::{Rules, rule_columns};
-use crate::domain::{PriceCents, ProductId, ProductName, Quantity, Stock};
+use crate::domain::{CustomerLimit, PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
 use crate::routing::{DbError, ReadCtx, Route};
 use axum::extract::State;
@@ -109,13 +109,7 @@ where
 }
 
 fn parse_limit(n: &Number) -> Result<i32, ApiError> {
-    match n.as_i64() {
-        Some(l) if (1..=10_000).contains(&l) => Ok(l as i32),
-        _ => Err(ApiError::invalid(
-            "INVALID_LIMIT",
-            "max_per_customer must be a whole number from 1 to 10000",
-        )),
-    }
+    Ok(CustomerLimit::parse(n)?.get())
 }
 
 fn parse_time(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
