@@ -2457,6 +2457,12 @@ fn history_checker_flags_sale_not_started_once_the_sale_was_on() {
     db.stock.insert("soon".into(), 7);
     let found = check(&initial, &history, &db);
     only(&found, "SALE_NOT_STARTED once the sale was on", &history);
+    // k3 was told SALE_NOT_STARTED before any 201 for `soon` was heard: that one was true.
+    let k6 = Subject::Key {
+        user: "ada".into(),
+        key: "k6".into(),
+    };
+    assert!(found.iter().all(|a| a.subject == k6), "{found:?}");
 }
 
 /// k2's refusal stored as one for stock while its answers said LIMIT_EXCEEDED, and,
