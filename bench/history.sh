@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # bench/history.sh — the history check (tests/api/history.rs) as a soak: the same randomised
-# workload on two instances under the same nemesis (paused replicas, Redis restarted empty, the
-# primary cut off, an instance restarted), for SOAK_SECONDS (default 600) instead of CI's 30.
+# workload (flash drops included: per-customer limits, and a sale that starts a few seconds in)
+# on two instances under the same nemesis (paused replicas, Redis restarted empty, the primary
+# cut off, an instance restarted), for SOAK_SECONDS (default 600) instead of CI's 30.
 # Needs nothing running: the test starts its own private cluster and Redis.
 #
-# Prints the summary line (operations, faults injected by kind, anomalies by class) and writes
+# Prints the summary line (operations by answer, 409s by code; faults injected by kind;
+# anomalies by class) and writes
 # it, with the verdict, to bench/results/history-<date>.md. A failing run prints the offending
 # operations and the seed; the full history is in target/tmp/history-<seed>.jsonl.
 #

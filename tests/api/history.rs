@@ -3,11 +3,18 @@
 //! both replicas, restarts Redis empty, cuts the primary off and restarts an instance. Every
 //! answer any client saw is then checked against the primary's tables.
 //!
+//! Flash drops (issue 27) are part of the workload: some products have a small
+//! `max_per_customer` that collectors come back for with fresh keys, and one product's sale
+//! starts a few seconds into the run. The checker holds every user to each limit in the final
+//! state, finds nothing claimed before the start, and holds every refusal's reason to the row
+//! its key claimed.
+//!
 //! `STOCKGATE_HISTORY_SEED` replays a workload's choices (the interleavings still differ);
 //! `STOCKGATE_HISTORY_SECS` sets how long the workload runs (default 30; `bench/history.sh`
 //! soaks for 600). The full history is written as JSON lines under the target directory.
 
 use crate::helpers::*;
+use chrono::{DateTime, Utc};
 use devcluster::{Cluster, Redis};
 use futures::StreamExt;
 use serde::Serialize;
@@ -37,6 +44,39 @@ struct Row {
     quantity: i64,
     /// `confirmed`, `cancelled`, or `refused` (a 409 that claimed its key; not an order).
     status: String,
+    /// A `refused` row's stored reason (`refusal->>'code'`); NULL is a refusal for stock.
+    refusal: Option<String>,
+    /// When the primary inserted the row, on its clock (the column's `clock_timestamp()`).
+    created_at: DateTime<Utc>,
+}
+
+impl Row {
+    /// The 409 code a refused row stands for.
+    fn reason(&self) -> &str {
+        self.refusal.as_deref().unwrap_or(OUT_OF_STOCK)
+    }
+}
+
+/// A product's flash-drop rules as the primary holds them once the run is over. Nothing changes
+/// them during the run, so they are the rules every request was judged by.
+#[derive(Clone, Debug, Default)]
+struct Rules {
+    limit: Option<i64>,
+    starts: Option<DateTime<Utc>>,
+    ends: Option<DateTime<Utc>>,
+}
+
+/// Units a user holds of a product outside single-product orders: a line of a confirmed cart,
+/// or of a live hold. The workload places neither, but a user's count under a limit includes
+/// them, so the limit check reads them too.
+#[derive(Clone, Debug)]
+struct LineUnits {
+    user: String,
+    product: String,
+    quantity: i64,
+    /// The cart order's `created_at`; `None` for a hold, whose row is written before its
+    /// products are locked and judged, so its time says nothing about the sale window.
+    ordered_at: Option<DateTime<Utc>>,
 }
 
 /// One row of `restocks` that was made under an `Idempotency-Key`.
@@ -51,20 +91,54 @@ struct RestockRow {
 #[derive(Clone, Debug, Default)]
 struct Snapshot {
     stock: BTreeMap<String, i64>,
+    rules: BTreeMap<String, Rules>,
     orders: Vec<Row>,
+    lines: Vec<LineUnits>,
     /// `None` when there is no `restocks` table (main before issue 13).
     restocks: Option<Vec<RestockRow>>,
 }
 
 async fn snapshot(pool: &PgPool) -> Snapshot {
-    let stock = sqlx::query_as::<_, (String, i64)>(
-        "SELECT product_id, available_quantity::int8 FROM products",
+    type ProductRow = (
+        String,
+        i64,
+        Option<i64>,
+        Option<DateTime<Utc>>,
+        Option<DateTime<Utc>>,
+    );
+    let products = sqlx::query_as::<_, ProductRow>(
+        "SELECT product_id, available_quantity::int8, max_per_customer::int8, sale_starts_at, sale_ends_at \
+         FROM products",
     )
     .fetch_all(pool)
     .await
     .unwrap();
-    let orders = sqlx::query_as::<_, (Uuid, String, String, String, i64, String)>(
-        "SELECT order_id, user_id, idempotency_key, product_id, quantity::int8, status FROM orders",
+    type OrderRow = (
+        Uuid,
+        String,
+        String,
+        String,
+        i64,
+        String,
+        Option<String>,
+        DateTime<Utc>,
+    );
+    let orders = sqlx::query_as::<_, OrderRow>(
+        "SELECT order_id, user_id, idempotency_key, product_id, quantity::int8, status, \
+                refusal->>'code', created_at FROM orders",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    // The same two sources as the service's `customer_units`: cart lines of confirmed orders
+    // (a single-product order's units are its row's), and the lines of live holds.
+    let lines = sqlx::query_as::<_, (String, String, i64, Option<DateTime<Utc>>)>(
+        "SELECT o.user_id, l.product_id, l.quantity::int8, o.created_at \
+           FROM order_lines l JOIN orders o USING (order_id) \
+          WHERE o.status = 'confirmed' AND o.product_id IS NULL \
+         UNION ALL \
+         SELECT h.user_id, l.product_id, l.quantity::int8, NULL \
+           FROM hold_lines l JOIN holds h USING (hold_id) WHERE h.status = 'held'",
     )
     .fetch_all(pool)
     .await
@@ -81,16 +155,42 @@ async fn snapshot(pool: &PgPool) -> Snapshot {
         Err(e) => panic!("reading restocks: {e}"),
     };
     Snapshot {
-        stock: stock.into_iter().collect(),
+        stock: products.iter().map(|p| (p.0.clone(), p.1)).collect(),
+        rules: products
+            .into_iter()
+            .map(|(product, _, limit, starts, ends)| {
+                (
+                    product,
+                    Rules {
+                        limit,
+                        starts,
+                        ends,
+                    },
+                )
+            })
+            .collect(),
         orders: orders
             .into_iter()
-            .map(|(order_id, user, key, product, quantity, status)| Row {
-                order_id,
+            .map(
+                |(order_id, user, key, product, quantity, status, refusal, created_at)| Row {
+                    order_id,
+                    user,
+                    key,
+                    product,
+                    quantity,
+                    status,
+                    refusal,
+                    created_at,
+                },
+            )
+            .collect(),
+        lines: lines
+            .into_iter()
+            .map(|(user, product, quantity, ordered_at)| LineUnits {
                 user,
-                key,
                 product,
                 quantity,
-                status,
+                ordered_at,
             })
             .collect(),
         restocks: restocks.map(|rows| {
@@ -175,6 +275,12 @@ enum Kind {
     Resolve,
 }
 
+/// The 409 codes an order may be answered (flash drops added the last three).
+const OUT_OF_STOCK: &str = "OUT_OF_STOCK";
+const LIMIT_EXCEEDED: &str = "LIMIT_EXCEEDED";
+const SALE_NOT_STARTED: &str = "SALE_NOT_STARTED";
+const SALE_ENDED: &str = "SALE_ENDED";
+
 #[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
 enum Answer {
@@ -201,6 +307,23 @@ impl Answer {
         matches!(self.status(), Some(s) if s != 503)
     }
 
+    /// 409 `SALE_NOT_STARTED`: definite about this request (it took nothing and claimed no
+    /// key), but not about its key, which may buy once the sale is on.
+    fn not_started(&self) -> bool {
+        self.status() == Some(409) && self.code() == SALE_NOT_STARTED
+    }
+
+    /// A definite answer its key keeps: anything but a lost answer, a 503 or a
+    /// `SALE_NOT_STARTED`.
+    fn settles(&self) -> bool {
+        self.definite() && !self.not_started()
+    }
+
+    /// The code of a 409 that is final for its key (every 409 but `SALE_NOT_STARTED`).
+    fn refusal(&self) -> Option<&str> {
+        (self.status() == Some(409) && !self.not_started()).then(|| self.code())
+    }
+
     fn body(&self) -> &Value {
         match self {
             Answer::Got { body, .. } => body,
@@ -220,6 +343,9 @@ impl Answer {
 #[derive(Clone, Debug, Serialize)]
 struct Op {
     seq: usize,
+    /// When the client sent it and when it heard the answer (or gave up), in ms since the
+    /// history began: one clock for every client, so answers can be put in real-time order.
+    sent_ms: u64,
     at_ms: u64,
     client: String,
     kind: Kind,
@@ -257,8 +383,8 @@ impl fmt::Display for Op {
         };
         write!(
             f,
-            "#{} +{}ms {} {:?} @{} {what} → {heard}",
-            self.seq, self.at_ms, self.client, self.kind, self.instance
+            "#{} +{}..{}ms {} {:?} @{} {what} → {heard}",
+            self.seq, self.sent_ms, self.at_ms, self.client, self.kind, self.instance
         )
     }
 }
@@ -347,6 +473,7 @@ impl World {
         hang_up: Option<Duration>,
     ) -> Answer {
         let request = self.request(instance, &target);
+        let sent_ms = self.start.elapsed().as_millis() as u64;
         let exchange = async move {
             let resp = request.send().await?;
             let status = resp.status().as_u16();
@@ -375,6 +502,7 @@ impl World {
         let mut log = self.log.lock().unwrap();
         let op = Op {
             seq: log.len(),
+            sent_ms,
             at_ms: self.start.elapsed().as_millis() as u64,
             client: client.to_string(),
             kind,
@@ -423,8 +551,15 @@ impl Rng {
     }
 }
 
-const PRODUCTS: [&str; 3] = ["scarce-a", "scarce-b", "scarce-c"];
+const PRODUCTS: [&str; 5] = ["scarce-a", "scarce-b", "scarce-c", "drop-2", "drop-soon"];
 const INITIAL_STOCK: i64 = 40;
+/// Per-customer limits, small enough that collectors (who come back for more with fresh keys)
+/// and an order of 3 meet them while stock is left.
+const LIMITS: [(&str, i64); 3] = [("scarce-c", 3), ("drop-2", 2), ("drop-soon", 3)];
+/// The product whose sale starts a few seconds into the run: orders land on both sides.
+const WINDOWED: &str = "drop-soon";
+/// Every third shopper is a collector: most of its new orders go to one limited product.
+const COLLECTOR_EVERY: usize = 3;
 const SHOPPERS: usize = 38;
 const RESTOCKERS: usize = 2;
 
@@ -444,6 +579,8 @@ struct Held {
 /// A buyer: one user, its own keys.
 struct Shopper {
     name: String,
+    /// A collector's limited product, which it orders again and again under fresh keys.
+    favourite: Option<&'static str>,
     rng: Rng,
     world: Arc<World>,
     keys: Vec<Held>,
@@ -480,7 +617,10 @@ impl Shopper {
             Some(201) if *belief == Belief::Unsure => {
                 *belief = answer.order_id().map_or(Belief::Unsure, Belief::Created)
             }
-            Some(409) if *belief == Belief::Unsure => *belief = Belief::Refused,
+            // SALE_NOT_STARTED leaves the key free: it stays unsure and is sent again later.
+            Some(409) if *belief == Belief::Unsure && !answer.not_started() => {
+                *belief = Belief::Refused
+            }
             _ => {}
         }
         answer
@@ -493,7 +633,7 @@ impl Shopper {
         let target = Target::Order {
             user: self.name.clone(),
             key: format!("{prefix}k{}", self.keys.len()),
-            product: PRODUCTS[self.rng.below(3) as usize].to_string(),
+            product: self.product().to_string(),
             quantity: self.rng.between(1, 3) as i64,
         };
         self.keys.push(Held {
@@ -509,6 +649,14 @@ impl Shopper {
             }
         } else {
             self.send(Kind::New, i, None).await;
+        }
+    }
+
+    /// A new order's product: a collector's favourite most of the time, else any.
+    fn product(&mut self) -> &'static str {
+        match self.favourite {
+            Some(p) if self.rng.chance(60) => p,
+            _ => PRODUCTS[self.rng.below(PRODUCTS.len() as u64) as usize],
         }
     }
 
@@ -581,7 +729,7 @@ impl Shopper {
             unreachable!("shoppers hold order keys")
         };
         let (product, quantity) = if product_too {
-            let next = (PRODUCTS.iter().position(|p| *p == product).unwrap() + 1) % 3;
+            let next = (PRODUCTS.iter().position(|p| *p == product).unwrap() + 1) % PRODUCTS.len();
             (PRODUCTS[next].to_string(), quantity)
         } else {
             (product, quantity % 3 + 1)
@@ -650,7 +798,7 @@ impl Restocker {
             }
             let target = Target::Restock {
                 key: format!("{}-{}", self.name, self.sent),
-                product: PRODUCTS[self.rng.below(3) as usize].to_string(),
+                product: PRODUCTS[self.rng.below(PRODUCTS.len() as u64) as usize].to_string(),
                 quantity: self.rng.between(1, 5) as i64,
             };
             self.sent += 1;
@@ -738,14 +886,15 @@ async fn importer(world: Arc<World>, mut rng: Rng, deadline: Instant) -> usize {
     applied
 }
 
-/// After the run: every request without a definite answer is retried, alternating instances
-/// and honouring `Retry-After`, until it gets one (or `within` passes; the checker then names
-/// it).
+/// After the run: every request without a definite answer its key keeps is retried,
+/// alternating instances and honouring `Retry-After`, until it gets one (or `within` passes;
+/// the checker then names it). A key told only `SALE_NOT_STARTED` is sent again too: the sale
+/// is on by now, and the same key must then buy or be refused for good.
 async fn resolve(world: &Arc<World>, within: Duration) {
     let history = world.history();
     let mut settled: HashMap<&Target, bool> = HashMap::new();
     for op in &history {
-        *settled.entry(&op.target).or_default() |= op.answer.definite();
+        *settled.entry(&op.target).or_default() |= op.answer.settles();
     }
     let open: Vec<Target> = settled
         .into_iter()
@@ -759,7 +908,7 @@ async fn resolve(world: &Arc<World>, within: Duration) {
                 let answer = world
                     .call("resolver", Kind::Resolve, attempt % 2, target.clone(), None)
                     .await;
-                if answer.definite() || Instant::now() > until {
+                if answer.settles() || Instant::now() > until {
                     return;
                 }
                 tokio::time::sleep(retry_pause(&answer)).await;
@@ -886,10 +1035,18 @@ async fn spawn_instance(cluster: &Cluster, db: &str, redis: &Redis, proxy: &Chao
 /// What an anomaly is about; it selects the operations printed with it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Subject {
-    Key { user: String, key: String },
+    Key {
+        user: String,
+        key: String,
+    },
     Order(Uuid),
     Restock(String),
     Product(String),
+    /// One user's units of one product.
+    Customer {
+        user: String,
+        product: String,
+    },
     Database,
 }
 
@@ -919,6 +1076,14 @@ impl Subject {
             (Subject::Order(id), _) => op.answer.order_id() == Some(*id),
             (Subject::Product(p), Target::Order { product, .. })
             | (Subject::Product(p), Target::Restock { product, .. }) => p == product,
+            (
+                Subject::Customer {
+                    user: u,
+                    product: p,
+                },
+                Target::Order { user, product, .. },
+            ) => u == user && p == product,
+            (Subject::Customer { user: u, .. }, Target::Cancel { user, .. }) => u == user,
             (Subject::Database, _) => false,
             (subject, target) => *subject == Subject::of(target),
         }
@@ -968,6 +1133,8 @@ fn check(initial: &BTreeMap<String, i64>, history: &[Op], db: &Snapshot) -> Vec<
     c.cancels(&cancels);
     let restocked = c.restocks(&restocks);
     c.conservation(&restocked);
+    c.limits();
+    c.windows(history);
     c.found
 }
 
@@ -1001,13 +1168,13 @@ impl Checker<'_> {
                     Some("503 without Retry-After")
                 }
                 (_, 500..) if status != 503 => Some("a 5xx other than 503"),
-                (Target::Order { .. }, 409) if code != "OUT_OF_STOCK" => {
-                    Some("409 not OUT_OF_STOCK")
+                (Target::Order { product, .. }, 409) => {
+                    self.refusal_not_allowed(product, &op.answer)
                 }
                 (Target::Order { .. }, 422) if code != "IDEMPOTENCY_KEY_REUSED" => {
                     Some("422 not IDEMPOTENCY_KEY_REUSED")
                 }
-                (Target::Order { .. }, 201 | 409 | 422 | 503) => None,
+                (Target::Order { .. }, 201 | 422 | 503) => None,
                 (Target::Cancel { .. } | Target::Restock { .. }, 200 | 503) => None,
                 _ => Some("a status this request may not get"),
             };
@@ -1018,6 +1185,29 @@ impl Checker<'_> {
                     format!("#{}: {wrong}", op.seq),
                 );
             }
+        }
+    }
+
+    /// Whether an order's 409 is one its product may get: `OUT_OF_STOCK` always, the drop codes
+    /// only where the product's rules make them possible, and `SALE_NOT_STARTED` says when
+    /// to come back.
+    fn refusal_not_allowed(&self, product: &str, answer: &Answer) -> Option<&'static str> {
+        let rules = self.db.rules.get(product).cloned().unwrap_or_default();
+        let retry_after = matches!(
+            answer,
+            Answer::Got {
+                retry_after: true,
+                ..
+            }
+        );
+        match answer.code() {
+            OUT_OF_STOCK => None,
+            LIMIT_EXCEEDED if rules.limit.is_none() => Some("LIMIT_EXCEEDED without a limit"),
+            SALE_NOT_STARTED if rules.starts.is_none() => Some("SALE_NOT_STARTED without a start"),
+            SALE_NOT_STARTED if !retry_after => Some("SALE_NOT_STARTED without Retry-After"),
+            SALE_ENDED if rules.ends.is_none() => Some("SALE_ENDED without an end"),
+            LIMIT_EXCEEDED | SALE_NOT_STARTED | SALE_ENDED => None,
+            _ => Some("409 with a code orders may not get"),
         }
     }
 
@@ -1042,16 +1232,23 @@ impl Checker<'_> {
             .copied()
             .filter(|o| o.answer.definite())
             .collect();
+        let settled: Vec<&Op> = definite
+            .iter()
+            .copied()
+            .filter(|o| o.answer.settles())
+            .collect();
         let ids: BTreeSet<Uuid> = definite
             .iter()
             .filter_map(|o| o.answer.order_id())
             .collect();
-        let refused = definite.iter().any(|o| o.answer.status() == Some(409));
-        if definite.is_empty() {
+        // SALE_NOT_STARTED claims nothing: it is no refusal of the key.
+        let refusal = definite.iter().find_map(|o| o.answer.refusal());
+        let refused = refusal.is_some();
+        if settled.is_empty() {
             self.flag(
                 "unresolved",
                 subject.clone(),
-                "no definite answer, even after resolution",
+                "no definite answer its key keeps (only lost, 503 or SALE_NOT_STARTED), even after resolution",
             );
         }
         if ids.len() > 1 {
@@ -1064,7 +1261,7 @@ impl Checker<'_> {
         if !ids.is_empty() && refused {
             // Which came first tells the two lies apart: a 409 that was not final, or a retry
             // told 409 about a confirmed order.
-            let (class, what) = match definite[0].answer.status() {
+            let (class, what) = match settled[0].answer.status() {
                 Some(409) => ("409 not final (a later 201)", "answered 409, then 201"),
                 _ => ("201 then 409", "answered 201, then 409 to a retry"),
             };
@@ -1117,14 +1314,72 @@ impl Checker<'_> {
                     "409 but the key holds an order",
                     subject.clone(),
                     format!(
-                        "answered 409 OUT_OF_STOCK, but the key holds order {} ({})",
-                        r.order_id, r.status
+                        "answered 409 {}, but the key holds order {} ({})",
+                        refusal.unwrap_or_default(),
+                        r.order_id,
+                        r.status
                     ),
                 )
             }
             _ => {}
         }
+        self.refusal_reasons(&subject, product, *quantity, &definite, row);
         self.reused(&subject, product, *quantity, &reused, row);
+    }
+
+    /// A final 409 claimed its key with a refused row that states the same reason (so every
+    /// retry is told the same), and a `LIMIT_EXCEEDED` names the product's limit and a count
+    /// that the request would have passed it with.
+    fn refusal_reasons(
+        &mut self,
+        subject: &Subject,
+        product: &str,
+        quantity: i64,
+        definite: &[&Op],
+        row: Option<&Row>,
+    ) {
+        let limit = self.db.rules.get(product).and_then(|r| r.limit);
+        for o in definite {
+            let Some(code) = o.answer.refusal() else {
+                continue;
+            };
+            match row {
+                None => self.flag(
+                    "409 that claimed no key",
+                    subject.clone(),
+                    format!("#{}: answered 409 {code}, but no row holds the key", o.seq),
+                ),
+                Some(r) if r.status == "refused" && r.reason() != code => self.flag(
+                    "409 not the key's refusal",
+                    subject.clone(),
+                    format!(
+                        "#{}: answered 409 {code}, but the key's refusal says {}",
+                        o.seq,
+                        r.reason()
+                    ),
+                ),
+                // An order in the row: flagged by the caller.
+                Some(_) => {}
+            }
+            let e = &o.answer.body()["error"];
+            let states = |limit: i64| {
+                e["product_id"] == json!(product)
+                    && e["limit"] == json!(limit)
+                    && e["already"]
+                        .as_i64()
+                        .is_some_and(|already| already >= 0 && already + quantity > limit)
+            };
+            if code == LIMIT_EXCEEDED && !limit.is_some_and(states) {
+                self.flag(
+                    "LIMIT_EXCEEDED misstates the limit",
+                    subject.clone(),
+                    format!(
+                        "#{}: {product}×{quantity} with limit {limit:?}, answered {e}",
+                        o.seq
+                    ),
+                );
+            }
+        }
     }
 
     /// A reused key (another body) is answered 422 and takes nothing.
@@ -1321,6 +1576,106 @@ impl Checker<'_> {
             }
         }
     }
+
+    /// No user holds more of a limited product than its limit: the units of its confirmed
+    /// orders plus the lines of its confirmed carts and live holds, in the final state (the
+    /// limits never change during the run, so the final one is the bound).
+    fn limits(&mut self) {
+        let db = self.db;
+        let mut units: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+        let rows = db.orders.iter().filter(|r| r.status == "confirmed");
+        for (user, product, quantity) in rows
+            .map(|r| (&r.user, &r.product, r.quantity))
+            .chain(db.lines.iter().map(|l| (&l.user, &l.product, l.quantity)))
+        {
+            *units.entry((user, product)).or_default() += quantity;
+        }
+        for ((user, product), held) in units {
+            let Some(limit) = db.rules.get(product).and_then(|r| r.limit) else {
+                continue;
+            };
+            if held > limit {
+                self.flag(
+                    "a user past a limit",
+                    Subject::Customer {
+                        user: user.into(),
+                        product: product.into(),
+                    },
+                    format!("{user} holds {held} of {product}, whose limit is {limit}"),
+                );
+            }
+        }
+    }
+
+    /// Nothing is claimed before a product's sale starts (no order row of any status, no cart
+    /// line, written before it on the primary's clock), and no request sent after a 201 for
+    /// the product was heard is told `SALE_NOT_STARTED` (that 201's order was written after
+    /// the start, so the start was past before the later request reached the primary).
+    fn windows(&mut self, history: &[Op]) {
+        let db = self.db;
+        for (product, rules) in &db.rules {
+            let Some(starts) = rules.starts else {
+                continue;
+            };
+            for r in db
+                .orders
+                .iter()
+                .filter(|r| r.product == *product && r.created_at < starts)
+            {
+                self.flag(
+                    "claimed before the start",
+                    Subject::Key {
+                        user: r.user.clone(),
+                        key: r.key.clone(),
+                    },
+                    format!(
+                        "{product}'s sale starts at {starts}, but the key's {} row was written at {}",
+                        r.status, r.created_at
+                    ),
+                );
+            }
+            for l in db.lines.iter().filter(|l| l.product == *product) {
+                if let Some(at) = l.ordered_at.filter(|at| *at < starts) {
+                    self.flag(
+                        "claimed before the start",
+                        Subject::Customer {
+                            user: l.user.clone(),
+                            product: product.clone(),
+                        },
+                        format!("{product}'s sale starts at {starts}, but a cart of {} with it was written at {at}", l.user),
+                    );
+                }
+            }
+            let of_product =
+                |o: &&Op| matches!(&o.target, Target::Order { product: p, .. } if p == product);
+            let Some(seen_on) = history
+                .iter()
+                .filter(of_product)
+                .filter(|o| {
+                    o.answer.status() == Some(201)
+                        && o.answer.body()["product_id"] == json!(product)
+                })
+                .map(|o| o.at_ms)
+                .min()
+            else {
+                continue;
+            };
+            for o in history
+                .iter()
+                .filter(of_product)
+                .filter(|o| o.answer.not_started() && o.sent_ms > seen_on)
+            {
+                self.flag(
+                    "SALE_NOT_STARTED once the sale was on",
+                    Subject::of(&o.target),
+                    format!(
+                        "#{}: sent at +{}ms, but a 201 for {product} was heard at +{seen_on}ms",
+                        o.seq, o.sent_ms
+                    ),
+                );
+            }
+        }
+    }
 }
 
 fn is_order(r: &Row) -> bool {
@@ -1377,10 +1732,12 @@ fn summary(
             Target::Cancel { .. } => "cancel",
             Target::Restock { .. } => "restock",
         };
-        let heard = op
-            .answer
-            .status()
-            .map_or("lost".to_string(), |s| s.to_string());
+        let heard = match op.answer.status() {
+            None => "lost".to_string(),
+            // A 409's code says which refusal: stock, a limit, or the sale window.
+            Some(409) => format!("409 {}", op.answer.code()),
+            Some(s) => s.to_string(),
+        };
         *by.entry(format!("{what} {heard}")).or_default() += 1;
     }
     let list = |items: Vec<String>| items.join(", ");
@@ -1438,6 +1795,61 @@ async fn settle(pool: &PgPool) {
     }
 }
 
+/// The run straddled the windowed product's start: a 201 for it to a request sent after some
+/// request for it was told `SALE_NOT_STARTED`.
+fn windowed_bought_after_not_started(history: &[Op]) -> bool {
+    let windowed =
+        |o: &&Op| matches!(&o.target, Target::Order { product, .. } if product == WINDOWED);
+    let Some(first_no) = history
+        .iter()
+        .filter(windowed)
+        .filter(|o| o.answer.not_started())
+        .map(|o| o.at_ms)
+        .min()
+    else {
+        return false;
+    };
+    history
+        .iter()
+        .filter(windowed)
+        .any(|o| o.answer.status() == Some(201) && o.sent_ms > first_no)
+}
+
+/// Creates the workload's products, each with `INITIAL_STOCK` and its limit; the windowed
+/// one's sale starts `lead` after the primary's clock now. Returns the initial stock.
+async fn create_products(app: &TestApp, lead: Duration) -> BTreeMap<String, i64> {
+    let starts: DateTime<Utc> =
+        sqlx::query_scalar("SELECT date_trunc('milliseconds', now() + make_interval(secs => $1))")
+            .bind(lead.as_secs_f64())
+            .fetch_one(&app.primary)
+            .await
+            .unwrap();
+    let mut initial = BTreeMap::new();
+    for p in PRODUCTS {
+        let limit = LIMITS.iter().find(|(l, _)| *l == p).map(|(_, n)| *n);
+        let mut body = json!({"product_id": p, "name": p, "price_cents": 500, "available_quantity": INITIAL_STOCK});
+        if let Some(limit) = limit {
+            body["max_per_customer"] = json!(limit);
+        }
+        if p == WINDOWED {
+            body["sale_starts_at"] = json!(starts.to_rfc3339());
+        }
+        let r = app
+            .client
+            .post(app.url("/v1/products"))
+            .bearer_auth(&app.admin)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "creating {p}");
+        let made: Value = r.json().await.unwrap();
+        assert_eq!(made["max_per_customer"], json!(limit), "{made}");
+        initial.insert(p.to_string(), INITIAL_STOCK);
+    }
+    initial
+}
+
 /// What a run must have exercised for its verdict to mean anything.
 fn coverage(
     history: &[Op],
@@ -1486,6 +1898,27 @@ fn coverage(
             "a restock answered 200",
             seen(&|o| matches!(o.target, Target::Restock { .. }) && o.answer.status() == Some(200)),
         ),
+        (
+            "an order answered 409 LIMIT_EXCEEDED",
+            seen(&|o| order(o) && o.answer.refusal() == Some(LIMIT_EXCEEDED)),
+        ),
+        (
+            "an order answered 409 SALE_NOT_STARTED",
+            seen(&|o| order(o) && o.answer.not_started()),
+        ),
+        (
+            "a 201 for the windowed product, sent after a SALE_NOT_STARTED was heard",
+            windowed_bought_after_not_started(history),
+        ),
+        (
+            "a key told SALE_NOT_STARTED, then answered for good",
+            seen(&|o| {
+                o.answer.not_started()
+                    && history[o.seq..]
+                        .iter()
+                        .any(|later| later.target == o.target && later.answer.settles())
+            }),
+        ),
     ]
     .into_iter()
     .filter(|(_, ok)| !ok)
@@ -1512,11 +1945,8 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
     let proxy = ChaosProxy::start(cluster.port(0)).await;
     let a = spawn_instance(&cluster, &database, &redis, &proxy).await;
     let b = spawn_instance(&cluster, &database, &redis, &proxy).await;
-    let mut initial = BTreeMap::new();
-    for p in PRODUCTS {
-        assert_eq!(a.create_product(p, INITIAL_STOCK, 500).await.status(), 201);
-        initial.insert(p.to_string(), INITIAL_STOCK);
-    }
+    // The windowed product's sale starts a few seconds in: orders land on both sides of it.
+    let initial = create_products(&a, Duration::from_secs((secs / 6).clamp(2, 5))).await;
     let checker_pool = a.primary.clone();
     let world = Arc::new(World::new([a.address.clone(), b.address.clone()]));
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -1525,6 +1955,8 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
     for c in 0..SHOPPERS {
         let shopper = Shopper {
             name: format!("shopper-{c:02}"),
+            favourite: (c % COLLECTOR_EVERY == 0)
+                .then(|| LIMITS[(c / COLLECTOR_EVERY) % LIMITS.len()].0),
             rng: Rng(master.next()),
             world: world.clone(),
             keys: vec![],
@@ -1567,6 +1999,17 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
     let open = open_transactions(&checker_pool).await;
     let history = world.history();
     let anomalies = check(&initial, &history, &db);
+    // The checker judges by the rules the primary holds at the end; they are the ones every
+    // request met only if nothing (an import, say) changed them during the run.
+    let drifted: Vec<String> = PRODUCTS
+        .iter()
+        .filter_map(|p| {
+            let want = LIMITS.iter().find(|(l, _)| l == p).map(|(_, n)| *n);
+            let rules = db.rules.get(*p).cloned().unwrap_or_default();
+            (rules.limit != want || rules.starts.is_some() != (*p == WINDOWED))
+                .then(|| format!("{p}: {rules:?}"))
+        })
+        .collect();
     let file =
         std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("history-{seed}.jsonl"));
     let lines: Vec<String> = history
@@ -1593,8 +2036,8 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
     .unwrap();
     eprintln!("{imports} imports applied; {deadlocks} deadlocks");
     assert!(
-        anomalies.is_empty() && missing.is_empty() && deadlocks == 0,
-        "{deadlocks} deadlocks\n{}\nnot exercised: {missing:?}\nfaults (kind, from ms, to ms): {:?}\nprimary transactions still open: {open:#?}\n{line}\nseed {seed}; full history in {}",
+        anomalies.is_empty() && missing.is_empty() && deadlocks == 0 && drifted.is_empty(),
+        "{deadlocks} deadlocks\ndrop rules changed during the run: {drifted:?}\n{}\nnot exercised: {missing:?}\nfaults (kind, from ms, to ms): {:?}\nprimary transactions still open: {open:#?}\n{line}\nseed {seed}; full history in {}",
         report(&anomalies, &history),
         windows,
         file.display()
@@ -1608,6 +2051,7 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
 fn order(seq: usize, kind: Kind, key: &str, product: &str, quantity: i64, answer: Answer) -> Op {
     Op {
         seq,
+        sent_ms: seq as u64,
         at_ms: seq as u64,
         client: "ada".into(),
         kind,
@@ -1652,7 +2096,14 @@ fn row(id: Uuid, key: &str, product: &str, quantity: i64, status: &str) -> Row {
         product: product.into(),
         quantity,
         status: status.into(),
+        refusal: None,
+        created_at: at(0),
     }
+}
+
+/// An instant on the primary's clock, `s` seconds into a made-up day.
+fn at(s: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()
 }
 
 /// p: 10 initial; ada's k1 took 2 (a hang-up, then its retry found the order); k2 was refused.
@@ -1687,6 +2138,7 @@ fn clean() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
             row(Uuid::new_v4(), "k2", "p", 9, "refused"),
         ],
         restocks: Some(vec![]),
+        ..Snapshot::default()
     };
     (BTreeMap::from([("p".to_string(), 10)]), history, db)
 }
@@ -1720,6 +2172,7 @@ fn history_checker_flags_a_restock_retry_that_added_twice() {
     let (initial, mut history, mut db) = clean();
     let restock = |seq, kind, answer| Op {
         seq,
+        sent_ms: 0,
         at_ms: 0,
         client: "admin".into(),
         kind,
@@ -1809,4 +2262,221 @@ fn history_checker_flags_a_reused_key_that_took_stock() {
         found.iter().any(|a| a.what.contains("reused body")),
         "{found:?}"
     );
+}
+
+fn limit_exceeded(product: &str, limit: i64, already: i64) -> Answer {
+    got(
+        409,
+        json!({"error": {"code": "LIMIT_EXCEEDED", "message": "…", "product_id": product, "limit": limit, "already": already}}),
+    )
+}
+
+fn not_started() -> Answer {
+    Answer::Got {
+        status: 409,
+        retry_after: true,
+        body: json!({"error": {"code": "SALE_NOT_STARTED", "message": "…"}}),
+    }
+}
+
+fn cancel(seq: usize, order_id: Uuid) -> Op {
+    Op {
+        seq,
+        sent_ms: seq as u64,
+        at_ms: seq as u64,
+        client: "ada".into(),
+        kind: Kind::Cancel,
+        instance: seq % 2,
+        target: Target::Cancel {
+            user: "ada".into(),
+            order_id,
+        },
+        answer: got(200, json!({"order_id": order_id, "status": "cancelled"})),
+    }
+}
+
+/// Two drops, 10 units each: `lim` (at most 2 per customer) and `soon` (its sale starts at
+/// `at(100)`). ada's k1 took 2 of `lim`; k2 (1 more) was refused for the limit, and its replay
+/// was told the same; k3 was sent before `soon` started and told SALE_NOT_STARTED, then bought
+/// with the same key once it had; k4 bought too; k1 was cancelled, which freed its units for
+/// k5, which took 2 of `lim` again.
+fn drops() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
+    let (id1, id3, id4, id5) = (
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+    );
+    let history = vec![
+        order(0, Kind::New, "k1", "lim", 2, created(id1, "lim", 2)),
+        order(1, Kind::New, "k2", "lim", 1, limit_exceeded("lim", 2, 2)),
+        order(2, Kind::Replay, "k2", "lim", 1, limit_exceeded("lim", 2, 2)),
+        order(3, Kind::New, "k3", "soon", 1, not_started()),
+        order(4, Kind::Retry, "k3", "soon", 1, created(id3, "soon", 1)),
+        order(5, Kind::New, "k4", "soon", 1, created(id4, "soon", 1)),
+        cancel(6, id1),
+        order(7, Kind::New, "k5", "lim", 2, created(id5, "lim", 2)),
+    ];
+    let written_at = |mut r: Row, s: i64| {
+        r.created_at = at(s);
+        r
+    };
+    let mut k2 = row(Uuid::new_v4(), "k2", "lim", 1, "refused");
+    k2.refusal = Some(LIMIT_EXCEEDED.into());
+    let db = Snapshot {
+        stock: BTreeMap::from([("lim".to_string(), 8), ("soon".to_string(), 8)]),
+        rules: BTreeMap::from([
+            (
+                "lim".to_string(),
+                Rules {
+                    limit: Some(2),
+                    ..Rules::default()
+                },
+            ),
+            (
+                "soon".to_string(),
+                Rules {
+                    starts: Some(at(100)),
+                    ..Rules::default()
+                },
+            ),
+        ]),
+        orders: vec![
+            row(id1, "k1", "lim", 2, "cancelled"),
+            k2,
+            written_at(row(id3, "k3", "soon", 1, "confirmed"), 101),
+            written_at(row(id4, "k4", "soon", 1, "confirmed"), 102),
+            row(id5, "k5", "lim", 2, "confirmed"),
+        ],
+        lines: vec![],
+        restocks: Some(vec![]),
+    };
+    let initial = BTreeMap::from([("lim".to_string(), 10), ("soon".to_string(), 10)]);
+    (initial, history, db)
+}
+
+/// Only anomalies of `class`, and at least one.
+fn only(found: &[Anomaly], class: &str, history: &[Op]) {
+    assert!(
+        !found.is_empty() && found.iter().all(|a| a.class == class),
+        "want only {class:?}:{}",
+        report(found, history)
+    );
+}
+
+/// Limits and a window told the truth. Mutations of the checker that make it fail: `statuses`
+/// accepting only OUT_OF_STOCK for an order's 409, as before flash drops (both drop codes are
+/// flagged); counting SALE_NOT_STARTED as a refusal of its key (k3 is "409 not final");
+/// `limits` counting cancelled orders (ada holds 4 of `lim`).
+#[test]
+fn history_checker_passes_a_truthful_history_with_limits_and_a_window() {
+    let (initial, history, db) = drops();
+    let found = check(&initial, &history, &db);
+    assert!(found.is_empty(), "{}", report(&found, &history));
+}
+
+/// k2 confirmed (ada holds 3 of `lim`, limit 2), and, separately, a live hold of 1 `lim` beside
+/// ada's 2 confirmed. Mutations of the checker that make it fail: `check` without
+/// `c.limits()`, or `limits` bounding by `limit + 1`, miss both; `limits` summing only order
+/// rows, not `lines`, misses the hold.
+#[test]
+fn history_checker_flags_a_user_past_a_limit() {
+    let (initial, mut history, mut db) = drops();
+    let id2 = Uuid::new_v4();
+    history[1] = order(1, Kind::New, "k2", "lim", 1, created(id2, "lim", 1));
+    history[2] = order(2, Kind::Replay, "k2", "lim", 1, created(id2, "lim", 1));
+    db.orders[1] = row(id2, "k2", "lim", 1, "confirmed");
+    db.stock.insert("lim".into(), 7);
+    let found = check(&initial, &history, &db);
+    only(&found, "a user past a limit", &history);
+    assert!(found[0].what.contains("holds 3 of lim"), "{found:?}");
+
+    let (initial, history, mut db) = drops();
+    db.lines.push(LineUnits {
+        user: "ada".into(),
+        product: "lim".into(),
+        quantity: 1,
+        ordered_at: None,
+    });
+    let found = check(&initial, &history, &db);
+    only(&found, "a user past a limit", &history);
+    assert_eq!(
+        found[0].subject,
+        Subject::Customer {
+            user: "ada".into(),
+            product: "lim".into()
+        }
+    );
+}
+
+/// k4's order written a second before `soon` started, and a refusal (k6, out of stock) written
+/// long before: nothing may be claimed before the start, refusals included. Mutations of the
+/// checker that make it fail: `check` without `c.windows(..)`, or `windows` comparing
+/// `created_at > starts`, miss both; `windows` looking only at confirmed rows misses k6.
+#[test]
+fn history_checker_flags_an_order_written_before_the_start() {
+    let (initial, mut history, mut db) = drops();
+    db.orders[3].created_at = at(99);
+    history.push(order(8, Kind::New, "k6", "soon", 20, out_of_stock()));
+    let mut k6 = row(Uuid::new_v4(), "k6", "soon", 20, "refused");
+    k6.created_at = at(50);
+    db.orders.push(k6);
+    let found = check(&initial, &history, &db);
+    only(&found, "claimed before the start", &history);
+    let keys: BTreeSet<&Subject> = found.iter().map(|a| &a.subject).collect();
+    for key in ["k4", "k6"] {
+        assert!(
+            keys.contains(&Subject::Key {
+                user: "ada".into(),
+                key: key.into()
+            }),
+            "{key}: {found:?}"
+        );
+    }
+}
+
+/// k6 sent after a 201 for `soon` was heard, yet told SALE_NOT_STARTED (then bought, so its key
+/// is resolved). Mutations of the checker that make it fail: `windows` without its
+/// SALE_NOT_STARTED loop, or comparing the wrong way round (`o.sent_ms < seen_on`).
+#[test]
+fn history_checker_flags_sale_not_started_once_the_sale_was_on() {
+    let (initial, mut history, mut db) = drops();
+    let id6 = Uuid::new_v4();
+    history.push(order(8, Kind::New, "k6", "soon", 1, not_started()));
+    history.push(order(
+        9,
+        Kind::Retry,
+        "k6",
+        "soon",
+        1,
+        created(id6, "soon", 1),
+    ));
+    let mut k6 = row(id6, "k6", "soon", 1, "confirmed");
+    k6.created_at = at(103);
+    db.orders.push(k6);
+    db.stock.insert("soon".into(), 7);
+    let found = check(&initial, &history, &db);
+    only(&found, "SALE_NOT_STARTED once the sale was on", &history);
+    // k3 was told SALE_NOT_STARTED before any 201 for `soon` was heard: that one was true.
+    let k6 = Subject::Key {
+        user: "ada".into(),
+        key: "k6".into(),
+    };
+    assert!(found.iter().all(|a| a.subject == k6), "{found:?}");
+}
+
+/// k2's refusal stored as one for stock while its answers said LIMIT_EXCEEDED, and,
+/// separately, a LIMIT_EXCEEDED that names another limit than the product's. Mutation of the
+/// checker that makes it fail: `order_key` without `refusal_reasons`.
+#[test]
+fn history_checker_flags_a_limit_refusal_its_key_does_not_hold() {
+    let (initial, history, mut db) = drops();
+    db.orders[1].refusal = None;
+    let found = check(&initial, &history, &db);
+    only(&found, "409 not the key's refusal", &history);
+
+    let (initial, mut history, db) = drops();
+    history[2] = order(2, Kind::Replay, "k2", "lim", 1, limit_exceeded("lim", 3, 2));
+    let found = check(&initial, &history, &db);
+    only(&found, "LIMIT_EXCEEDED misstates the limit", &history);
 }
