@@ -74,7 +74,7 @@ pub struct FlashSaleArgs {
     pub buyers: u64,
     /// Orders each buyer sends, each with a fresh Idempotency-Key; one buyer's attempts are
     /// queued one after another, so at --concurrency above 1 they race each other.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub attempts_per_buyer: u32,
     /// Create the product with this max_per_customer: 409 LIMIT_EXCEEDED is then an expected
     /// answer, and the run fails if any buyer gets more units than this.

@@ -358,6 +358,8 @@ pub struct PerBuyer {
     pub max_units_one_buyer: u64,
     /// A buyer that got that many (the lowest-numbered), when any got a unit.
     pub top_buyer: Option<String>,
+    /// Buyers that got at least one unit.
+    pub buyers_with_units: u64,
     /// Buyers given more than the limit, and the units beyond it in all. Must be 0.
     pub buyers_over_limit: u64,
     pub units_over_limit: u64,
@@ -375,6 +377,7 @@ impl PerBuyer {
             ..Self::default()
         };
         for b in by.values() {
+            p.buyers_with_units += u64::from(b.units > 0);
             let over = over_limit(b.units, limit);
             if over > 0 {
                 p.buyers_over_limit += 1;
@@ -776,6 +779,7 @@ impl SaleReport {
             "most units to one buyer",
             format_args!("{}{top}", b.most_to_one_buyer()),
         )?;
+        line(out, "buyers with units", b.buyers_with_units)?;
         if b.max_per_customer.is_some() {
             line(
                 out,
@@ -1442,6 +1446,7 @@ mod tests {
             (2, Some("buyer-0"))
         );
         assert_eq!((b.buyers_over_limit, b.false_limit_refusals), (0, 0));
+        assert_eq!(b.buyers_with_units, 2);
         let text = r.render();
         assert!(
             text.contains("limit 2 per customer, 2 buyers x 3 attempts"),
