@@ -23,8 +23,8 @@ window.stockgate = (() => {
     window.history.replaceState(null, '', location.pathname + (rest ? `?${rest}` : '') + location.hash);
   }
 
-  // {status, body, network}: status 0 with `network` saying why when there was no answer;
-  // body null when the answer was not JSON.
+  // {status, body, headers, network}: status 0 with `network` saying why (and no headers)
+  // when there was no answer; body null when the answer was not JSON.
   async function getJson(path, init = {}, timeoutMs = 5000) {
     let resp;
     try {
@@ -37,7 +37,7 @@ window.stockgate = (() => {
     try {
       body = await resp.json();
     } catch (_) { /* not JSON */ }
-    return { status: resp.status, body };
+    return { status: resp.status, body, headers: resp.headers };
   }
 
   // One line for a failed getJson: the contract's error code and message when there is one.

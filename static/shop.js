@@ -1,5 +1,7 @@
 // stockgate shop page: one product, its availability and how fresh that answer is,
-// refreshed every second, and a buy button that places a real order.
+// refreshed every second, and a buy button that places a real order. A flash drop shows its
+// limit per customer and its sale window: a live countdown to the start (the button stays
+// disabled until then), and "sale ended" from the end.
 'use strict';
 
 (() => {
@@ -17,6 +19,10 @@
   let availability = null; // {body, receivedAt}
   let product = null; // {body, receivedAt}
   let buying = false;
+  // The service's clock minus this computer's, from the last availability answer: sale
+  // windows are judged on the service's clock, and a wrong clock here must not open the
+  // button early or keep it shut.
+  let clockOffsetMs = 0;
 
   function fmtAge(ms) {
     if (ms < 60000) return `${(Math.max(0, ms) / 1000).toFixed(1)} s`;
@@ -25,6 +31,19 @@
   // How old the answer is now: how stale it was when served, plus how long we have held it.
   function age(held) {
     return held.body.stale_by_ms + (performance.now() - held.receivedAt);
+  }
+  // "0:07", "1:23", "1:02:03", "2 d 3:04:05": whole seconds left, rounded up, so the
+  // countdown reads 0:00 when the sale starts.
+  function fmtCountdown(ms) {
+    const s = Math.ceil(Math.max(0, ms) / 1000);
+    const pad = (n) => String(n).padStart(2, '0');
+    const [d, h, m] = [Math.floor(s / 86400), Math.floor((s % 86400) / 3600), Math.floor((s % 3600) / 60)];
+    if (d > 0) return `${d} d ${h}:${pad(m)}:${pad(s % 60)}`;
+    if (h > 0) return `${h}:${pad(m)}:${pad(s % 60)}`;
+    return `${m}:${pad(s % 60)}`;
+  }
+  function serviceNow() {
+    return Date.now() + clockOffsetMs;
   }
   function uuid() {
     if (crypto.randomUUID) return crypto.randomUUID();
@@ -72,6 +91,9 @@
     }
     if (a.status === 200) {
       availability = { body: a.body, receivedAt: performance.now() };
+      // as_of + stale_by_ms is the service's clock when it answered.
+      const answeredAt = Date.parse(a.body.as_of) + a.body.stale_by_ms;
+      if (Number.isFinite(answeredAt)) clockOffsetMs = answeredAt - Date.now();
     } else {
       errors.push(`availability: ${describeError(a)}`);
     }
@@ -108,6 +130,54 @@
       setText($('stock-count'), b.available_quantity === 1 ? 'the last one' : `${b.available_quantity} available`);
     }
     card.dataset.state = availability ? (availability.body.available ? 'in-stock' : 'out-of-stock') : 'loading';
+    renderDrop();
+  }
+
+  // Where the sale window stands at `now` (the service's clock): 'upcoming' before
+  // sale_starts_at (msLeft to go), 'ended' from sale_ends_at, else 'on' (msLeft to the end,
+  // if there is one). When the stock gate says on_sale: false although our copy of the
+  // product page says the sale is on (that copy may be older), it is 'starting' just after
+  // the start and 'closed' otherwise.
+  function saleWindow(now) {
+    const p = product ? product.body : {};
+    const starts = p.sale_starts_at ? Date.parse(p.sale_starts_at) : null;
+    const ends = p.sale_ends_at ? Date.parse(p.sale_ends_at) : null;
+    if (ends !== null && now >= ends) return { phase: 'ended' };
+    if (starts !== null && now < starts) return { phase: 'upcoming', msLeft: starts - now };
+    if (availability && availability.body.on_sale === false) {
+      return { phase: starts !== null && now - starts < 5000 ? 'starting' : 'closed' };
+    }
+    return { phase: 'on', msLeft: ends === null ? null : ends - now };
+  }
+  const WINDOW_TEXT = {
+    upcoming: (w) => `sale starts in ${fmtCountdown(w.msLeft)}`,
+    ended: () => 'sale ended',
+    starting: () => 'sale starting…',
+    closed: () => 'not on sale',
+    on: (w) => (w.msLeft === null ? '' : `sale ends in ${fmtCountdown(w.msLeft)}`),
+  };
+
+  // The limit per customer and the sale window under the stock line; the buy button is
+  // enabled only while the sale is on.
+  function renderDrop() {
+    const w = saleWindow(serviceNow());
+    const p = product ? product.body : {};
+    const win = $('sale-window');
+    win.dataset.phase = w.phase;
+    win.className = `sale-window ${w.phase}`;
+    setText(win, WINDOW_TEXT[w.phase](w));
+    const when = [p.sale_starts_at && `starts ${new Date(p.sale_starts_at).toLocaleString()}`,
+      p.sale_ends_at && `ends ${new Date(p.sale_ends_at).toLocaleString()}`].filter(Boolean);
+    win.title = when.length ? `the sale ${when.join(', ')}` : '';
+    const limit = p.max_per_customer == null ? '' : String(p.max_per_customer);
+    const l = $('limit');
+    l.dataset.limit = limit;
+    setText(l, limit ? `limit ${limit} per customer` : '');
+    $('drop').classList.toggle('hidden', !win.textContent && !limit);
+    $('product').dataset.sale = w.phase;
+    const buyButton = $('buy');
+    buyButton.disabled = buying || w.phase !== 'on';
+    buyButton.title = w.phase === 'on' ? '' : `you can buy once the sale is on (${win.textContent})`;
   }
 
   function showResult(kind, status, code, headline, detail) {
@@ -125,6 +195,31 @@
     s.textContent = text;
     return s;
   }
+
+  // The contract's 409s that refuse an order without anything going wrong: a headline and a
+  // readable sentence for each (the service's own message when it has nothing better).
+  const REFUSALS = {
+    OUT_OF_STOCK: {
+      headline: 'Sold out — your order was not placed',
+      message: (e) => e.message,
+    },
+    LIMIT_EXCEEDED: {
+      headline: 'Limit reached — your order was not placed',
+      message: (e) => (e.limit == null ? e.message
+        : `This product is limited to ${e.limit} per customer and you already have ${e.already}; nothing was taken.`),
+    },
+    SALE_NOT_STARTED: {
+      headline: 'The sale has not started yet — your order was not placed',
+      message: (e, r) => {
+        const wait = Number(r.headers && r.headers.get('Retry-After'));
+        return wait > 0 ? `It starts in ${fmtCountdown(wait * 1000)}; nothing was taken — try again then.` : e.message;
+      },
+    },
+    SALE_ENDED: {
+      headline: 'The sale has ended — your order was not placed',
+      message: (e) => e.message,
+    },
+  };
 
   async function buy(ev) {
     ev.preventDefault();
@@ -159,11 +254,13 @@
         span('order-total', money.format(o.total_cents / 100)),
         span(null, ` · ${o.quantity} × ${o.product_id} · ${o.status}`),
       ]);
-    } else if (r.status === 409 && r.body && r.body.error && r.body.error.code === 'OUT_OF_STOCK') {
-      showResult('bad', 409, 'OUT_OF_STOCK', 'Sold out — your order was not placed', [
-        span('order-error-code', 'OUT_OF_STOCK', 'mono'),
+    } else if (r.status === 409 && r.body && r.body.error && Object.hasOwn(REFUSALS, r.body.error.code)) {
+      const e = r.body.error;
+      const refusal = REFUSALS[e.code];
+      showResult('bad', 409, e.code, refusal.headline, [
+        span('order-error-code', e.code, 'mono'),
         span(null, ': '),
-        span('order-error-message', r.body.error.message),
+        span('order-error-message', refusal.message(e, r)),
       ]);
     } else {
       const e = (r.body && r.body.error) || {};
@@ -174,7 +271,7 @@
       ]);
     }
     buying = false;
-    $('buy').disabled = false;
+    render();
     refresh();
   }
 

@@ -68,9 +68,18 @@ pub struct FlashSaleArgs {
     /// Units of stock the fresh product starts with.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=2_000_000_000))]
     pub stock: u32,
-    /// Distinct buyers; each places exactly one order with its own Idempotency-Key.
+    /// Distinct buyers; each places --attempts-per-buyer orders, each with its own
+    /// Idempotency-Key.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub buyers: u64,
+    /// Orders each buyer sends, each with a fresh Idempotency-Key; one buyer's attempts are
+    /// queued one after another, so at --concurrency above 1 they race each other.
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub attempts_per_buyer: u32,
+    /// Create the product with this max_per_customer: 409 LIMIT_EXCEEDED is then an expected
+    /// answer, and the run fails if any buyer gets more units than this.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_per_customer: Option<u32>,
     /// Orders in flight at most.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
@@ -190,6 +199,24 @@ mod tests {
             (a.stock, a.buyers, a.concurrency, a.qty, a.pollers),
             (5, 2000, 200, 1, 4)
         );
+        assert_eq!((a.attempts_per_buyer, a.max_per_customer), (1, None));
+    }
+
+    #[test]
+    fn flash_sale_takes_a_limit_and_attempts_per_buyer() {
+        let parse = |extra: &[&str]| {
+            let args = ["loadtest", "flash-sale"].iter().chain(extra).copied();
+            Cli::try_parse_from(args).map(|cli| match cli.mode {
+                Mode::FlashSale(a) => (a.attempts_per_buyer, a.max_per_customer),
+                _ => panic!("expected flash-sale"),
+            })
+        };
+        let limited = parse(&["--max-per-customer", "2", "--attempts-per-buyer", "5"]);
+        assert_eq!(limited.expect("valid"), (5, Some(2)));
+        // The service's range for max_per_customer is 1-10,000.
+        assert!(parse(&["--max-per-customer", "0"]).is_err());
+        assert!(parse(&["--max-per-customer", "10001"]).is_err());
+        assert!(parse(&["--attempts-per-buyer", "0"]).is_err());
     }
 
     #[test]

@@ -30,6 +30,9 @@ struct ErrorBody {
 #[derive(Deserialize)]
 struct ErrorDetail {
     code: String,
+    /// With 409 LIMIT_EXCEEDED: the product's `max_per_customer` and the units the user had.
+    limit: Option<u32>,
+    already: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -120,12 +123,29 @@ impl Api {
 
     /// POST /v1/products (admin). An existing id is an error: runs need a fresh product.
     pub async fn create_product(&self, id: &str, stock: u32, price_cents: u32) -> Result<()> {
-        let body = json!({
+        self.create_limited_product(id, stock, price_cents, None)
+            .await
+    }
+
+    /// POST /v1/products (admin), with `max_per_customer` when given; fails unless the
+    /// service's answer carries that limit (a service without flash drops would ignore it,
+    /// and the run would measure nothing).
+    pub async fn create_limited_product(
+        &self,
+        id: &str,
+        stock: u32,
+        price_cents: u32,
+        max_per_customer: Option<u32>,
+    ) -> Result<()> {
+        let mut body = json!({
             "product_id": id,
             "name": format!("loadtest {id}"),
             "price_cents": price_cents,
             "available_quantity": stock,
         });
+        if let Some(limit) = max_per_customer {
+            body["max_per_customer"] = json!(limit);
+        }
         let r = self
             .http
             .post(format!("{}/v1/products", self.base))
@@ -135,10 +155,20 @@ impl Api {
             .await
             .with_context(|| format!("creating product {id} at {}", self.base))?;
         let status = r.status();
+        let text = r.text().await.unwrap_or_default();
         if status == StatusCode::CREATED {
+            let Some(limit) = max_per_customer else {
+                return Ok(());
+            };
+            let created: Value = serde_json::from_str(&text).unwrap_or_default();
+            if created.get("max_per_customer") != Some(&json!(limit)) {
+                bail!(
+                    "created product {id}, but the answer does not say max_per_customer {limit} \
+                     (does the service support flash drops?): {text}"
+                );
+            }
             return Ok(());
         }
-        let text = r.text().await.unwrap_or_default();
         if status == StatusCode::CONFLICT {
             bail!(
                 "product {id} already exists; pick another --product-id (runs need a fresh product)"
@@ -344,7 +374,8 @@ impl Api {
     }
 }
 
-/// 201 confirmed → Confirmed; 409 OUT_OF_STOCK → OutOfStock; anything else → Failed.
+/// 201 confirmed → Confirmed; 409 OUT_OF_STOCK → OutOfStock; 409 LIMIT_EXCEEDED with its
+/// `limit` and `already` → LimitExceeded; anything else → Failed.
 pub fn classify_order(status: StatusCode, body: &[u8]) -> OrderOutcome {
     match status {
         StatusCode::CREATED => match serde_json::from_slice::<OrderBody>(body) {
@@ -354,8 +385,18 @@ pub fn classify_order(status: StatusCode, body: &[u8]) -> OrderOutcome {
             Ok(o) => OrderOutcome::Failed(format!("201 status {}", o.status)),
             Err(_) => OrderOutcome::Failed("201 unreadable body".into()),
         },
-        StatusCode::CONFLICT if error_code(body).as_deref() == Some("OUT_OF_STOCK") => {
-            OrderOutcome::OutOfStock
+        StatusCode::CONFLICT => {
+            let error = serde_json::from_slice::<ErrorBody>(body).map(|b| b.error);
+            match error {
+                Ok(e) if e.code == "OUT_OF_STOCK" => OrderOutcome::OutOfStock,
+                Ok(e) if e.code == "LIMIT_EXCEEDED" => match (e.limit, e.already) {
+                    (Some(limit), Some(already)) => OrderOutcome::LimitExceeded { limit, already },
+                    _ => {
+                        OrderOutcome::Failed("409 LIMIT_EXCEEDED without limit and already".into())
+                    }
+                },
+                _ => OrderOutcome::Failed(error_label(status, body)),
+            }
         }
         _ => OrderOutcome::Failed(error_label(status, body)),
     }
@@ -403,6 +444,24 @@ mod tests {
         assert_eq!(
             classify_order(StatusCode::CONFLICT, oos),
             OrderOutcome::OutOfStock
+        );
+        let limit = br#"{"error":{"code":"LIMIT_EXCEEDED","message":"no","product_id":"p","limit":2,"already":2}}"#;
+        assert_eq!(
+            classify_order(StatusCode::CONFLICT, limit),
+            OrderOutcome::LimitExceeded {
+                limit: 2,
+                already: 2
+            }
+        );
+        let bare = br#"{"error":{"code":"LIMIT_EXCEEDED","message":"no"}}"#;
+        assert_eq!(
+            classify_order(StatusCode::CONFLICT, bare),
+            OrderOutcome::Failed("409 LIMIT_EXCEEDED without limit and already".into())
+        );
+        let early = br#"{"error":{"code":"SALE_NOT_STARTED","message":"wait"}}"#;
+        assert_eq!(
+            classify_order(StatusCode::CONFLICT, early),
+            OrderOutcome::Failed("409 SALE_NOT_STARTED".into())
         );
         let other = br#"{"error":{"code":"IDEMPOTENCY_KEY_REUSED","message":"no"}}"#;
         assert_eq!(

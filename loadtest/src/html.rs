@@ -74,7 +74,7 @@ svg .title {{ font-size: 13px; font-weight: bold; }}
 .note {{ color: #666; font-size: 12px; }}
 </style></head><body>
 <h1>stockgate {mode}: {pid} — {status}</h1>
-<p>{confirmed} units confirmed of {stock} stock, oversold {oversold}, {oos} out of stock, {errors} errors;
+<p>{confirmed} units confirmed of {stock} stock, oversold {oversold}, {oos} out of stock, {errors} errors;{per_buyer}
 time to sell out {tts}; total {total}. Buckets of {bucket} ms; the dashed vertical line is the sell-out moment.</p>
 {charts}
 <h2>Report</h2>
@@ -88,6 +88,7 @@ time to sell out {tts}; total {total}. Buckets of {bucket} ms; the dashed vertic
         oversold = report.oversold,
         oos = report.orders.out_of_stock,
         errors = report.orders.failed.errors_total,
+        per_buyer = per_buyer_summary(report),
         tts = report
             .timing
             .time_to_sell_out_ms
@@ -95,6 +96,28 @@ time to sell out {tts}; total {total}. Buckets of {bucket} ms; the dashed vertic
         total = fmt_ms(report.timing.total_ms),
         bucket = bucket_us / 1000,
         text = esc(&report.render()),
+    )
+}
+
+/// For a run with a limit or several attempts per buyer: " most units to one buyer 2
+/// (limit 2), 0 buyers over the limit, 140 refused by the limit;" (escaped); else nothing.
+fn per_buyer_summary(report: &SaleReport) -> String {
+    let b = &report.per_buyer;
+    if !b.shown() {
+        return String::new();
+    }
+    let over = match b.max_per_customer {
+        Some(_) if b.buyers_over_limit > 0 => format!(
+            ", <span class=bad>{} buyers over the limit</span>",
+            b.buyers_over_limit
+        ),
+        Some(_) => ", 0 buyers over the limit".into(),
+        None => String::new(),
+    };
+    format!(
+        "\nmost units to one buyer {}{over}, {} refused by the limit;",
+        esc(&b.most_to_one_buyer()),
+        report.orders.limit_exceeded
     )
 }
 
@@ -598,6 +621,66 @@ mod tests {
         assert_eq!(nice_step(1.0), 0.2);
         assert_eq!(nice_step(9.0), 2.0);
         assert_eq!(nice_step(0.0), 1.0);
+    }
+
+    #[test]
+    fn the_page_names_the_most_one_buyer_got_and_the_limit() {
+        use crate::samples::{Clock, FinalRead, OrderSample, SaleSpec};
+        let order = |buyer, recv_us, outcome| OrderSample {
+            buyer,
+            sent_us: recv_us - 500,
+            recv_us,
+            outcome,
+        };
+        let one = || OrderOutcome::Confirmed { quantity: 1 };
+        let mut run = SaleRun {
+            spec: SaleSpec {
+                mode: "flash-sale",
+                base_url: "http://127.0.0.1:1".into(),
+                product_id: "p<1>".into(),
+                stock: 3,
+                buyers: 2,
+                attempts_per_buyer: 3,
+                max_per_customer: Some(2),
+                concurrency: 4,
+                qty: 1,
+                pollers: 0,
+            },
+            clock: Clock::start(),
+            product_visible_after_ms: 0,
+            orders: vec![
+                order(0, 1_000, one()),
+                order(0, 2_000, one()),
+                order(0, 3_000, one()),
+                order(1, 4_000, OrderOutcome::OutOfStock),
+            ],
+            avail: Vec::new(),
+            not_sent: 0,
+            avail_capped: false,
+            final_read: Ok(FinalRead {
+                available_quantity: 0,
+                served_by: "primary".into(),
+                as_of: "2026-01-01T00:00:00.000Z".into(),
+                covers_all_orders: true,
+                waited_ms: 0,
+            }),
+            replicas_before: None,
+            replicas_after: None,
+        };
+        let page = render(&SaleReport::build(&run), &run);
+        let summary =
+            "most units to one buyer 3 (limit 2), <span class=bad>1 buyers over the limit</span>";
+        assert!(page.contains(summary), "{page}");
+        assert!(
+            page.contains("OVERSOLD TO ONE BUYER: buyer-0 got 3 units"),
+            "{page}"
+        );
+        assert!(page.contains("p&lt;1&gt;"), "{page}");
+        // Without a limit or attempts, the summary reads as before.
+        run.spec.attempts_per_buyer = 1;
+        run.spec.max_per_customer = None;
+        let page = render(&SaleReport::build(&run), &run);
+        assert!(!page.contains("most units to one buyer"), "{page}");
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! Reports: the numbers each mode derives from its samples (oversold, sell-out moment,
-//! lying availability answers, rates, percentiles), the structs written as JSON, and
-//! their plain-text rendering.
+//! Reports: the numbers each mode derives from its samples (oversold, units per buyer
+//! against the per-customer limit, sell-out moment, lying availability answers, rates,
+//! percentiles), the structs written as JSON, and their plain-text rendering.
 
 use crate::samples::{AvailSample, FinalRead, OrderOutcome, OrderSample, SaleRun};
 use crate::stats::{ServedBy, Tally, histogram};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
 
 // ---------------------------------------------------------------------------------------
@@ -17,6 +17,51 @@ use std::fmt::{self, Write as _};
 /// Units confirmed beyond the stock there was. Anything above 0 is a broken promise.
 pub fn oversold(confirmed_units: u64, stock: u64) -> u64 {
     confirmed_units.saturating_sub(stock)
+}
+
+/// Units one buyer got beyond the product's `max_per_customer` (none without a limit).
+/// Anything above 0 is a broken promise, like overselling the stock.
+pub fn over_limit(buyer_units: u64, max_per_customer: Option<u32>) -> u64 {
+    max_per_customer.map_or(0, |limit| buyer_units.saturating_sub(u64::from(limit)))
+}
+
+/// What one buyer's orders came to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BuyerUnits {
+    /// Units of its confirmed orders (confirmed orders × their quantity).
+    pub units: u64,
+    /// Some order of its ended without a known outcome (timeout, 503, ...): it may hold
+    /// more units than we saw confirmed.
+    pub unknown: bool,
+}
+
+/// Per buyer (by number), the units its confirmed orders took; every buyer with an order
+/// is there, also one that got nothing.
+pub fn units_per_buyer(orders: &[OrderSample]) -> HashMap<u64, BuyerUnits> {
+    let mut by: HashMap<u64, BuyerUnits> = HashMap::new();
+    for o in orders {
+        let b = by.entry(o.buyer).or_default();
+        b.units += confirmed_units(o);
+        b.unknown |= matches!(o.outcome, OrderOutcome::Failed(_));
+    }
+    by
+}
+
+/// Whether a 409 LIMIT_EXCEEDED saying `limit` and `already` to a buyer who ended with
+/// `buyer` cannot be true for a product limited to `max_per_customer` and orders of `qty`:
+/// the product has no limit or another one; the request would have fit (`already + qty`
+/// within the limit); or the buyer is said to have had more units than all its confirmed
+/// orders (with every outcome known — units only grow, nothing is cancelled).
+pub fn false_limit_refusal(
+    limit: u32,
+    already: u32,
+    qty: u32,
+    buyer: BuyerUnits,
+    max_per_customer: Option<u32>,
+) -> bool {
+    max_per_customer != Some(limit)
+        || u64::from(already) + u64::from(qty) <= u64::from(limit)
+        || (!buyer.unknown && u64::from(already) > buyer.units)
 }
 
 /// The moment (µs from t0) the last unit was confirmed: the latest 201 answer, once the
@@ -268,10 +313,12 @@ pub struct OrderCounts {
     pub confirmed_orders: u64,
     pub confirmed_units: u64,
     pub out_of_stock: u64,
-    /// Anything but 201/409 OUT_OF_STOCK, by status and error code.
+    /// 409 LIMIT_EXCEEDED: the order would have taken its buyer past `max_per_customer`.
+    pub limit_exceeded: u64,
+    /// Anything but 201 and 409 OUT_OF_STOCK / LIMIT_EXCEEDED, by status and error code.
     #[serde(flatten)]
     pub failed: Failures,
-    /// Buyers never sent because the --max-seconds safety stop came first.
+    /// Orders never sent because the --max-seconds safety stop came first.
     pub not_sent: u64,
 }
 
@@ -282,6 +329,7 @@ impl OrderCounts {
             confirmed_orders: 0,
             confirmed_units: 0,
             out_of_stock: 0,
+            limit_exceeded: 0,
             failed: Failures::default(),
             not_sent: run.not_sent,
         };
@@ -292,10 +340,82 @@ impl OrderCounts {
                     c.confirmed_units += u64::from(*quantity);
                 }
                 OrderOutcome::OutOfStock => c.out_of_stock += 1,
+                OrderOutcome::LimitExceeded { .. } => c.limit_exceeded += 1,
                 OrderOutcome::Failed(label) => c.failed.add(label),
             }
         }
         c
+    }
+}
+
+/// What the buyers got one by one, against the product's `max_per_customer`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PerBuyer {
+    pub attempts_per_buyer: u32,
+    /// The product's limit; `None`: the run gave it none.
+    pub max_per_customer: Option<u32>,
+    /// The most units any single buyer got (its confirmed orders × qty).
+    pub max_units_one_buyer: u64,
+    /// A buyer that got that many (the lowest-numbered), when any got a unit.
+    pub top_buyer: Option<String>,
+    /// Buyers that got at least one unit.
+    pub buyers_with_units: u64,
+    /// Buyers given more than the limit, and the units beyond it in all. Must be 0.
+    pub buyers_over_limit: u64,
+    pub units_over_limit: u64,
+    /// 409 LIMIT_EXCEEDED answers that cannot be true (see [`false_limit_refusal`]). Must be 0.
+    pub false_limit_refusals: u64,
+}
+
+impl PerBuyer {
+    pub fn of(orders: &[OrderSample], spec: &crate::samples::SaleSpec) -> Self {
+        let limit = spec.max_per_customer;
+        let by = units_per_buyer(orders);
+        let mut p = Self {
+            attempts_per_buyer: spec.attempts_per_buyer,
+            max_per_customer: limit,
+            ..Self::default()
+        };
+        for b in by.values() {
+            p.buyers_with_units += u64::from(b.units > 0);
+            let over = over_limit(b.units, limit);
+            if over > 0 {
+                p.buyers_over_limit += 1;
+                p.units_over_limit += over;
+            }
+        }
+        let top = by
+            .iter()
+            .filter(|(_, b)| b.units > 0)
+            .max_by_key(|&(&n, b)| (b.units, std::cmp::Reverse(n)));
+        if let Some((n, b)) = top {
+            p.max_units_one_buyer = b.units;
+            p.top_buyer = Some(format!("buyer-{n}"));
+        }
+        p.false_limit_refusals = orders
+            .iter()
+            .filter(|o| match o.outcome {
+                OrderOutcome::LimitExceeded { limit: l, already } => {
+                    let b = by.get(&o.buyer).copied().unwrap_or_default();
+                    false_limit_refusal(l, already, spec.qty, b, limit)
+                }
+                _ => false,
+            })
+            .count() as u64;
+        p
+    }
+
+    /// Whether the report shows a per-buyer section: a limit, or buyers trying again.
+    pub fn shown(&self) -> bool {
+        self.max_per_customer.is_some() || self.attempts_per_buyer > 1
+    }
+
+    /// "2 (limit 2)", "3 (no limit)".
+    pub fn most_to_one_buyer(&self) -> String {
+        match self.max_per_customer {
+            Some(l) => format!("{} (limit {l})", self.max_units_one_buyer),
+            None => format!("{} (no limit)", self.max_units_one_buyer),
+        }
     }
 }
 
@@ -467,6 +587,8 @@ pub struct SaleReport {
     pub pollers: u32,
     pub orders: OrderCounts,
     pub oversold: u64,
+    /// Units per buyer against `max_per_customer` (with the run's attempts per buyer).
+    pub per_buyer: PerBuyer,
     pub timing: SaleTiming,
     pub latency: SaleLatency,
     pub availability: AvailabilitySeen,
@@ -503,6 +625,7 @@ impl SaleReport {
             qty: spec.qty,
             pollers: spec.pollers,
             oversold: oversold(orders.confirmed_units, stock),
+            per_buyer: PerBuyer::of(&run.orders, spec),
             orders,
             timing: SaleTiming::of(run, sell_out, rejected_after.len() as u64),
             latency: SaleLatency::of(run, &rejected_after),
@@ -524,6 +647,23 @@ impl SaleReport {
         let mut problems = Vec::new();
         if self.oversold > 0 {
             problems.push(format!("OVERSOLD by {} units", self.oversold));
+        }
+        let b = &self.per_buyer;
+        if let (true, Some(limit), Some(top)) =
+            (b.buyers_over_limit > 0, b.max_per_customer, &b.top_buyer)
+        {
+            problems.push(format!(
+                "OVERSOLD TO ONE BUYER: {top} got {} units with max_per_customer {limit} \
+                 ({} buyers over the limit, {} units beyond it)",
+                b.max_units_one_buyer, b.buyers_over_limit, b.units_over_limit
+            ));
+        }
+        if b.false_limit_refusals > 0 {
+            problems.push(format!(
+                "{} LIMIT_EXCEEDED answers cannot be true (no such limit, or the buyer had \
+                 fewer units than they say)",
+                b.false_limit_refusals
+            ));
         }
         if o.failed.errors_total > 0 {
             problems.push(format!(
@@ -561,10 +701,18 @@ impl SaleReport {
     }
 
     fn render_header(&self, out: &mut String) -> fmt::Result {
+        let b = &self.per_buyer;
+        let attempts = match b.attempts_per_buyer {
+            0 | 1 => String::new(),
+            m => format!(" x {m} attempts"),
+        };
+        let limit = b
+            .max_per_customer
+            .map_or(String::new(), |l| format!(", limit {l} per customer"));
         writeln!(out, "== {} against {} ==", self.mode, self.base_url)?;
         writeln!(
             out,
-            "product {}: stock {}, {} buyers x qty {}, concurrency {}, {} pollers (started {})",
+            "product {}: stock {}{limit}, {} buyers{attempts} x qty {}, concurrency {}, {} pollers (started {})",
             self.product_id,
             self.stock,
             self.buyers,
@@ -596,6 +744,9 @@ impl SaleReport {
             ),
         )?;
         line(out, "out of stock (409)", o.out_of_stock)?;
+        if self.per_buyer.max_per_customer.is_some() || o.limit_exceeded > 0 {
+            line(out, "limit exceeded (409)", o.limit_exceeded)?;
+        }
         o.failed.render_into(out)?;
         if o.not_sent > 0 {
             line(out, "not sent (safety stop)", o.not_sent)?;
@@ -605,6 +756,51 @@ impl SaleReport {
             "OVERSOLD",
             format_args!("{}   (max(0, confirmed units - stock))", self.oversold),
         )
+    }
+
+    fn render_per_buyer(&self, out: &mut String) -> fmt::Result {
+        let b = &self.per_buyer;
+        if !b.shown() {
+            return Ok(());
+        }
+        writeln!(out, "\nper buyer")?;
+        line(out, "attempts per buyer", b.attempts_per_buyer)?;
+        line(
+            out,
+            "max per customer",
+            b.max_per_customer.map_or("none".into(), |l| l.to_string()),
+        )?;
+        let top = b
+            .top_buyer
+            .as_ref()
+            .map_or(String::new(), |t| format!("   ({t})"));
+        line(
+            out,
+            "most units to one buyer",
+            format_args!("{}{top}", b.most_to_one_buyer()),
+        )?;
+        line(out, "buyers with units", b.buyers_with_units)?;
+        if b.max_per_customer.is_some() {
+            line(
+                out,
+                "OVER LIMIT",
+                format_args!(
+                    "{}   (buyers given more than max_per_customer, {} units beyond it; must be 0)",
+                    b.buyers_over_limit, b.units_over_limit
+                ),
+            )?;
+        }
+        if b.max_per_customer.is_some() || b.false_limit_refusals > 0 {
+            line(
+                out,
+                "false limit refusals",
+                format_args!(
+                    "{}   (LIMIT_EXCEEDED that cannot be true; must be 0)",
+                    b.false_limit_refusals
+                ),
+            )?;
+        }
+        Ok(())
     }
 
     fn render_timing(&self, out: &mut String) -> fmt::Result {
@@ -935,6 +1131,7 @@ impl Report for SaleReport {
     fn render_into(&self, out: &mut String) -> fmt::Result {
         self.render_header(out)?;
         self.render_orders(out)?;
+        self.render_per_buyer(out)?;
         self.render_timing(out)?;
         self.render_latency(out)?;
         if self.pollers == 0 {
@@ -985,8 +1182,14 @@ mod tests {
     use super::*;
     use crate::samples::{AvailAnswer, Clock, SaleSpec};
 
+    /// An order of its own buyer (one order per buyer, as without attempts).
     fn order(recv_us: u64, outcome: OrderOutcome) -> OrderSample {
+        buyer_order(recv_us, recv_us, outcome)
+    }
+
+    fn buyer_order(buyer: u64, recv_us: u64, outcome: OrderOutcome) -> OrderSample {
         OrderSample {
+            buyer,
             sent_us: recv_us.saturating_sub(1_000),
             recv_us,
             outcome,
@@ -1087,6 +1290,8 @@ mod tests {
                 product_id: "p".into(),
                 stock: 2,
                 buyers: orders.len() as u64,
+                attempts_per_buyer: 1,
+                max_per_customer: None,
                 concurrency: 2,
                 qty: 1,
                 pollers: 1,
@@ -1149,6 +1354,157 @@ mod tests {
         assert!(!r.after.matches);
         assert_eq!(r.problems.len(), 4, "{:?}", r.problems);
         assert!(r.render().contains("verdict: FAIL"));
+    }
+
+    #[test]
+    fn over_limit_is_units_beyond_the_limit_and_nothing_without_one() {
+        assert_eq!(over_limit(2, Some(2)), 0);
+        assert_eq!(over_limit(1, Some(2)), 0);
+        assert_eq!(over_limit(3, Some(2)), 1);
+        assert_eq!(over_limit(0, Some(1)), 0);
+        assert_eq!(over_limit(1_000, None), 0);
+    }
+
+    fn limited(limit: u32, already: u32) -> OrderOutcome {
+        OrderOutcome::LimitExceeded { limit, already }
+    }
+
+    #[test]
+    fn units_are_tallied_per_buyer_with_unknown_outcomes_marked() {
+        let two = OrderOutcome::Confirmed { quantity: 2 };
+        let orders = vec![
+            buyer_order(1, 1_000, two.clone()),
+            buyer_order(1, 2_000, two),
+            buyer_order(1, 3_000, limited(4, 4)),
+            buyer_order(2, 1_500, OrderOutcome::OutOfStock),
+            buyer_order(3, 1_600, OrderOutcome::Confirmed { quantity: 1 }),
+            buyer_order(3, 1_700, OrderOutcome::Failed("timeout".into())),
+        ];
+        let by = units_per_buyer(&orders);
+        assert_eq!(by.len(), 3);
+        let (units, unknown) = (by[&1].units, by[&1].unknown);
+        assert_eq!((units, unknown), (4, false));
+        assert_eq!(by[&2], BuyerUnits::default());
+        let (units, unknown) = (by[&3].units, by[&3].unknown);
+        assert_eq!((units, unknown), (1, true));
+    }
+
+    #[test]
+    fn a_limit_refusal_must_fit_the_limit_and_what_the_buyer_got() {
+        let got = |units| BuyerUnits {
+            units,
+            unknown: false,
+        };
+        // Limit 2, two units already, one more would pass it: true.
+        assert!(!false_limit_refusal(2, 2, 1, got(2), Some(2)));
+        // qty 2 on top of one unit passes a limit of 2 too.
+        assert!(!false_limit_refusal(2, 1, 2, got(1), Some(2)));
+        // The request would have fit.
+        assert!(false_limit_refusal(2, 1, 1, got(1), Some(2)));
+        // Not the product's limit, or no limit at all.
+        assert!(false_limit_refusal(3, 3, 1, got(3), Some(2)));
+        assert!(false_limit_refusal(2, 2, 1, got(2), None));
+        // Said to have 2 units, but every order of the buyer is known and only 1 confirmed...
+        assert!(false_limit_refusal(2, 2, 1, got(1), Some(2)));
+        // ...unless an order's outcome is unknown: it may have been confirmed.
+        let unsure = BuyerUnits {
+            units: 1,
+            unknown: true,
+        };
+        assert!(!false_limit_refusal(2, 2, 1, unsure, Some(2)));
+    }
+
+    fn limited_run(orders: Vec<OrderSample>, stock: u32, limit: u32, final_qty: i64) -> SaleRun {
+        let mut r = run(orders, Vec::new(), final_qty);
+        r.spec.stock = stock;
+        r.spec.buyers = 2;
+        r.spec.attempts_per_buyer = 3;
+        r.spec.max_per_customer = Some(limit);
+        r.spec.pollers = 0;
+        r
+    }
+
+    #[test]
+    fn limit_refusals_are_expected_and_the_most_one_buyer_got_is_shown() {
+        let one = || OrderOutcome::Confirmed { quantity: 1 };
+        let orders = vec![
+            buyer_order(0, 1_000, one()),
+            buyer_order(0, 1_100, one()),
+            buyer_order(0, 1_200, limited(2, 2)),
+            buyer_order(1, 1_300, one()),
+            // Answered before buyer-1's second confirmation, which it already counts.
+            buyer_order(1, 1_400, limited(2, 2)),
+            buyer_order(1, 1_500, one()),
+        ];
+        let r = SaleReport::build(&limited_run(orders, 10, 2, 6));
+        assert!(r.ok, "{:?}", r.problems);
+        assert_eq!(r.orders.limit_exceeded, 2);
+        assert_eq!(r.orders.failed.errors_total, 0);
+        let b = &r.per_buyer;
+        assert_eq!(
+            (b.max_units_one_buyer, b.top_buyer.as_deref()),
+            (2, Some("buyer-0"))
+        );
+        assert_eq!((b.buyers_over_limit, b.false_limit_refusals), (0, 0));
+        assert_eq!(b.buyers_with_units, 2);
+        let text = r.render();
+        assert!(
+            text.contains("limit 2 per customer, 2 buyers x 3 attempts"),
+            "{text}"
+        );
+        assert!(text.contains("limit exceeded (409)"), "{text}");
+        assert!(
+            text.contains("most units to one buyer    2 (limit 2)   (buyer-0)"),
+            "{text}"
+        );
+        assert!(text.contains("OVER LIMIT"), "{text}");
+        assert!(text.contains("verdict: OK"), "{text}");
+        let json = serde_json::to_value(&r).expect("serializes");
+        assert_eq!(json["per_buyer"]["max_units_one_buyer"], 2);
+        assert_eq!(json["per_buyer"]["max_per_customer"], 2);
+        assert_eq!(json["orders"]["limit_exceeded"], 2);
+    }
+
+    #[test]
+    fn a_buyer_over_the_limit_fails_like_an_oversell() {
+        let one = || OrderOutcome::Confirmed { quantity: 1 };
+        let orders = vec![
+            buyer_order(0, 1_000, one()),
+            buyer_order(0, 1_100, one()),
+            buyer_order(0, 1_200, one()),
+            buyer_order(1, 1_300, one()),
+            buyer_order(1, 1_400, limited(2, 0)),
+        ];
+        let r = SaleReport::build(&limited_run(orders, 10, 2, 6));
+        assert!(!r.ok);
+        assert_eq!(r.oversold, 0);
+        let b = &r.per_buyer;
+        assert_eq!(
+            (b.max_units_one_buyer, b.top_buyer.as_deref()),
+            (3, Some("buyer-0"))
+        );
+        assert_eq!((b.buyers_over_limit, b.units_over_limit), (1, 1));
+        assert_eq!(b.false_limit_refusals, 1);
+        assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
+        assert!(
+            r.problems[0].starts_with("OVERSOLD TO ONE BUYER: buyer-0 got 3 units"),
+            "{:?}",
+            r.problems
+        );
+        assert!(r.render().contains("verdict: FAIL"));
+    }
+
+    #[test]
+    fn a_sale_without_limit_or_attempts_reads_as_before() {
+        let r = SaleReport::build(&run(vec![confirmed(2_000)], Vec::new(), 1));
+        let text = r.render();
+        assert!(!text.contains("per buyer"), "{text}");
+        assert!(!text.contains("limit exceeded"), "{text}");
+        assert!(text.contains(": stock 2, 1 buyers x qty 1,"), "{text}");
+        // A LIMIT_EXCEEDED for a product without a limit is not believed.
+        let r = SaleReport::build(&run(vec![order(2_000, limited(1, 1))], Vec::new(), 2));
+        assert_eq!(r.per_buyer.false_limit_refusals, 1);
+        assert!(!r.ok);
     }
 
     #[test]

@@ -47,12 +47,17 @@ pub enum OrderOutcome {
     Confirmed { quantity: u32 },
     /// 409 OUT_OF_STOCK.
     OutOfStock,
+    /// 409 LIMIT_EXCEEDED: the order would take its buyer past the product's
+    /// `max_per_customer`; the service's `limit` and the units it says the buyer `already` had.
+    LimitExceeded { limit: u32, already: u32 },
     /// Anything else, labelled by status and error code ("503 OVERLOADED", "timeout", ...).
     Failed(String),
 }
 
 #[derive(Debug, Clone)]
 pub struct OrderSample {
+    /// The buyer (`buyer-{n}`) the order was placed for.
+    pub buyer: u64,
     pub sent_us: u64,
     pub recv_us: u64,
     pub outcome: OrderOutcome,
@@ -108,6 +113,10 @@ pub struct SaleSpec {
     pub product_id: String,
     pub stock: u32,
     pub buyers: u64,
+    /// Orders each buyer sends, each with its own Idempotency-Key.
+    pub attempts_per_buyer: u32,
+    /// The fresh product's `max_per_customer`, if the run gave it one.
+    pub max_per_customer: Option<u32>,
     pub concurrency: u32,
     pub qty: u32,
     pub pollers: u32,
@@ -122,7 +131,7 @@ pub struct SaleRun {
     pub product_visible_after_ms: u64,
     pub orders: Vec<OrderSample>,
     pub avail: Vec<AvailSample>,
-    /// Buyers never sent because the --max-seconds safety stop came first.
+    /// Orders never sent because the --max-seconds safety stop came first.
     pub not_sent: u64,
     /// Pollers stopped early because the sample cap was reached.
     pub avail_capped: bool,

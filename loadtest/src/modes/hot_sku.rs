@@ -35,6 +35,8 @@ pub async fn run(ctx: &Ctx, a: HotSkuArgs) -> Result<TimedReport> {
             match api.place_order(&pid, &user, qty, &key, deadline).await {
                 OrderOutcome::Confirmed { quantity } => Hit::Confirmed(quantity),
                 OrderOutcome::OutOfStock => Hit::OutOfStock,
+                // The hot product has no limit: a refusal for one is wrong.
+                OrderOutcome::LimitExceeded { .. } => Hit::Failed("409 LIMIT_EXCEEDED".into()),
                 OrderOutcome::Failed(label) => Hit::Failed(label),
             }
         }

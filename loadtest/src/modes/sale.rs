@@ -1,6 +1,7 @@
-//! The sale engine shared by flash-sale and sell-out: a fresh product, N distinct buyers
-//! with at most C orders in flight, availability pollers until the buyers are done, and
-//! the product read back afterwards.
+//! The sale engine shared by flash-sale and sell-out: a fresh product (optionally with a
+//! `max_per_customer`), N distinct buyers sending M orders each with at most C orders in
+//! flight, availability pollers until the buyers are done, and the product read back
+//! afterwards.
 
 use super::{Ctx, fresh_id, progress, run_tag, warm_up};
 use crate::client::Api;
@@ -23,9 +24,29 @@ pub struct SaleArgs {
     pub product_id: Option<String>,
     pub stock: u32,
     pub buyers: u64,
+    /// Orders per buyer, each with its own Idempotency-Key (1 for one order each).
+    pub attempts_per_buyer: u32,
+    /// The fresh product's `max_per_customer`, if any.
+    pub max_per_customer: Option<u32>,
     pub concurrency: u32,
     pub qty: u32,
     pub pollers: u32,
+}
+
+impl SaleArgs {
+    /// Orders the run sends in all: every buyer's every attempt.
+    pub fn orders(&self) -> u64 {
+        self.buyers
+            .saturating_mul(u64::from(self.attempts_per_buyer.max(1)))
+    }
+}
+
+/// Which buyer, and which of its attempts, the `n`th order of the run is: a buyer's
+/// attempts come one after another, so with several orders in flight they race each other
+/// (the case a per-customer limit has to hold in).
+pub fn slot(n: u64, attempts_per_buyer: u32) -> (u64, u32) {
+    let m = u64::from(attempts_per_buyer.max(1));
+    (n / m, (n % m) as u32)
 }
 
 /// What the buyers and pollers of one sale share.
@@ -34,14 +55,18 @@ struct Sale {
     pid: Arc<str>,
     tag: String,
     qty: u32,
-    buyers: u64,
+    /// Orders to send in all, and how many of them each buyer sends.
+    orders: u64,
+    attempts_per_buyer: u32,
     deadline: Instant,
     clock: Clock,
-    /// The next buyer to send.
+    /// The next order to send (see [`slot`]).
     next: AtomicU64,
-    /// For the progress bar: units confirmed, out-of-stock answers, failed orders.
+    /// For the progress bar: units confirmed, out-of-stock answers, limit refusals, failed
+    /// orders.
     units: AtomicU64,
     rejected: AtomicU64,
+    limited: AtomicU64,
     failed: AtomicU64,
     /// Set once every buyer is done; the pollers stop then.
     buyers_done: AtomicBool,
@@ -51,7 +76,7 @@ struct Sale {
 pub async fn run(ctx: &Ctx, mut a: SaleArgs) -> Result<SaleRun> {
     let api = ctx.api.clone();
     let product_id = a.product_id.take().unwrap_or_else(|| fresh_id(a.id_prefix));
-    api.create_product(&product_id, a.stock, PRICE_CENTS)
+    api.create_limited_product(&product_id, a.stock, PRICE_CENTS, a.max_per_customer)
         .await?;
     let visible = api.wait_visible(&product_id, &Clock::start()).await?;
     let replicas_before = api.replicas().await.ok();
@@ -63,6 +88,8 @@ pub async fn run(ctx: &Ctx, mut a: SaleArgs) -> Result<SaleRun> {
         product_id: product_id.clone(),
         stock: a.stock,
         buyers: a.buyers,
+        attempts_per_buyer: a.attempts_per_buyer,
+        max_per_customer: a.max_per_customer,
         concurrency: a.concurrency,
         qty: a.qty,
         pollers: a.pollers,
@@ -82,7 +109,7 @@ pub async fn run(ctx: &Ctx, mut a: SaleArgs) -> Result<SaleRun> {
         spec,
         clock: sale.clock,
         product_visible_after_ms: visible.as_millis() as u64,
-        not_sent: a.buyers - orders.len() as u64,
+        not_sent: a.orders().saturating_sub(orders.len() as u64),
         orders,
         avail,
         avail_capped,
@@ -96,7 +123,7 @@ impl Sale {
     /// Shows the progress bar and starts the run's clock.
     fn start(api: Arc<Api>, pid: Arc<str>, a: &SaleArgs, deadline: Instant) -> Self {
         let pb = progress(
-            a.buyers,
+            a.orders(),
             "{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} orders  {msg}",
         );
         pb.enable_steady_tick(Duration::from_millis(100));
@@ -105,12 +132,14 @@ impl Sale {
             pid,
             tag: run_tag(),
             qty: a.qty,
-            buyers: a.buyers,
+            orders: a.orders(),
+            attempts_per_buyer: a.attempts_per_buyer,
             deadline,
             clock: Clock::start(),
             next: AtomicU64::new(0),
             units: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            limited: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             buyers_done: AtomicBool::new(false),
             pb,
@@ -135,7 +164,7 @@ impl Sale {
             polls.spawn(self.clone().poll(per_poller_cap));
         }
 
-        let mut orders = Vec::with_capacity(self.buyers.min(10_000_000) as usize);
+        let mut orders = Vec::with_capacity(self.orders.min(10_000_000) as usize);
         while let Some(r) = buyers.join_next().await {
             orders.extend(r.context("a buyer task panicked")?);
         }
@@ -153,17 +182,18 @@ impl Sale {
         Ok((orders, avail, avail_capped))
     }
 
-    /// One buyer task: takes the next buyer number and places its one order, until every
-    /// buyer is sent or the safety stop.
+    /// One buyer task: takes the next order (a buyer and one of its attempts) and places
+    /// it with a fresh Idempotency-Key, until every order is sent or the safety stop.
     async fn buy(self: Arc<Self>) -> Vec<OrderSample> {
         let mut out = Vec::new();
         while Instant::now() < self.deadline {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
-            if n >= self.buyers {
+            if n >= self.orders {
                 break;
             }
-            let user = format!("buyer-{n}");
-            let key = format!("lt-{}-{n}", self.tag);
+            let (buyer, attempt) = slot(n, self.attempts_per_buyer);
+            let user = format!("buyer-{buyer}");
+            let key = format!("lt-{}-{buyer}-{attempt}", self.tag);
             let sent = Instant::now();
             let outcome = (self.api)
                 .place_order(&self.pid, &user, self.qty, &key, self.deadline)
@@ -174,18 +204,21 @@ impl Sale {
                     .units
                     .fetch_add(u64::from(*quantity), Ordering::Relaxed),
                 OrderOutcome::OutOfStock => self.rejected.fetch_add(1, Ordering::Relaxed),
+                OrderOutcome::LimitExceeded { .. } => self.limited.fetch_add(1, Ordering::Relaxed),
                 OrderOutcome::Failed(_) => self.failed.fetch_add(1, Ordering::Relaxed),
             };
             out.push(OrderSample {
+                buyer,
                 sent_us: self.clock.us(sent),
                 recv_us: self.clock.us(recv),
                 outcome,
             });
             self.pb.inc(1);
             self.pb.set_message(format!(
-                "{} units confirmed, {} out of stock, {} errors",
+                "{} units confirmed, {} out of stock, {} over the limit, {} errors",
                 self.units.load(Ordering::Relaxed),
                 self.rejected.load(Ordering::Relaxed),
+                self.limited.load(Ordering::Relaxed),
                 self.failed.load(Ordering::Relaxed)
             ));
         }
@@ -217,5 +250,19 @@ impl Sale {
             }
         }
         (out, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buyers_attempts_come_one_after_another() {
+        let slots: Vec<_> = (0..6).map(|n| slot(n, 3)).collect();
+        assert_eq!(slots, [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]);
+        // One attempt each: order n is buyer n, as before attempts existed.
+        assert_eq!(slot(41, 1), (41, 0));
+        assert_eq!(slot(7, 0), (7, 0));
     }
 }

@@ -17,6 +17,8 @@ pub async fn run(ctx: &Ctx, a: SellOutArgs) -> Result<(SaleReport, SaleRun)> {
             product_id: a.product_id,
             stock: a.stock,
             buyers: a.buyers,
+            attempts_per_buyer: 1,
+            max_per_customer: None,
             concurrency: a.concurrency,
             qty: a.qty,
             pollers: a.pollers,
