@@ -152,7 +152,12 @@ struct Claims<'r> {
 
 /// A claimed key `(user, Some(key), refusal, None)`, or a product not on sale yet
 /// `(product, None, None, Some(ms to its start))`.
-type ClaimRow = (String, Option<String>, Option<sqlx::types::Json<Refusal>>, Option<i64>);
+type ClaimRow = (
+    String,
+    Option<String>,
+    Option<sqlx::types::Json<Refusal>>,
+    Option<i64>,
+);
 
 /// The claim statement of [`insert`]: the products' windows on the primary's clock, then a
 /// refusal for every key of a product on sale (`SALE_ENDED` past its end).

@@ -74,11 +74,11 @@ struct NewProduct {
     #[serde(default)]
     max_per_customer: Option<Number>,
     /// RFC 3339; before it, orders are 409 `SALE_NOT_STARTED`.
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-24T18:00:00Z")]
     #[serde(default)]
     sale_starts_at: Option<String>,
     /// RFC 3339, after `sale_starts_at`; from it, orders are 409 `SALE_ENDED`.
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-24T20:00:00Z")]
     #[serde(default)]
     sale_ends_at: Option<String>,
 }
@@ -90,10 +90,10 @@ struct RulesPatch {
     #[schema(value_type = Option<i64>, minimum = 1, maximum = 10000, example = 2)]
     #[serde(default, deserialize_with = "present")]
     max_per_customer: Option<Option<Number>>,
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-24T18:00:00Z")]
     #[serde(default, deserialize_with = "present")]
     sale_starts_at: Option<Option<String>>,
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-24T20:00:00Z")]
     #[serde(default, deserialize_with = "present")]
     sale_ends_at: Option<Option<String>>,
 }
