@@ -314,3 +314,52 @@ async fn the_shop_page_shows_fresh_availability_sells_the_last_unit_once_and_the
     assert_eq!(app.confirmed_orders(product).await, (1, 1));
     assert_eq!(app.stock_on_primary(product).await, 0);
 }
+
+/// The shop page on a drop (tests/browser/drop.mjs): "limit 1 per customer" and a countdown
+/// that moves while buy is disabled; a buy forced early is told `SALE_NOT_STARTED`; once the
+/// primary's clock passes the start the page enables buy and sells one unit, the second is
+/// `LIMIT_EXCEEDED`; after the end it says "sale ended" and a forced buy is `SALE_ENDED`.
+/// The page's claims are then checked against the database: one order, one unit gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shop_page_counts_down_to_a_drop_states_its_limit_and_its_end() {
+    if !browser_available() {
+        return;
+    }
+    let app = spawn_app(shared_cluster()).await;
+    let product = "drop-page";
+    let (starts, ends): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT now() + interval '6 seconds', now() + interval '16 seconds'")
+            .fetch_one(&app.primary)
+            .await
+            .unwrap();
+    let r = app
+        .client
+        .post(app.url("/v1/products"))
+        .bearer_auth(&app.admin)
+        .json(
+            &serde_json::json!({"product_id": product, "name": "Drop", "price_cents": 100,
+            "available_quantity": 10, "max_per_customer": 1,
+            "sale_starts_at": starts.to_rfc3339(), "sale_ends_at": ends.to_rfc3339()}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let token = app.user_token("dropper");
+    let mut browser = Browser::spawn(
+        "drop.mjs",
+        &[
+            ("STOCKGATE_URL", &app.address),
+            ("STOCKGATE_PRODUCT", product),
+            ("STOCKGATE_USER_TOKEN", &token),
+        ],
+    );
+    browser.expect("BEFORE").await;
+    browser.expect("SALE_NOT_STARTED").await;
+    browser.expect("BOUGHT").await;
+    browser.expect("LIMIT_EXCEEDED").await;
+    browser.expect("SALE_ENDED").await;
+    browser.finish().await;
+    assert_eq!(app.confirmed_orders(product).await, (1, 1));
+    assert_eq!(app.stock_on_primary(product).await, 9);
+}
