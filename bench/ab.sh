@@ -26,7 +26,7 @@ SECS="${BENCH_SECONDS:-6}"
 PORT="${AB_PORT:-18280}"
 command -v wrk >/dev/null || { echo "ab.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 
-eval "$(./dev cluster env | grep -E '^(DATABASE_URL|STOCKGATE_REPLICA_URLS|STOCKGATE_REDIS_URL)=' | sed 's/^/export /')"
+dev_cluster_env
 export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
 export STOCKGATE_LISTEN="127.0.0.1:$PORT"
 ADMIN="$(./dev token --admin)"

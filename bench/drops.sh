@@ -31,7 +31,7 @@ BIN="${STOCKGATE_BIN:-target/release/stockgate}"
 command -v wrk >/dev/null || { echo "drops.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "drops.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
 
-eval "$(./dev cluster env | grep -E '^(DATABASE_URL|STOCKGATE_REPLICA_URLS|STOCKGATE_REDIS_URL)=' | sed 's/^/export /')"
+dev_cluster_env
 export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
 export STOCKGATE_LISTEN="127.0.0.1:$PORT"
 ADMIN="$(STOCKGATE_TOKEN_SECRET="$STOCKGATE_TOKEN_SECRET" "$BIN" token --admin)"
@@ -83,7 +83,7 @@ products=(drops-free drops-lim drops-soon)
 for r in $(seq "$ROUNDS"); do
   db="$(fresh "$r")"
   DATABASE_URL="$BASE_URL/$db" \
-    STOCKGATE_REPLICA_URLS="$(echo "$REPLICAS" | sed "s#/[^/,]*\(,\|$\)#/$db\1#g")" \
+    STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$db")" \
     "$BIN" serve >"$work/serve.log" 2>&1 &
   pid=$!
   wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "drops.sh: the service did not start" >&2; exit 1; }

@@ -59,7 +59,7 @@ for tool in jq wrk curl; do command -v "$tool" >/dev/null || die "$tool is missi
 curl -fsS --max-time 5 "$BASE_URL/healthz" >/dev/null \
   || die "no stockgate answering at $BASE_URL (start it with ./dev up, or set STOCKGATE_LISTEN)"
 
-eval "$(./dev cluster env | grep -E '^(DATABASE_URL|STOCKGATE_REPLICA_URLS|STOCKGATE_REDIS_URL)=' | sed 's/^/export /')"
+dev_cluster_env
 REPLICA_URL="${STOCKGATE_REPLICA_URLS%%,*}"
 export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
 ADMIN="$(./dev token --admin)"

@@ -37,3 +37,12 @@ quantile_ms() {
       }
     }'
 }
+
+# dev_cluster_env: exports the dev cluster's DATABASE_URL, STOCKGATE_REPLICA_URLS and
+# STOCKGATE_REDIS_URL (./dev up, or the cluster up, must have run)
+dev_cluster_env() {
+  eval "$(./dev cluster env | grep -E '^(DATABASE_URL|STOCKGATE_REPLICA_URLS|STOCKGATE_REDIS_URL)=' | sed 's/^/export /')"
+}
+
+# replicas_on URLS DB: the comma-separated replica URLS, each pointed at database DB
+replicas_on() { echo "$1" | sed "s#/[^/,]*\(,\|$\)#/$2\1#g"; }

@@ -33,7 +33,7 @@ BIN="${STOCKGATE_BIN:-target/release/stockgate}"
 command -v wrk >/dev/null || { echo "plans.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "plans.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
 
-eval "$(./dev cluster env | grep -E '^(DATABASE_URL|STOCKGATE_REPLICA_URLS|STOCKGATE_REDIS_URL)=' | sed 's/^/export /')"
+dev_cluster_env
 export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
 export STOCKGATE_LISTEN="127.0.0.1:$PORT"
 ADMIN="$(STOCKGATE_TOKEN_SECRET="$STOCKGATE_TOKEN_SECRET" "$BIN" token --admin)"
@@ -76,7 +76,7 @@ SQL
 # turn SIZE DB: one measured run against DB; appends "size orders/s p99 rows-after analyzed"
 turn() {
   DATABASE_URL="$BASE_URL/$2" \
-    STOCKGATE_REPLICA_URLS="$(echo "$REPLICAS" | sed "s#/[^/,]*\(,\|$\)#/$2\1#g")" \
+    STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$2")" \
     "$BIN" serve >"$work/serve.log" 2>&1 &
   pid=$!
   wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "plans.sh: the service did not start" >&2; exit 1; }

@@ -27,7 +27,7 @@ BIN="${STOCKGATE_BIN:-target/release/stockgate}"
 command -v wrk >/dev/null || { echo "refusals.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "refusals.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
 
-eval "$(./dev cluster env | grep -E '^(DATABASE_URL|STOCKGATE_REPLICA_URLS|STOCKGATE_REDIS_URL)=' | sed 's/^/export /')"
+dev_cluster_env
 export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
 export STOCKGATE_LISTEN="127.0.0.1:$PORT" STOCKGATE_IDEMPOTENCY_WINDOW="$WINDOW"
 ADMIN="$(STOCKGATE_TOKEN_SECRET="$STOCKGATE_TOKEN_SECRET" "$BIN" token --admin)"
@@ -35,7 +35,7 @@ BASE_URL="${DATABASE_URL%/*}"
 DB="refusals_$(date -u +%H%M%S)"
 URL="http://$STOCKGATE_LISTEN"
 export DATABASE_URL="$BASE_URL/$DB"
-export STOCKGATE_REPLICA_URLS="$(echo "$STOCKGATE_REPLICA_URLS" | sed "s#/[^/,]*\(,\|$\)#/$DB\1#g")"
+export STOCKGATE_REPLICA_URLS="$(replicas_on "$STOCKGATE_REPLICA_URLS" "$DB")"
 
 work="$(mktemp -d)"
 pid=""

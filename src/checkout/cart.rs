@@ -8,7 +8,7 @@
 //! same rule as single-product orders. A cart holds its rows only for its own few
 //! statements, so a hot product's batch waits at most that long.
 
-use super::drops::{self, Refusal, Verdict};
+use super::drops::{self, Refusal};
 use super::idempotency::{existing_under, judge_held};
 use super::stock::{self, Short};
 use super::{CheckoutError, Order, Placed, commit, order_columns, with_lines};
@@ -61,17 +61,15 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
     };
-    let refusal =
-        match drops::judge_lines(&mut tx, &req.user, req.lines.get(), &locked, false).await? {
-            Verdict::Fits => None,
-            Verdict::NotStarted { retry_after_ms } => {
-                // Nothing is claimed before the sale: the key may be sent again once it is on.
-                tx.rollback().await?;
-                return Err(CheckoutError::SaleNotStarted { retry_after_ms });
-            }
-            Verdict::Short(short) => Some((Refusal::OutOfStock, CheckoutError::Short(short))),
-            Verdict::Refused(r) => Some((r.clone(), r.into_error())),
-        };
+    let verdict = drops::judge_lines(&mut tx, &req.user, req.lines.get(), &locked, false).await?;
+    let refusal = match verdict.refusal() {
+        Ok(refusal) => refusal,
+        Err(not_started) => {
+            // Nothing is claimed before the sale: the key may be sent again once it is on.
+            tx.rollback().await?;
+            return Err(not_started);
+        }
+    };
     let Some(order) = claim(&mut tx, req, &locked, refusal.as_ref().map(|(r, _)| r)).await? else {
         // A concurrent request with this key committed first: answer as it did.
         tx.rollback().await?;

@@ -110,6 +110,22 @@ pub(crate) enum Verdict {
     Refused(Refusal),
 }
 
+impl Verdict {
+    /// What a cart or hold does with its verdict: `Ok(None)` take the lines;
+    /// `Ok(Some((refusal, answer)))` claim the key with the refusal and give the answer;
+    /// `Err(SALE_NOT_STARTED)` roll back, so nothing is claimed.
+    pub(crate) fn refusal(self) -> Result<Option<(Refusal, CheckoutError)>, CheckoutError> {
+        match self {
+            Verdict::Fits => Ok(None),
+            Verdict::NotStarted { retry_after_ms } => {
+                Err(CheckoutError::SaleNotStarted { retry_after_ms })
+            }
+            Verdict::Short(short) => Ok(Some((Refusal::OutOfStock, CheckoutError::Short(short)))),
+            Verdict::Refused(r) => Ok(Some((r.clone(), r.into_error()))),
+        }
+    }
+}
+
 /// Judges `lines` (each product once) against their `locked` rows: the window, then stock,
 /// then each limited product's allowance for `user`. `counted` are units of these lines that
 /// `customer_units` already sees (a hold's own lines, written before the lock), subtracted

@@ -10,7 +10,7 @@
 //! state (every instance sweeps due holds each second with `SKIP LOCKED`), so a restart loses
 //! nothing and returns nothing twice.
 
-use super::drops::{self, Refusal, Verdict};
+use super::drops::{self, Refusal};
 use super::stock;
 use super::{CheckoutError, Order, commit, order_columns, with_lines};
 use crate::domain::{HoldTtl, IdempotencyKey, Lines, ProductId, UserId};
@@ -156,17 +156,15 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         return Err(CheckoutError::ProductNotFound);
     };
     // The hold's own lines are written already: the user's count includes them.
-    let refusal =
-        match drops::judge_lines(&mut tx, &req.user, req.lines.get(), &locked, true).await? {
-            Verdict::Fits => None,
-            Verdict::NotStarted { retry_after_ms } => {
-                // Nothing is claimed before the sale: the key may be sent again once it is on.
-                tx.rollback().await?;
-                return Err(CheckoutError::SaleNotStarted { retry_after_ms });
-            }
-            Verdict::Short(short) => Some((Refusal::OutOfStock, CheckoutError::Short(short))),
-            Verdict::Refused(r) => Some((r.clone(), r.into_error())),
-        };
+    let verdict = drops::judge_lines(&mut tx, &req.user, req.lines.get(), &locked, true).await?;
+    let refusal = match verdict.refusal() {
+        Ok(refusal) => refusal,
+        Err(not_started) => {
+            // Nothing is claimed before the sale: the key may be sent again once it is on.
+            tx.rollback().await?;
+            return Err(not_started);
+        }
+    };
     if let Some((refusal, answer)) = refusal {
         refuse(&mut tx, hold_id, &refusal).await?;
         commit(tx).await?;

@@ -638,6 +638,4 @@ async fn patch_validates_and_a_limit_raised_mid_sale_lets_buyers_take_more() {
         StatusCode::CREATED,
         "no limit now"
     );
-    let (_, page) = app.get_json("/v1/products/pat", None).await;
-    assert!(page["max_per_customer"].is_null(), "{page}");
 }

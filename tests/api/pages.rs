@@ -316,10 +316,12 @@ async fn the_shop_page_shows_fresh_availability_sells_the_last_unit_once_and_the
 }
 
 /// The shop page on a drop (tests/browser/drop.mjs): "limit 1 per customer" and a countdown
-/// that moves while buy is disabled; a buy forced early is told `SALE_NOT_STARTED`; once the
-/// primary's clock passes the start the page enables buy and sells one unit, the second is
-/// `LIMIT_EXCEEDED`; after the end it says "sale ended" and a forced buy is `SALE_ENDED`.
-/// The page's claims are then checked against the database: one order, one unit gone.
+/// that moves while buy is disabled; a buy forced early is told `SALE_NOT_STARTED`; when the
+/// test then opens the sale (PATCH) the page enables buy and sells one unit, and the second
+/// is `LIMIT_EXCEEDED`; when the test ends the sale the page says "sale ended" and a forced
+/// buy is `SALE_ENDED`. The page's claims are then checked against the database: one order,
+/// one unit gone. The rules move on the script's word, not on a clock, so a slow browser
+/// start cannot miss a window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shop_page_counts_down_to_a_drop_states_its_limit_and_its_end() {
     if !browser_available() {
@@ -328,7 +330,7 @@ async fn the_shop_page_counts_down_to_a_drop_states_its_limit_and_its_end() {
     let app = spawn_app(shared_cluster()).await;
     let product = "drop-page";
     let (starts, ends): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
-        sqlx::query_as("SELECT now() + interval '6 seconds', now() + interval '16 seconds'")
+        sqlx::query_as("SELECT now() + interval '10 minutes', now() + interval '2 hours'")
             .fetch_one(&app.primary)
             .await
             .unwrap();
@@ -345,6 +347,20 @@ async fn the_shop_page_counts_down_to_a_drop_states_its_limit_and_its_end() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
+    let patch = |rules: serde_json::Value| {
+        let app = &app;
+        async move {
+            let r = app
+                .client
+                .patch(app.url(&format!("/v1/products/{product}")))
+                .bearer_auth(&app.admin)
+                .json(&rules)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+        }
+    };
     let token = app.user_token("dropper");
     let mut browser = Browser::spawn(
         "drop.mjs",
@@ -356,8 +372,14 @@ async fn the_shop_page_counts_down_to_a_drop_states_its_limit_and_its_end() {
     );
     browser.expect("BEFORE").await;
     browser.expect("SALE_NOT_STARTED").await;
+    patch(serde_json::json!({"sale_starts_at": null})).await;
     browser.expect("BOUGHT").await;
     browser.expect("LIMIT_EXCEEDED").await;
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&app.primary)
+        .await
+        .unwrap();
+    patch(serde_json::json!({"sale_ends_at": now.to_rfc3339()})).await;
     browser.expect("SALE_ENDED").await;
     browser.finish().await;
     assert_eq!(app.confirmed_orders(product).await, (1, 1));

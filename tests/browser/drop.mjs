@@ -1,5 +1,6 @@
 // The shop page on a flash drop: "limit 1 per customer", a live countdown with buy disabled,
-// the refusals as sentences, then "sale ended". Driven by tests/api/pages.rs.
+// the refusals as sentences, then "sale ended". Driven by tests/api/pages.rs, which moves the
+// sale's start and end (PATCH) when this script says SALE_NOT_STARTED and LIMIT_EXCEEDED.
 // env: STOCKGATE_URL, STOCKGATE_PRODUCT, STOCKGATE_USER_TOKEN, SCREENSHOT_DIR
 import { check, done, env, launch, say, screenshot, waitFor } from './lib.mjs';
 
@@ -19,7 +20,7 @@ const forceBuy = () => page.evaluate(() => { const b = document.getElementById('
 
 await page.goto(`${base}/shop/${encodeURIComponent(product)}?token=${encodeURIComponent(token)}`);
 await waitFor(page, 'limit and countdown', () => document.getElementById('limit').textContent === 'limit 1 per customer'
-  && /^sale starts in 0:\d\d$/.test(document.getElementById('sale-window').textContent));
+  && /^sale starts in [\d:]+$/.test(document.getElementById('sale-window').textContent));
 const line1 = await text('#drop');
 check(await page.isDisabled('#buy'), 'buy is disabled before the start');
 say(`BEFORE ${line1} | availability: ${(await text('#availability-line')).trim()} | buy disabled`);
