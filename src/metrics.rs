@@ -95,7 +95,7 @@ metrics! {
     /// Steps after a commit that failed; the write stands and the step fails safe.
     post_commit_failures: IntCounterVec("post_commit_failures_total", "Steps after a committed write that failed (the write stands; the step fails safe)", ["step"]);
     load_shed: IntCounter("load_shed_total", "Requests refused with 503 because the service was at capacity");
-    order_batch_size: Histogram("order_batch_size", "Orders per coalesced primary transaction", buckets BATCH_BUCKETS);
+    order_batch_size: Histogram("order_batch_size", "Orders per product batch (the batches of several products may share one primary transaction)", buckets BATCH_BUCKETS);
     /// An order's time in its product's queue, from arrival until a batch took it.
     order_queue_seconds: Histogram("order_queue_seconds", "Time an order waited for its product's batch to take it", buckets ORDER_STAGE_BUCKETS);
     /// One batch's transaction on the primary, from sending it to its commit's answer.

@@ -27,6 +27,7 @@ use crate::domain::ProductId;
 use crate::routing::{Db, DbError};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -60,7 +61,7 @@ pub(super) struct RowSeen {
     pub window: Window,
 }
 
-/// Runs the batch: one call of `take_order_batch` on the primary.
+/// Runs one product's batch: one call of `take_order_batch_v2` on the primary.
 pub(super) async fn run(
     db: &Db,
     product: &ProductId,
@@ -70,31 +71,15 @@ pub(super) async fn run(
     let (users, keys): (Vec<&str>, Vec<&str>) = reqs.iter().map(|r| r.key_pair()).unzip();
     let qty: Vec<i32> = reqs.iter().map(|r| r.quantity.get()).collect();
     let fps: Vec<String> = reqs.iter().map(|r| r.fingerprint()).collect();
-    let mut conn = db
-        .primary()
-        .acquire()
-        .await
-        .map_err(Failed::NothingWritten)?;
-    let sent = Instant::now();
-    let rows = sqlx::query("SELECT * FROM take_order_batch_v2($1, $2, $3, $4, $5, $6)")
+    let statement = sqlx::query("SELECT * FROM take_order_batch_v2($1, $2, $3, $4, $5, $6)")
         .bind(product.as_str())
         .bind(&ids)
         .bind(&users)
         .bind(&keys)
         .bind(&qty)
-        .bind(&fps)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| match e {
-            // The server refused the statement: its transaction rolled back.
-            sqlx::Error::Database(_) => Failed::NothingWritten(e.into()),
-            // The link failed with the statement sent: it may have committed.
-            e => {
-                tracing::warn!(error = %e, "order batch lost its link; its outcome is unknown");
-                Failed::Unknown
-            }
-        })?;
-    let arrived = Instant::now();
+        .bind(&fps);
+    let (rows, sent, arrived) = send(db, statement).await?;
+    let rows: Vec<&PgRow> = rows.iter().collect();
     read(reqs, &ids, &rows, sent, arrived).map_err(|e| {
         // Committed, but its answer cannot be read: every request must retry with its key.
         tracing::warn!(error = %e, "order batch's answer could not be read");
@@ -102,11 +87,103 @@ pub(super) async fn run(
     })
 }
 
+/// Runs the batches of several products (each once) as one statement, one transaction, one
+/// commit: `take_order_batches_v1`, which runs `take_order_batch_v2` for each product in byte
+/// order. Every batch's answer, in `jobs`' order, or the statement's failure for all of them
+/// (an error anywhere rolls every batch back).
+pub(super) async fn run_many(
+    db: &Db,
+    jobs: &[(&ProductId, Vec<&OrderRequest>)],
+) -> Result<Vec<Committed>, Failed> {
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| jobs[a].0.as_str().cmp(jobs[b].0.as_str()));
+    let total = jobs.iter().map(|(_, r)| r.len()).sum();
+    let (mut products, mut ends) = (
+        Vec::with_capacity(jobs.len()),
+        Vec::with_capacity(jobs.len()),
+    );
+    let mut users: Vec<&str> = Vec::with_capacity(total);
+    let mut keys: Vec<&str> = Vec::with_capacity(total);
+    let mut qty: Vec<i32> = Vec::with_capacity(total);
+    let mut fps: Vec<String> = Vec::with_capacity(total);
+    for &j in &order {
+        let (product, reqs) = &jobs[j];
+        products.push(product.as_str());
+        for r in reqs {
+            let (u, k) = r.key_pair();
+            users.push(u);
+            keys.push(k);
+            qty.push(r.quantity.get());
+            fps.push(r.fingerprint());
+        }
+        ends.push(i32::try_from(users.len()).unwrap_or(i32::MAX));
+    }
+    let ids: Vec<Uuid> = (0..total).map(|_| super::new_row_id()).collect();
+    let statement = sqlx::query("SELECT * FROM take_order_batches_v1($1, $2, $3, $4, $5, $6, $7)")
+        .bind(&products)
+        .bind(&ends)
+        .bind(&ids)
+        .bind(&users)
+        .bind(&keys)
+        .bind(&qty)
+        .bind(&fps);
+    let (rows, sent, arrived) = send(db, statement).await?;
+    let mut by_product: HashMap<&str, Vec<&PgRow>> = HashMap::new();
+    for row in &rows {
+        let product: &str = row.try_get("batch_product").map_err(|_| Failed::Unknown)?;
+        by_product.entry(product).or_default().push(row);
+    }
+    // Each job's slice of the ids, by the position its product took.
+    let mut first_id = vec![0; jobs.len()];
+    let mut at = 0;
+    for &j in &order {
+        first_id[j] = at;
+        at += jobs[j].1.len();
+    }
+    jobs.iter()
+        .enumerate()
+        .map(|(j, (product, reqs))| {
+            let mine = by_product
+                .get(product.as_str())
+                .map_or(&[][..], Vec::as_slice);
+            let ids = &ids[first_id[j]..first_id[j] + reqs.len()];
+            read(reqs, ids, mine, sent, arrived).map_err(|e| {
+                tracing::warn!(error = %e, "a combined order batch's answer could not be read");
+                Failed::Unknown
+            })
+        })
+        .collect()
+}
+
+/// Sends a batch statement on a primary connection of its own: its rows, when it was sent, and
+/// when its answer arrived. The statement is its own transaction: an error the server reports
+/// means it rolled back (nothing written); a link that fails after it was sent leaves the
+/// outcome unknown.
+async fn send<'q>(
+    db: &Db,
+    statement: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<(Vec<PgRow>, Instant, Instant), Failed> {
+    let mut conn = db
+        .primary()
+        .acquire()
+        .await
+        .map_err(Failed::NothingWritten)?;
+    let sent = Instant::now();
+    let rows = statement.fetch_all(&mut *conn).await.map_err(|e| match e {
+        sqlx::Error::Database(_) => Failed::NothingWritten(e.into()),
+        e => {
+            tracing::warn!(error = %e, "an order batch lost its link; its outcome is unknown");
+            Failed::Unknown
+        }
+    })?;
+    Ok((rows, sent, Instant::now()))
+}
+
 /// Reads the function's rows (none: no such product) into every request's answer.
 fn read(
     reqs: &[&OrderRequest],
     ids: &[Uuid],
-    rows: &[PgRow],
+    rows: &[&PgRow],
     sent: Instant,
     arrived: Instant,
 ) -> Result<Committed, sqlx::Error> {
@@ -140,7 +217,7 @@ fn read(
             )));
         };
         if r.try_get::<Option<Uuid>, _>("order_id")?.is_some() {
-            *slot = Some(Existing::from_row(r)?);
+            *slot = Some(Existing::from_row(*r)?);
         }
     }
     Ok(Committed {

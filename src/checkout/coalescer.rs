@@ -88,6 +88,88 @@ pub struct Coalescer {
     max_batch: usize,
     window: Duration,
     queues: Mutex<HashMap<ProductId, mpsc::UnboundedSender<Pending>>>,
+    /// The products' batches, on their way to a shared statement ([`combiner`]).
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+/// One product's batch, for the [`combiner`].
+struct Job {
+    product: ProductId,
+    reqs: Vec<OrderRequest>,
+    reply: oneshot::Sender<Result<Committed, Failed>>,
+}
+
+/// Order statements in flight at once; while they run, the batches that become ready queue
+/// for the next one, so a spread of orders over many products commits many products at a
+/// time. A hot product alone sends one batch at a time, which runs alone, as before.
+const STATEMENTS: usize = 4;
+
+/// The most requests one combined statement carries.
+const MAX_COMBINED: usize = 1024;
+
+/// Runs the products' batches: each alone when nothing else is ready, else every batch ready
+/// at that moment in one statement ([`batch::run_many`]: one transaction, rows locked in the
+/// shared product order, one commit). If a combined statement fails, nothing of it was
+/// written, and its batches run again one by one, so each product's worker sees its own
+/// outcome (a row-level error it splits around, a lock race it reruns) exactly as if it had
+/// run alone.
+async fn combiner(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<Job>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(STATEMENTS));
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut size = first.reqs.len();
+        let mut jobs = vec![first];
+        while size < MAX_COMBINED {
+            match rx.try_recv() {
+                Ok(job) => {
+                    size += job.reqs.len();
+                    jobs.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        let (db, metrics) = (db.clone(), metrics.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            run_jobs(&db, &metrics, jobs).await;
+        });
+    }
+}
+
+async fn run_jobs(db: &Db, metrics: &Metrics, jobs: Vec<Job>) {
+    if jobs.len() > 1 {
+        metrics.order_transactions.inc();
+        let views: Vec<(&ProductId, Vec<&OrderRequest>)> = jobs
+            .iter()
+            .map(|j| (&j.product, j.reqs.iter().collect()))
+            .collect();
+        match batch::run_many(db, &views).await {
+            Ok(committed) => {
+                for (job, c) in jobs.into_iter().zip(committed) {
+                    let _ = job.reply.send(Ok(c));
+                }
+                return;
+            }
+            Err(Failed::Unknown) => {
+                for job in jobs {
+                    let _ = job.reply.send(Err(Failed::Unknown));
+                }
+                return;
+            }
+            Err(Failed::NothingWritten(e)) => {
+                tracing::warn!(error = %e, batches = jobs.len(), "a combined order statement failed; running its batches one by one");
+            }
+        }
+    }
+    futures::future::join_all(jobs.into_iter().map(|job| async move {
+        metrics.order_transactions.inc();
+        let reqs: Vec<&OrderRequest> = job.reqs.iter().collect();
+        let result = batch::run(db, &job.product, &reqs).await;
+        let _ = job.reply.send(result);
+    }))
+    .await;
 }
 
 /// Sends `item` to `key`'s worker, starting one if there is none or if the one there has
@@ -131,6 +213,8 @@ impl Coalescer {
         max_batch: usize,
         window: Duration,
     ) -> Arc<Self> {
+        let (jobs, rx) = mpsc::unbounded_channel();
+        tokio::spawn(combiner(db.clone(), metrics.clone(), rx));
         Arc::new(Coalescer {
             db,
             metrics,
@@ -138,6 +222,7 @@ impl Coalescer {
             max_batch: max_batch.max(1),
             window,
             queues: Mutex::default(),
+            jobs,
         })
     }
 
@@ -254,10 +339,23 @@ impl Coalescer {
     async fn run(&self, product: &ProductId, reqs: &[&OrderRequest]) -> Result<Committed, Failed> {
         let mut attempt = 0;
         loop {
-            self.metrics.order_transactions.inc();
-            let result = tokio::time::timeout(BATCH_LIMIT, batch::run(&self.db, product, reqs))
-                .await
-                .unwrap_or_else(|_| {
+            let (reply, rx) = oneshot::channel();
+            let job = Job {
+                product: product.clone(),
+                reqs: reqs.iter().map(|r| (*r).clone()).collect(),
+                reply,
+            };
+            // A job the combiner never took wrote nothing; one it dropped (it died holding
+            // it) may have committed: unknown.
+            let sent = self.jobs.send(job).map_err(|_| {
+                Failed::NothingWritten(DbError::Internal("the order combiner stopped".into()))
+            });
+            let result = tokio::time::timeout(BATCH_LIMIT, async {
+                sent?;
+                rx.await.unwrap_or(Err(Failed::Unknown))
+            })
+            .await
+            .unwrap_or_else(|_| {
                     tracing::warn!(%product, "order batch got no answer in time; its outcome is unknown");
                     Err(Failed::Unknown)
                 });

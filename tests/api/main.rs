@@ -26,3 +26,4 @@ mod reports;
 mod retries;
 mod robustness;
 mod schemathesis;
+mod spread;

@@ -294,3 +294,73 @@ async fn a_batch_seats_each_users_requests_against_their_allowance_first_fit() {
         assert_eq!(reasons(&pool, &reqs).await, [want]);
     }
 }
+
+/// The batches of several products in one statement (`take_order_batches_v1`): each product's
+/// requests are seated against its own row exactly as its own batch would be, and they all
+/// commit together; products out of byte order are refused whole (nothing written), so no two
+/// such statements can lock rows in opposite orders. Mutation seen failing it: slicing each
+/// product's requests from 1 (every product got the first product's requests).
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_of_several_products_share_one_statement_and_keep_their_own_seats() {
+    let pool = pool().await;
+    product(&pool, "A", 1).await;
+    product(&pool, "b", 2).await;
+    let ids: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
+    let users = ["u1", "u2", "u3", "u4", "u5"];
+    let keys = ["k"; 5];
+    let qty = [1; 5];
+    let fps = ["A:1", "A:1", "b:1", "b:1", "b:1"];
+    let call = |products: Vec<&'static str>, ends: Vec<i32>| {
+        sqlx::query("SELECT * FROM take_order_batches_v1($1, $2, $3, $4, $5, $6, $7)")
+            .bind(products)
+            .bind(ends)
+            .bind(ids.clone())
+            .bind(users)
+            .bind(keys)
+            .bind(qty)
+            .bind(fps)
+    };
+    // "b" before "A" is not byte order ("A" < "b"): refused, nothing written.
+    assert!(
+        call(vec!["b", "A"], vec![3, 5])
+            .fetch_all(&pool)
+            .await
+            .is_err()
+    );
+    assert_eq!(rows_of(&pool, "u1").await + rows_of(&pool, "u3").await, 0);
+    let rows = call(vec!["A", "b"], vec![2, 5])
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let got: Vec<(String, i64, String, Option<String>)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("batch_product"),
+                r.get("n"),
+                r.get("status"),
+                r.get("product_id"),
+            )
+        })
+        .collect();
+    let want = [
+        ("A", 1, "confirmed"),
+        ("A", 2, "refused"),
+        ("b", 1, "confirmed"),
+        ("b", 2, "confirmed"),
+        ("b", 3, "refused"),
+    ];
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for ((p, n, status, product), (wp, wn, ws)) in got.iter().zip(want) {
+        assert_eq!((p.as_str(), *n, status.as_str()), (wp, wn, ws), "{got:?}");
+        assert_eq!(
+            product.as_deref(),
+            Some(wp),
+            "each row is its own product's"
+        );
+    }
+    assert_eq!(
+        (stock_on(&pool, "A").await, stock_on(&pool, "b").await),
+        (0, 0)
+    );
+}

@@ -1,0 +1,39 @@
+-- wrk script: every request is a new order by a new buyer (admin token acting for a fresh
+-- user_id, fresh Idempotency-Key) for a product drawn at random from PREFIX1..PREFIXN;
+-- counts responses by status.
+-- usage: wrk -s bench/wrk/spread.lua URL -- ADMIN_TOKEN PREFIX N
+local threads = {}
+
+function setup(thread)
+  thread:set("tid", #threads)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  token, prefix, count, n, codes = args[1], args[2], tonumber(args[3]), 0, {}
+  math.randomseed(os.time() * 1000 + tid)
+end
+
+function request()
+  n = n + 1
+  local who = string.format("wrk-%d-%d-%d", tid, n, math.random(1000000000))
+  local product = prefix .. math.random(1, count)
+  local body = string.format('{"product_id":"%s","quantity":1,"user_id":"%s"}', product, who)
+  return wrk.format("POST", "/v1/orders", {
+    ["Authorization"] = "Bearer " .. token,
+    ["Content-Type"] = "application/json",
+    ["Idempotency-Key"] = who,
+  }, body)
+end
+
+function response(status, headers, body)
+  codes[status] = (codes[status] or 0) + 1
+end
+
+function done(summary, latency, requests)
+  local total = {}
+  for _, t in ipairs(threads) do
+    for k, v in pairs(t:get("codes")) do total[k] = (total[k] or 0) + v end
+  end
+  for k, v in pairs(total) do io.write(string.format("status %d: %d\n", k, v)) end
+end
