@@ -31,13 +31,7 @@ BIN="${STOCKGATE_BIN:-target/release/stockgate}"
 command -v wrk >/dev/null || { echo "drops.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "drops.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
 
-dev_cluster_env
-export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
-export STOCKGATE_LISTEN="127.0.0.1:$PORT"
-ADMIN="$(STOCKGATE_TOKEN_SECRET="$STOCKGATE_TOKEN_SECRET" "$BIN" token --admin)"
-BASE_URL="${DATABASE_URL%/*}"
-REPLICAS="$STOCKGATE_REPLICA_URLS"
-URL="http://$STOCKGATE_LISTEN"
+bench_service_env "$PORT"
 stamp="$(date -u +%H%M%S)"
 
 work="$(mktemp -d)"

@@ -46,3 +46,16 @@ dev_cluster_env() {
 
 # replicas_on URLS DB: the comma-separated replica URLS, each pointed at database DB
 replicas_on() { echo "$1" | sed "s#/[^/,]*\(,\|$\)#/$2\1#g"; }
+
+# bench_service_env PORT: the dev cluster's environment (dev_cluster_env), the token secret,
+# STOCKGATE_LISTEN on PORT; sets ADMIN (an admin token, by $BIN), BASE_URL (the primary's URL
+# without a database), REPLICAS (the replicas' URLs) and URL (the service's base URL)
+bench_service_env() {
+  dev_cluster_env
+  export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
+  export STOCKGATE_LISTEN="127.0.0.1:$1"
+  ADMIN="$(STOCKGATE_TOKEN_SECRET="$STOCKGATE_TOKEN_SECRET" "$BIN" token --admin)"
+  BASE_URL="${DATABASE_URL%/*}"
+  REPLICAS="$STOCKGATE_REPLICA_URLS"
+  URL="http://$STOCKGATE_LISTEN"
+}

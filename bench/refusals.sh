@@ -33,13 +33,8 @@ BIN="${STOCKGATE_BIN:-target/release/stockgate}"
 command -v wrk >/dev/null || { echo "refusals.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "refusals.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
 
-dev_cluster_env
-export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
-export STOCKGATE_LISTEN="127.0.0.1:$PORT"
-ADMIN="$(STOCKGATE_TOKEN_SECRET="$STOCKGATE_TOKEN_SECRET" "$BIN" token --admin)"
-BASE_URL="${DATABASE_URL%/*}"
+bench_service_env "$PORT"
 DB="refusals_$(date -u +%H%M%S)"
-URL="http://$STOCKGATE_LISTEN"
 export DATABASE_URL="$BASE_URL/$DB"
 export STOCKGATE_REPLICA_URLS="$(replicas_on "$STOCKGATE_REPLICA_URLS" "$DB")"
 

@@ -30,13 +30,8 @@ for b in "$BIN" "$LOADTEST"; do
   [ -x "$b" ] || { echo "soak.sh: $b is missing (cargo build --release -p stockgate -p loadtest)" >&2; exit 1; }
 done
 
-dev_cluster_env
-export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
-export STOCKGATE_LISTEN="127.0.0.1:$PORT"
-ADMIN="$(STOCKGATE_TOKEN_SECRET="$STOCKGATE_TOKEN_SECRET" "$BIN" token --admin)"
-BASE_URL="${DATABASE_URL%/*}"
+bench_service_env "$PORT"
 DB="soak_$(date -u +%H%M%S)"
-URL="http://$STOCKGATE_LISTEN"
 export DATABASE_URL="$BASE_URL/$DB"
 export STOCKGATE_REPLICA_URLS="$(replicas_on "$STOCKGATE_REPLICA_URLS" "$DB")"
 

@@ -9,7 +9,7 @@
 #   - pgbench, -j2, at -c8, -c32 and -c64 (the best counts): a random product, its guarded
 #     UPDATE … WHERE available_quantity >= 1, the order's INSERT, COMMIT;
 #   - a fresh `stockgate serve` under `wrk -t2 -c64`, each request a random product and a
-#     fresh buyer and key (bench/wrk/spread.lua).
+#     fresh buyer and key (bench/wrk/orders.lua).
 # Prints per round the service's orders/s and p99, pgbench's best tps, their ratio, and the
 # primary transactions per order the service ran (`stockgate_order_transactions_total`); then
 # the medians with min–max; appends it all to bench/results/spread-<date>.md.
@@ -28,13 +28,7 @@ command -v wrk >/dev/null || { echo "spread.sh: wrk is missing (apt-get install 
 command -v pgbench >/dev/null || { echo "spread.sh: pgbench is missing (postgresql-contrib)" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "spread.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
 
-dev_cluster_env
-export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
-export STOCKGATE_LISTEN="127.0.0.1:$PORT"
-ADMIN="$(STOCKGATE_TOKEN_SECRET="$STOCKGATE_TOKEN_SECRET" "$BIN" token --admin)"
-BASE_URL="${DATABASE_URL%/*}"
-REPLICAS="$STOCKGATE_REPLICA_URLS"
-URL="http://$STOCKGATE_LISTEN"
+bench_service_env "$PORT"
 stamp="$(date -u +%H%M%S)"
 
 work="$(mktemp -d)"
@@ -85,7 +79,7 @@ service() {
   wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "spread.sh: the service did not start" >&2; exit 1; }
   local before after
   before="$(metric_at "$URL" stockgate_order_transactions_total)"
-  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/spread.lua "$URL" -- "$ADMIN" spread- 1000 >"$work/wrk.txt"
+  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" spread- 1000 >"$work/wrk.txt"
   after="$(metric_at "$URL" stockgate_order_transactions_total)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
   LC_ALL=C awk -v s="$SECS" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" -v tx="$((after - before))" '

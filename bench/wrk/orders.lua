@@ -1,6 +1,7 @@
 -- wrk script: every request is a new order by a new buyer (admin token acting for a fresh
--- user_id, fresh Idempotency-Key) for one product; counts responses by status.
--- usage: wrk -s bench/wrk/orders.lua URL -- ADMIN_TOKEN PRODUCT_ID
+-- user_id, fresh Idempotency-Key) for one product, or with N for a product drawn at random
+-- from PRODUCT_ID1 … PRODUCT_IDN; counts responses by status.
+-- usage: wrk -s bench/wrk/orders.lua URL -- ADMIN_TOKEN PRODUCT_ID [N]
 local threads = {}
 
 function setup(thread)
@@ -9,14 +10,15 @@ function setup(thread)
 end
 
 function init(args)
-  token, product, n, codes = args[1], args[2], 0, {}
+  token, product, spread, n, codes = args[1], args[2], tonumber(args[3]), 0, {}
   math.randomseed(os.time() * 1000 + tid)
 end
 
 function request()
   n = n + 1
   local who = string.format("wrk-%d-%d-%d", tid, n, math.random(1000000000))
-  local body = string.format('{"product_id":"%s","quantity":1,"user_id":"%s"}', product, who)
+  local p = spread and (product .. math.random(1, spread)) or product
+  local body = string.format('{"product_id":"%s","quantity":1,"user_id":"%s"}', p, who)
   return wrk.format("POST", "/v1/orders", {
     ["Authorization"] = "Bearer " .. token,
     ["Content-Type"] = "application/json",

@@ -326,7 +326,11 @@ async fn a_commit_whose_outcome_is_unknown_says_so_and_the_retry_finds_the_order
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batches_claiming_the_same_keys_in_opposite_orders_never_deadlock() {
+    // Two instances, one product each: an instance runs the batches of several products that
+    // are ready together as one statement, which cannot deadlock with itself; two instances'
+    // statements are the case to hold.
     let app = spawn_app(shared_cluster()).await;
+    let other = spawn_beside(&app, shared_cluster()).await;
     // Each of these users' rows takes a moment to insert, so two batches that claim their
     // keys are surely inside their inserts at the same time.
     sqlx::raw_sql(
@@ -342,16 +346,22 @@ async fn batches_claiming_the_same_keys_in_opposite_orders_never_deadlock() {
         app.create_product(&d1, 100, 100).await;
         app.create_product(&d2, 100, 100).await;
         let lock = app.lock_rows(&[&d1, &d2]).await;
-        let early: Vec<_> = [&d1, &d2]
+        let early: Vec<_> = [(&app, &d1), (&other, &d2)]
             .iter()
-            .map(|p| order_in_background(&app, "early", &format!("e-{p}"), p, 1))
+            .map(|(at, p)| order_in_background(at, "early", &format!("e-{p}"), p, 1))
             .collect();
         batches_waiting(&app, 2).await;
         let key = format!("k{round}");
         let mut answers = Vec::new();
-        for (p, user) in [(&d1, "u1"), (&d1, "u2"), (&d2, "u2"), (&d2, "u1")] {
-            answers.push((user, order_in_background(&app, user, &key, p, 1)));
-            queued(&app, answers.len() as f64).await;
+        // (instance, product, user, orders then queued on that instance)
+        for (at, p, user, n) in [
+            (&app, &d1, "u1", 1.0),
+            (&app, &d1, "u2", 2.0),
+            (&other, &d2, "u2", 1.0),
+            (&other, &d2, "u1", 2.0),
+        ] {
+            answers.push((user, order_in_background(at, user, &key, p, 1)));
+            queued(at, n).await;
         }
         lock.commit().await.unwrap();
         // Precondition: the two batches were inside their key claims at the same moment.
