@@ -283,3 +283,53 @@ async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statist
         );
     }
 }
+
+/// The idempotency window's purge finds old refusals through `orders_refused_by_age` without
+/// walking it: with 20,000 refusals younger than the window, each purge (every instance's
+/// sweeper runs one a second) reads next to nothing of the index. Mutation seen failing it:
+/// the cutoff computed from `clock_timestamp()` (volatile, so not an index condition), which
+/// read every refusal each second (1.7 s a statement at 1.2 M refusals in `bench/soak.sh`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_reads_only_refusals_past_the_window() {
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("purge-p", 0, 100).await;
+    sqlx::query(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         SELECT gen_random_uuid(), 'purge-p', 'purge-u', 1, 0, 0, 'refused', 'k' || g, 'purge-p:1' FROM generate_series(1, 20000) g",
+    )
+    .execute(&app.primary)
+    .await
+    .unwrap();
+    let index = |pool: sqlx::PgPool| async move {
+        flush_other_backends(&pool).await;
+        let mut conn = pool.acquire().await.unwrap();
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT idx_scan, idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'orders_refused_by_age'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+    };
+    let before = index(app.primary.clone()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let after = loop {
+        let now = index(app.primary.clone()).await;
+        if now.0 >= before.0 + 3 {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no three purges within 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let per_scan = (after.1 - before.1) / (after.0 - before.0);
+    assert!(
+        per_scan < 100,
+        "each purge read {per_scan} entries of the refusals' index (20,000 younger than the window)"
+    );
+}
