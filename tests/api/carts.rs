@@ -84,7 +84,7 @@ fn assert_busy_was_rare(busy: &AtomicUsize, requests: usize) {
 /// (buyer, cart, status, body).
 type CartAnswer = (usize, Vec<(&'static str, i64)>, StatusCode, Value);
 
-fn lines(items: &[(&str, i64)]) -> Value {
+pub(crate) fn lines(items: &[(&str, i64)]) -> Value {
     json!(
         items
             .iter()

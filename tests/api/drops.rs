@@ -1,20 +1,13 @@
 //! Flash drops: per-customer limits and sale windows, decided on the primary in the
 //! transaction that takes the stock, whatever the replicas, instances and keys.
 
+use crate::carts::lines;
 use crate::helpers::*;
+use crate::retries::code;
 use futures::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use std::time::Duration;
-
-fn lines(items: &[(&str, i64)]) -> Value {
-    json!(
-        items
-            .iter()
-            .map(|(p, q)| json!({"product_id": p, "quantity": q}))
-            .collect::<Vec<_>>()
-    )
-}
 
 async fn order(
     app: &TestApp,
@@ -96,10 +89,6 @@ async fn rows_written(app: &TestApp, product: &str) -> i64 {
     .fetch_one(&app.primary)
     .await
     .unwrap()
-}
-
-fn code(body: &Value) -> &str {
-    body["error"]["code"].as_str().unwrap_or("")
 }
 
 /// The first scenario. 30 users × 5 one-unit attempts (orders, and for every third user
