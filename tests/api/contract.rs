@@ -368,10 +368,11 @@ async fn the_admin_replicas_page_states_each_replicas_real_position_lag_and_stat
 async fn stockgate_replicas_prints_each_replica_with_its_state_staleness_and_lag() {
     let cluster = shared_cluster();
     let db = fresh_database(cluster).await;
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    // A port held by a listener that never answers: nothing else in the suite can take it
+    // (a port freed for the test could be handed to another test's proxy to a replica), and
+    // a node that completes the handshake but never speaks is what a frozen host looks like.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = silent.local_addr().unwrap().port();
     let out = blocking(|| {
         std::process::Command::new(env!("CARGO_BIN_EXE_stockgate"))
             .arg("replicas")
@@ -410,6 +411,7 @@ async fn stockgate_replicas_prints_each_replica_with_its_state_staleness_and_lag
         "{stdout}"
     );
     assert_eq!(lines[1][..3], ["replica-2", "down", "-"], "{stdout}");
+    drop(silent);
 }
 
 /// `OUTCOME_UNKNOWN` on one instance, and the retry sent to another while the commit is
