@@ -33,7 +33,7 @@ use super::{CheckoutError, OrderRequest, Placed};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
-use crate::routing::{Db, DbError};
+use crate::routing::{Db, DbError, Internal};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -247,7 +247,7 @@ impl Coalescer {
                     sender
                 },
             )
-            .map_err(|_| DbError::Internal("no order worker could be started".into()))?;
+            .map_err(|_| DbError::Internal(Internal::WorkerGone("order worker")))?;
             self.metrics.order_queue_depth.inc();
         }
         // The reply is dropped only if the worker died holding this order: it may have
@@ -348,7 +348,7 @@ impl Coalescer {
             // A job the combiner never took wrote nothing; one it dropped (it died holding
             // it) may have committed: unknown.
             let sent = self.jobs.send(job).map_err(|_| {
-                Failed::NothingWritten(DbError::Internal("the order combiner stopped".into()))
+                Failed::NothingWritten(DbError::Internal(Internal::WorkerGone("order combiner")))
             });
             let result = tokio::time::timeout(BATCH_LIMIT, async {
                 sent?;
@@ -392,9 +392,9 @@ impl Coalescer {
                         Err(match &failed {
                             Failed::Unknown => CheckoutError::OutcomeUnknown,
                             Failed::NothingWritten(DbError::Query(e)) if is_row_level(e) => {
-                                CheckoutError::Refused(e.to_string())
+                                CheckoutError::Refused(e.clone())
                             }
-                            Failed::NothingWritten(e) => CheckoutError::Db(e.shared()),
+                            Failed::NothingWritten(e) => CheckoutError::Db(e.clone()),
                         })
                     })
                     .collect()

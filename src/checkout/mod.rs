@@ -165,7 +165,7 @@ pub enum Placed {
     Replayed(Order),
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CheckoutError {
     /// Not enough stock; the refusal holds the key, so this key's answer stays 409.
     #[error("not enough stock")]
@@ -213,7 +213,7 @@ pub enum CheckoutError {
     HoldConfirmed,
     /// The database refused this request's own row (a row-level error); nothing was written.
     #[error("the database refused this order: {0}")]
-    Refused(String),
+    Refused(std::sync::Arc<sqlx::Error>),
     #[error(transparent)]
     Db(#[from] DbError),
 }

@@ -15,7 +15,7 @@ use super::drops::Refusal;
 use super::idempotency::{decided_on_primary, existing_for, judge, key_of};
 use super::{CheckoutError, OrderRequest, Placed};
 use crate::metrics::Metrics;
-use crate::routing::{Db, DbError, is_connection_error};
+use crate::routing::{Db, DbError, Internal, is_connection_error};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -50,7 +50,7 @@ impl Refusals {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send((req, reply))
-            .map_err(|_| DbError::Internal("the refusal worker stopped".into()))?;
+            .map_err(|_| DbError::Internal(Internal::WorkerGone("refusal worker")))?;
         // Dropped only if the claim's task died mid-statement: it may have committed.
         rx.await.map_err(|_| CheckoutError::OutcomeUnknown)?
     }
@@ -84,17 +84,12 @@ async fn worker(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<(Order
 
 /// Claims every free key among `reqs` with a refusal; an answer per request.
 async fn claim(db: &Db, reqs: &[&OrderRequest]) -> Vec<Result<Placed, CheckoutError>> {
-    let fail = |e: &CheckoutError| match e {
-        CheckoutError::OutcomeUnknown => CheckoutError::OutcomeUnknown,
-        CheckoutError::Db(e) => CheckoutError::Db(e.shared()),
-        other => CheckoutError::Db(DbError::Internal(other.to_string())),
-    };
     let Claims {
         claimed,
         not_started,
     } = match insert(db, reqs).await {
         Ok(claims) => claims,
-        Err(e) => return reqs.iter().map(|_| Err(fail(&e))).collect(),
+        Err(e) => return reqs.iter().map(|_| Err(e.clone())).collect(),
     };
     // The first request of each claimed key is refused; every other one reads its key.
     let mut first_seen: HashSet<(&str, &str)> = HashSet::new();
@@ -137,7 +132,7 @@ async fn claim(db: &Db, reqs: &[&OrderRequest]) -> Vec<Result<Placed, CheckoutEr
                     Err(e) => Err(e),
                 }
             }
-            (Err(e), None) => Err(fail(e)),
+            (Err(e), None) => Err(e.clone()),
         });
     }
     answers

@@ -1,6 +1,7 @@
 //! Products: create and restock (admin, primary), the product page and availability
 //! (routed reads).
 
+use super::error::OnSqlstate;
 use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable, Unprocessable,
 };
@@ -9,7 +10,7 @@ use crate::checkout::CheckoutError;
 use crate::checkout::drops::{Rules, rule_columns};
 use crate::domain::{CustomerLimit, PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
-use crate::routing::{DbError, ReadCtx, Route};
+use crate::routing::{ReadCtx, Route};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -390,22 +391,18 @@ async fn restock(
         }
     };
     let key = super::idempotency_key(&headers)?;
-    let done = state
-        .checkout
-        .restock(&id, add, key.as_ref())
-        .await
-        .map_err(|e| match e {
-            CheckoutError::ProductNotFound => {
-                ApiError::not_found("PRODUCT_NOT_FOUND", format!("no product {id}"))
-            }
-            CheckoutError::Db(DbError::Query(e)) => match ApiError::from(e) {
-                ApiError::Invalid(_) => {
-                    ApiError::invalid("STOCK_LIMIT", "stock would exceed 2147483647")
-                }
-                other => other,
-            },
-            other => other.into(),
-        })?;
+    let done = match state.checkout.restock(&id, add, key.as_ref()).await {
+        Err(CheckoutError::ProductNotFound) => {
+            return Err(ApiError::not_found(
+                "PRODUCT_NOT_FOUND",
+                format!("no product {id}"),
+            ));
+        }
+        // numeric_value_out_of_range: the sum would pass 2^31 - 1.
+        done => done.on_sqlstate("22003", || {
+            ApiError::invalid("STOCK_LIMIT", "stock would exceed 2147483647")
+        })?,
+    };
     let product = Product {
         product_id: done.product_id,
         name: done.name,
