@@ -150,9 +150,23 @@ fn module_doc_rows() -> Vec<(String, String)> {
     config_rows(&doc)
 }
 
-fn sorted(mut names: Vec<String>) -> Vec<String> {
-    names.sort();
-    names
+/// Fails naming what `documented` lacks and what it has that the code does not read.
+fn assert_same_variables(documented: &[String], what: &str) {
+    let code = variables_the_code_reads();
+    let missing: Vec<_> = code.iter().filter(|n| !documented.contains(n)).collect();
+    let unknown: Vec<_> = documented.iter().filter(|n| !code.contains(n)).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "{what}: missing {missing:?}; not read by the code {unknown:?}"
+    );
+    let mut once = documented.to_vec();
+    once.sort();
+    once.dedup();
+    assert_eq!(
+        once.len(),
+        documented.len(),
+        "{what} names a variable twice"
+    );
 }
 
 /// The README's table and `config.rs`'s list the same variables, in the same order, with the
@@ -162,11 +176,7 @@ fn the_configuration_tables_list_every_variable_the_code_reads() {
     let readme = config_rows(&read("README.md"));
     let module_doc = module_doc_rows();
     let names = |rows: &[(String, String)]| rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
-    assert_eq!(
-        sorted(names(&readme)),
-        sorted(variables_the_code_reads()),
-        "the README's configuration table against the variables src/config.rs reads"
-    );
+    assert_same_variables(&names(&readme), "the README's configuration table");
     assert_eq!(
         names(&module_doc),
         names(&readme),
@@ -249,11 +259,7 @@ fn env_example_names_every_variable_once() {
         })
         .map(str::to_string)
         .collect();
-    assert_eq!(
-        sorted(entries),
-        sorted(variables_the_code_reads()),
-        ".env.example's entries against the variables the code reads"
-    );
+    assert_same_variables(&entries, ".env.example");
 }
 
 /// Every `](target)` in the README, `docs/` and `bench/results/README.md` that is not a URL
