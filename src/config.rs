@@ -26,7 +26,7 @@
 //! | `STOCKGATE_ORDER_BATCH_MAX` | most orders one coalesced transaction takes | `256` |
 //! | `STOCKGATE_ORDER_BATCH_WINDOW_US` | how long a batch waits for more orders once the queue is empty | `0` |
 //! | `STOCKGATE_IDEMPOTENCY_WINDOW` | how long a key's answer is remembered at least (`30s`, `15m`, `24h`); refusals older than this are purged, so their keys may be used anew; confirmed orders never are | `24h` |
-//! | `RUST_LOG` | log filter | `info` |
+//! | `RUST_LOG` | log filter, read by [`crate::telemetry`] from the real environment only (logging starts before `.env` is read) | `info,sqlx=warn,tower_http=info` for serve, `warn` for the other commands |
 
 use std::net::SocketAddr;
 use std::time::Duration;
