@@ -85,41 +85,18 @@ fn parse_share(s: &str) -> Result<f64, String> {
 // Pure pieces: randomness, carts, endings, accounting, verdict
 // ---------------------------------------------------------------------------------------
 
-/// splitmix64: plenty for carts and delays, and reproducible from --seed without a
-/// dependency.
-struct Rng(u64);
-
-impl Rng {
-    /// Buyer `b`'s own stream, so workers need not share one.
-    fn for_buyer(seed: u64, b: u64) -> Self {
-        Self(seed ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03))
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in [lo, hi].
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
+/// Buyer `b`'s own random stream (cart, payment delay, ending), so workers need not share
+/// one and a run replays from --seed (with the same `fastrand` as in Cargo.lock).
+fn buyer_rng(seed: u64, b: u64) -> fastrand::Rng {
+    fastrand::Rng::with_seed(seed ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03))
 }
 
 /// `lines` distinct product indexes below `products` (the service refuses a cart naming a
 /// product twice). Needs `lines <= products`.
-fn pick_cart(rng: &mut Rng, products: usize, lines: usize) -> Vec<usize> {
+fn pick_cart(rng: &mut fastrand::Rng, products: usize, lines: usize) -> Vec<usize> {
     let mut cart = Vec::with_capacity(lines);
     while cart.len() < lines {
-        let p = (rng.next_u64() % products as u64) as usize;
+        let p = rng.usize(..products);
         if !cart.contains(&p) {
             cart.push(p);
         }
@@ -607,14 +584,14 @@ async fn send(
 async fn buyer(plan: &Plan, t: &mut Tally, b: u64) {
     let a = &plan.a;
     t.started += 1;
-    let mut rng = Rng::for_buyer(plan.seed, b);
+    let mut rng = buyer_rng(plan.seed, b);
     let cart = pick_cart(&mut rng, plan.products.len(), a.lines as usize);
     let Some(hold) = take_hold(plan, t, b, &cart).await else {
         return;
     };
     t.counts.holds_taken += 1;
-    let delay = rng.between(a.delay_min_ms, a.delay_max_ms);
-    let plan_end = ending(rng.unit(), rng.unit(), a.abandon, a.release_share);
+    let delay = rng.u64(a.delay_min_ms..=a.delay_max_ms);
+    let plan_end = ending(rng.f64(), rng.f64(), a.abandon, a.release_share);
     tokio::time::sleep(Duration::from_millis(delay)).await;
     end_hold(plan, t, &hold, plan_end, &cart).await;
 }
@@ -804,9 +781,7 @@ pub async fn run(ctx: &Ctx, a: CheckoutArgs) -> Result<CheckoutReport> {
         .map(|(i, id)| (id.clone(), i))
         .collect();
     warm_up(ctx, a.concurrency as usize).await;
-    let seed = a
-        .seed
-        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let seed = a.seed.unwrap_or_else(|| fastrand::u64(..));
     let plan = Arc::new(Plan {
         api,
         products,
@@ -1006,10 +981,10 @@ mod tests {
         // No abandon at all: everyone confirms, whatever the rolls.
         assert_eq!(ending(0.0, 0.0, 0.0, 1.0), Ending::Confirm);
         // Over many buyers the shares come out near what was asked.
-        let mut rng = Rng::for_buyer(7, 0);
+        let mut rng = buyer_rng(7, 0);
         let mut seen = [0u32; 3];
         for _ in 0..10_000 {
-            match ending(rng.unit(), rng.unit(), 0.2, 0.5) {
+            match ending(rng.f64(), rng.f64(), 0.2, 0.5) {
                 Ending::Confirm => seen[0] += 1,
                 Ending::Release => seen[1] += 1,
                 Ending::WalkAway => seen[2] += 1,
@@ -1023,14 +998,38 @@ mod tests {
     #[test]
     fn carts_name_distinct_products_and_delays_stay_in_range() {
         for b in 0..1_000 {
-            let mut rng = Rng::for_buyer(42, b);
+            let mut rng = buyer_rng(42, b);
             let mut cart = pick_cart(&mut rng, 3, 3);
             cart.sort_unstable();
             assert_eq!(cart, vec![0, 1, 2], "buyer {b}");
-            let d = rng.between(5, 9);
+            let d = rng.u64(5..=9);
             assert!((5..=9).contains(&d), "buyer {b}: {d}");
         }
-        assert_eq!(Rng::for_buyer(1, 1).between(3, 3), 3);
+    }
+
+    #[test]
+    fn a_seed_replays_every_buyers_cart_delay_and_ending() {
+        let draw = |seed, b| {
+            let mut rng = buyer_rng(seed, b);
+            let cart = pick_cart(&mut rng, 20, 3);
+            (
+                cart,
+                rng.u64(0..=200),
+                ending(rng.f64(), rng.f64(), 0.2, 0.5),
+            )
+        };
+        for b in 0..100 {
+            assert_eq!(draw(42, b), draw(42, b), "buyer {b}");
+        }
+        // Buyers draw apart from each other, and another seed draws another run.
+        assert_ne!(
+            (0..20).map(|b| draw(42, b)).collect::<Vec<_>>(),
+            (20..40).map(|b| draw(42, b)).collect::<Vec<_>>()
+        );
+        assert_ne!(
+            (0..20).map(|b| draw(42, b)).collect::<Vec<_>>(),
+            (0..20).map(|b| draw(43, b)).collect::<Vec<_>>()
+        );
     }
 
     #[test]
