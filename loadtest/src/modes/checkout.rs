@@ -9,12 +9,12 @@
 //! the latest `expires_at` + 5 s (the contract's bound) plus a little grace.
 
 use super::{Ctx, fresh_id, progress, run_tag, warm_up};
+use crate::cli::CheckoutArgs;
 use crate::client::{Answer, Api, error_code, error_label};
 use crate::report::{LatencySummary, Report, fmt_ms, fmt_rate, oversold, per_second};
 use crate::stats::histogram;
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
-use clap::Args;
 use hdrhistogram::Histogram;
 use reqwest::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
@@ -33,53 +33,6 @@ const ATTEMPTS: u32 = 5;
 const EXPIRY_BOUND: Duration = Duration::from_secs(5);
 const EXPIRY_GRACE: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_millis(200);
-
-#[derive(Debug, Clone, Args)]
-pub struct CheckoutArgs {
-    /// Fresh products to create; every cart draws its lines from them.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub products: u32,
-    /// Units of stock each product starts with.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=2_000_000_000))]
-    pub stock: u32,
-    /// Buyers; each takes one hold (its own Idempotency-Key) and ends it one way.
-    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    pub buyers: u64,
-    /// Buyers in flight at once (each holds one connection while it pays).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub concurrency: u32,
-    /// Distinct products per cart (at most --products).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
-    pub lines: u32,
-    /// Units per cart line.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub qty: u32,
-    /// Seconds each hold lasts unless confirmed or released.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=3_600))]
-    pub ttl_s: u32,
-    /// Shortest payment delay between hold and its ending (ms).
-    #[arg(long, default_value_t = 0)]
-    pub delay_min_ms: u64,
-    /// Longest payment delay (ms); each buyer's is uniform in [min, max].
-    #[arg(long, default_value_t = 200)]
-    pub delay_max_ms: u64,
-    /// Share of buyers who do not confirm (0–1).
-    #[arg(long, default_value_t = 0.2, value_parser = parse_share)]
-    pub abandon: f64,
-    /// Share of those abandoners who release the hold; the rest walk away and let it expire.
-    #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
-    pub release_share: f64,
-    /// Seed for carts, delays and endings (default: random; printed in the report).
-    #[arg(long)]
-    pub seed: Option<u64>,
-}
-
-fn parse_share(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err("a share is a number from 0 to 1".into()),
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Pure pieces: randomness, carts, endings, accounting, verdict
@@ -1030,13 +983,5 @@ mod tests {
             (0..20).map(|b| draw(42, b)).collect::<Vec<_>>(),
             (0..20).map(|b| draw(43, b)).collect::<Vec<_>>()
         );
-    }
-
-    #[test]
-    fn shares_are_between_zero_and_one() {
-        assert_eq!(parse_share("0.2"), Ok(0.2));
-        assert!(parse_share("1.5").is_err());
-        assert!(parse_share("-0.1").is_err());
-        assert!(parse_share("x").is_err());
     }
 }
