@@ -9,8 +9,11 @@
 //! - `text.rs`: the plain-text pieces every rendering uses (formats, rows, tables, verdict);
 //! - `sale/`: flash-sale and sell-out's [`SaleReport`]: its sections, the per-buyer limit
 //!   arithmetic, and its text;
-//! - `timed.rs`: hot-sku and availability's [`TimedReport`].
+//! - `timed.rs`: hot-sku and availability's [`TimedReport`];
+//! - `checkout.rs`: checkout's [`CheckoutReport`](checkout::CheckoutReport), with each
+//!   product's books.
 
+pub mod checkout;
 mod latency;
 mod sale;
 mod text;
