@@ -3,7 +3,6 @@
 
 mod cli;
 mod client;
-mod html;
 mod modes;
 mod report;
 mod samples;
@@ -102,7 +101,7 @@ fn write_html(
     run: &samples::SaleRun,
 ) -> Result<()> {
     if let Some(path) = path {
-        std::fs::write(path, html::render(r, run))
+        std::fs::write(path, report::html::render(r, run))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

@@ -11,9 +11,11 @@
 //!   arithmetic, and its text;
 //! - `timed.rs`: hot-sku and availability's [`TimedReport`];
 //! - `checkout.rs`: checkout's [`CheckoutReport`](checkout::CheckoutReport), with each
-//!   product's books.
+//!   product's books;
+//! - `html/`: a sale's self-contained HTML page: the text report and SVG charts.
 
 pub mod checkout;
+pub mod html;
 mod latency;
 mod sale;
 mod text;
