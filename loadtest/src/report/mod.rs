@@ -1,10 +1,11 @@
 //! Reports: what each mode makes of its run — the numbers it derives (oversold, units per
 //! buyer against the per-customer limit, sell-out moment, lying availability answers, rates,
-//! percentiles), the struct written as JSON, its plain-text rendering and its verdict.
+//! percentiles), the struct written as JSON, its plain-text rendering and its verdict, and
+//! the files they are written to.
 //!
 //! # Layout
-//! - `mod.rs`: the [`Report`] trait every mode's report implements, and what they all share
-//!   (`oversold`, `per_second`, [`Failures`]);
+//! - `mod.rs`: the [`Report`] trait every mode's report implements, what they all share
+//!   (`oversold`, `per_second`, [`Failures`]), and writing their outputs;
 //! - `latency.rs`: [`LatencySummary`], one endpoint's latency percentiles;
 //! - `text.rs`: the plain-text pieces every rendering uses (formats, rows, tables, verdict);
 //! - `sale/`: flash-sale and sell-out's [`SaleReport`]: its sections, the per-buyer limit
@@ -26,9 +27,11 @@ pub use self::sale::SaleReport;
 use self::text::{error_lines, line};
 pub use self::text::{fmt_ms, fmt_rate};
 pub use self::timed::{TimedMeta, TimedReport};
+use anyhow::{Context, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::Path;
 
 /// Units confirmed beyond the stock there was. Anything above 0 is a broken promise.
 pub fn oversold(confirmed_units: u64, stock: u64) -> u64 {
@@ -57,6 +60,16 @@ pub trait Report: Serialize {
         let _ = self.render_into(&mut out);
         out
     }
+}
+
+/// A report's text, its JSON, and whether the run passed.
+pub fn outputs(r: &impl Report) -> Result<(String, String, bool)> {
+    Ok((r.render(), serde_json::to_string_pretty(r)?, r.passed()))
+}
+
+/// Writes one output file (--json, --html), naming it when that fails.
+pub fn write_file(path: &Path, contents: String) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Requests that failed, counted by label (status and error code, or a transport label).

@@ -5,9 +5,19 @@
 mod svg;
 
 use self::svg::{Series, chart, esc, series};
-use crate::report::{Report, SaleReport, fmt_ms};
+use crate::report::{Report, SaleReport, fmt_ms, write_file};
 use crate::samples::{OrderOutcome, SaleRun};
+use anyhow::Result;
 use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Writes the page of a sale run to `path`, when --html asked for one.
+pub fn write(path: Option<&Path>, report: &SaleReport, run: &SaleRun) -> Result<()> {
+    if let Some(path) = path {
+        write_file(path, render(report, run))?;
+    }
+    Ok(())
+}
 
 pub fn render(report: &SaleReport, run: &SaleRun) -> String {
     let span_us = run
