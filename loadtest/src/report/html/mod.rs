@@ -283,6 +283,17 @@ fn per_served_by(
     by
 }
 
+/// Per served_by, the highest `value` answered in each bucket (failed requests left out).
+fn max_per_served_by(
+    run: &SaleRun,
+    bucket_us: u64,
+    value: impl Fn(&crate::samples::AvailAnswer) -> f64,
+) -> BTreeMap<String, BTreeMap<u64, f64>> {
+    let mut by = per_served_by(run, bucket_us, |cur, v| cur.map_or(v, |c| c.max(v)), value);
+    by.remove("errors");
+    by
+}
+
 fn to_series(
     by: BTreeMap<String, BTreeMap<u64, f64>>,
     bucket_us: u64,
@@ -331,13 +342,7 @@ fn staleness_chart(run: &SaleRun, axis: &TimeAxis) -> String {
     if run.avail.is_empty() {
         return String::new();
     }
-    let mut by = per_served_by(
-        run,
-        axis.bucket_us,
-        |cur, v| cur.map_or(v, |c| c.max(v)),
-        |a| a.stale_by_ms as f64,
-    );
-    by.remove("errors");
+    let by = max_per_served_by(run, axis.bucket_us, |a| a.stale_by_ms as f64);
     axis.chart(
         "Max stale_by_ms per bucket by served_by",
         "ms",
@@ -349,13 +354,7 @@ fn reported_stock_chart(report: &SaleReport, run: &SaleRun, axis: &TimeAxis) -> 
     if run.avail.is_empty() {
         return String::new();
     }
-    let mut by = per_served_by(
-        run,
-        axis.bucket_us,
-        |cur, v| cur.map_or(v, |c| c.max(v)),
-        |a| a.available_quantity as f64,
-    );
-    by.remove("errors");
+    let by = max_per_served_by(run, axis.bucket_us, |a| a.available_quantity as f64);
     let mut s = to_series(by, axis.bucket_us, false);
     let stock = i64::from(report.stock);
     let truth = confirmed_steps(run, axis.x_max, |units| (stock - units as i64) as f64);
@@ -393,48 +392,16 @@ mod tests {
 
     #[test]
     fn the_page_names_the_most_one_buyer_got_and_the_limit() {
-        use crate::samples::{Clock, FinalRead, OrderSample, SaleSpec};
-        let order = |buyer, recv_us, outcome| OrderSample {
-            buyer,
-            sent_us: recv_us - 500,
-            recv_us,
-            outcome,
-        };
+        use crate::report::sale::fixtures::{buyer_order, limited_run};
         let one = || OrderOutcome::Confirmed { quantity: 1 };
-        let mut run = SaleRun {
-            spec: SaleSpec {
-                mode: "flash-sale",
-                base_url: "http://127.0.0.1:1".into(),
-                product_id: "p<1>".into(),
-                stock: 3,
-                buyers: 2,
-                attempts_per_buyer: 3,
-                max_per_customer: Some(2),
-                concurrency: 4,
-                qty: 1,
-                pollers: 0,
-            },
-            clock: Clock::start(),
-            product_visible_after_ms: 0,
-            orders: vec![
-                order(0, 1_000, one()),
-                order(0, 2_000, one()),
-                order(0, 3_000, one()),
-                order(1, 4_000, OrderOutcome::OutOfStock),
-            ],
-            avail: Vec::new(),
-            not_sent: 0,
-            avail_capped: false,
-            final_read: Ok(FinalRead {
-                available_quantity: 0,
-                served_by: "primary".into(),
-                as_of: "2026-01-01T00:00:00.000Z".into(),
-                covers_all_orders: true,
-                waited_ms: 0,
-            }),
-            replicas_before: None,
-            replicas_after: None,
-        };
+        let orders = vec![
+            buyer_order(0, 1_000, one()),
+            buyer_order(0, 2_000, one()),
+            buyer_order(0, 3_000, one()),
+            buyer_order(1, 4_000, OrderOutcome::OutOfStock),
+        ];
+        let mut run = limited_run(orders, 3, 2, 0);
+        run.spec.product_id = "p<1>".into();
         let page = render(&SaleReport::build(&run), &run);
         let summary =
             "most units to one buyer 3 (limit 2), <span class=bad>1 buyers over the limit</span>";

@@ -1,15 +1,19 @@
-//! Made-up samples and runs for the sale report's tests.
+//! Made-up samples and runs for the tests of the sale report and its HTML page.
 
 use crate::samples::{
     AvailAnswer, AvailSample, Clock, FinalRead, OrderOutcome, OrderSample, SaleRun, SaleSpec,
 };
 
 /// An order of its own buyer (one order per buyer, as without attempts).
-pub(super) fn order(recv_us: u64, outcome: OrderOutcome) -> OrderSample {
+pub(in crate::report) fn order(recv_us: u64, outcome: OrderOutcome) -> OrderSample {
     buyer_order(recv_us, recv_us, outcome)
 }
 
-pub(super) fn buyer_order(buyer: u64, recv_us: u64, outcome: OrderOutcome) -> OrderSample {
+pub(in crate::report) fn buyer_order(
+    buyer: u64,
+    recv_us: u64,
+    outcome: OrderOutcome,
+) -> OrderSample {
     OrderSample {
         buyer,
         sent_us: recv_us.saturating_sub(1_000),
@@ -18,11 +22,11 @@ pub(super) fn buyer_order(buyer: u64, recv_us: u64, outcome: OrderOutcome) -> Or
     }
 }
 
-pub(super) fn confirmed(recv_us: u64) -> OrderSample {
+pub(in crate::report) fn confirmed(recv_us: u64) -> OrderSample {
     order(recv_us, OrderOutcome::Confirmed { quantity: 1 })
 }
 
-pub(super) fn answer(recv_us: u64, available: bool, as_of_us: i64) -> AvailSample {
+pub(in crate::report) fn answer(recv_us: u64, available: bool, as_of_us: i64) -> AvailSample {
     AvailSample {
         sent_us: recv_us.saturating_sub(500),
         recv_us,
@@ -36,7 +40,11 @@ pub(super) fn answer(recv_us: u64, available: bool, as_of_us: i64) -> AvailSampl
     }
 }
 
-pub(super) fn run(orders: Vec<OrderSample>, avail: Vec<AvailSample>, final_qty: i64) -> SaleRun {
+pub(in crate::report) fn run(
+    orders: Vec<OrderSample>,
+    avail: Vec<AvailSample>,
+    final_qty: i64,
+) -> SaleRun {
     SaleRun {
         spec: SaleSpec {
             mode: "flash-sale",
@@ -68,11 +76,11 @@ pub(super) fn run(orders: Vec<OrderSample>, avail: Vec<AvailSample>, final_qty: 
     }
 }
 
-pub(super) fn limited(limit: u32, already: u32) -> OrderOutcome {
+pub(in crate::report) fn limited(limit: u32, already: u32) -> OrderOutcome {
     OrderOutcome::LimitExceeded { limit, already }
 }
 
-pub(super) fn limited_run(
+pub(in crate::report) fn limited_run(
     orders: Vec<OrderSample>,
     stock: u32,
     limit: u32,

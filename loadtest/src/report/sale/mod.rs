@@ -3,7 +3,7 @@
 //! no availability answer lied, and the stock read back adds up.
 
 #[cfg(test)]
-mod fixtures;
+pub(super) mod fixtures;
 mod per_buyer;
 mod render;
 mod sections;
