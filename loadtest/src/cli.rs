@@ -60,7 +60,7 @@ pub enum Mode {
     Availability(AvailabilityArgs),
     /// Buyers hold a cart, pay (a delay), then confirm, release or walk away: checks
     /// nothing is oversold and nothing stays held once every hold has ended.
-    Checkout(crate::modes::checkout::CheckoutArgs),
+    Checkout(CheckoutArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -155,6 +155,53 @@ pub struct AvailabilityArgs {
     pub stale_limit_ms: u64,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct CheckoutArgs {
+    /// Fresh products to create; every cart draws its lines from them.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub products: u32,
+    /// Units of stock each product starts with.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=2_000_000_000))]
+    pub stock: u32,
+    /// Buyers; each takes one hold (its own Idempotency-Key) and ends it one way.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub buyers: u64,
+    /// Buyers in flight at once (each holds one connection while it pays).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+    /// Distinct products per cart (at most --products).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub lines: u32,
+    /// Units per cart line.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub qty: u32,
+    /// Seconds each hold lasts unless confirmed or released.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=3_600))]
+    pub ttl_s: u32,
+    /// Shortest payment delay between hold and its ending (ms).
+    #[arg(long, default_value_t = 0)]
+    pub delay_min_ms: u64,
+    /// Longest payment delay (ms); each buyer's is uniform in [min, max].
+    #[arg(long, default_value_t = 200)]
+    pub delay_max_ms: u64,
+    /// Share of buyers who do not confirm (0–1).
+    #[arg(long, default_value_t = 0.2, value_parser = parse_share)]
+    pub abandon: f64,
+    /// Share of those abandoners who release the hold; the rest walk away and let it expire.
+    #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
+    pub release_share: f64,
+    /// Seed for carts, delays and endings (default: random; printed in the report).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err("a share is a number from 0 to 1".into()),
+    }
+}
+
 /// The service's product id rule: 1–64 characters of `[A-Za-z0-9_.-]`.
 pub fn parse_product_id(s: &str) -> Result<String, String> {
     let ok = (1..=64).contains(&s.len())
@@ -225,5 +272,13 @@ mod tests {
         assert!(parse_product_id("").is_err());
         assert!(parse_product_id("has space").is_err());
         assert!(parse_product_id(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn shares_are_between_zero_and_one() {
+        assert_eq!(parse_share("0.2"), Ok(0.2));
+        assert!(parse_share("1.5").is_err());
+        assert!(parse_share("-0.1").is_err());
+        assert!(parse_share("x").is_err());
     }
 }

@@ -3,13 +3,12 @@
 
 mod cli;
 mod client;
-mod html;
 mod modes;
 mod report;
 mod samples;
 mod stats;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use cli::{Cli, Mode};
 use client::Api;
@@ -62,48 +61,31 @@ async fn run(cli: Cli) -> Result<bool> {
         Mode::FlashSale(a) => {
             let html = a.html.clone();
             let (r, run) = modes::flash_sale::run(&ctx, a).await?;
-            write_html(html.as_deref(), &r, &run)?;
-            outputs(&r)?
+            report::html::write(html.as_deref(), &r, &run)?;
+            report::outputs(&r)?
         }
         Mode::SellOut(a) => {
             let html = a.html.clone();
             let (r, run) = modes::sell_out::run(&ctx, a).await?;
-            write_html(html.as_deref(), &r, &run)?;
-            outputs(&r)?
+            report::html::write(html.as_deref(), &r, &run)?;
+            report::outputs(&r)?
         }
         Mode::HotSku(a) => {
             let r = modes::hot_sku::run(&ctx, a).await?;
-            outputs(&r)?
+            report::outputs(&r)?
         }
         Mode::Availability(a) => {
             let r = modes::availability::run(&ctx, a).await?;
-            outputs(&r)?
+            report::outputs(&r)?
         }
         Mode::Checkout(a) => {
             let r = modes::checkout::run(&ctx, a).await?;
-            outputs(&r)?
+            report::outputs(&r)?
         }
     };
     print!("{text}");
     if let Some(path) = &common.json {
-        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+        report::write_file(path, json + "\n")?;
     }
     Ok(ok)
-}
-
-/// A report's text, its JSON, and whether the run passed.
-fn outputs(r: &impl report::Report) -> Result<(String, String, bool)> {
-    Ok((r.render(), serde_json::to_string_pretty(r)?, r.passed()))
-}
-
-fn write_html(
-    path: Option<&std::path::Path>,
-    r: &report::SaleReport,
-    run: &samples::SaleRun,
-) -> Result<()> {
-    if let Some(path) = path {
-        std::fs::write(path, html::render(r, run))
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
 }
