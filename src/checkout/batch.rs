@@ -21,8 +21,10 @@
 //! outcome unknown.
 
 use super::drops::Window;
+use super::error::CheckoutError;
 use super::idempotency::{Existing, judge};
-use super::{CheckoutError, OrderRequest, Placed, REFUSED};
+use super::order::{OrderRequest, Placed};
+use super::status::OrderStatus;
 use crate::domain::ProductId;
 use crate::routing::{Db, DbError};
 use sqlx::Row;
@@ -67,7 +69,7 @@ pub(super) async fn run(
     product: &ProductId,
     reqs: &[&OrderRequest],
 ) -> Result<Committed, Failed> {
-    let ids: Vec<Uuid> = reqs.iter().map(|_| super::new_row_id()).collect();
+    let ids: Vec<Uuid> = reqs.iter().map(|_| super::order::new_row_id()).collect();
     let (users, keys): (Vec<&str>, Vec<&str>) = reqs.iter().map(|r| r.key_pair()).unzip();
     let qty: Vec<i32> = reqs.iter().map(|r| r.quantity.get()).collect();
     let fps: Vec<String> = reqs.iter().map(|r| r.fingerprint()).collect();
@@ -118,7 +120,7 @@ pub(super) async fn run_many(
         }
         ends.push(i32::try_from(users.len()).unwrap_or(i32::MAX));
     }
-    let ids: Vec<Uuid> = (0..total).map(|_| super::new_row_id()).collect();
+    let ids: Vec<Uuid> = (0..total).map(|_| super::order::new_row_id()).collect();
     let statement = sqlx::query("SELECT * FROM take_order_batches_v1($1, $2, $3, $4, $5, $6, $7)")
         .bind(&products)
         .bind(&ends)
@@ -251,7 +253,7 @@ pub(super) fn decide(
     let mut fates = Vec::with_capacity(reqs.len());
     for (i, (r, now)) in reqs.iter().zip(held).enumerate() {
         let fate = match now {
-            Some(e) if e.order.order_id == ids[i] && e.order.status != REFUSED => {
+            Some(e) if e.order.order_id == ids[i] && e.order.status != OrderStatus::Refused => {
                 Ok(Placed::Created(e.order.complete()))
             }
             found => judge(r, found.as_ref()).and_then(|p| {
@@ -283,7 +285,7 @@ mod tests {
 
     /// What `r`'s key holds: a row with order id `id`, placed for `product` with `r`'s
     /// quantity, in `status`.
-    fn held(r: &OrderRequest, id: Uuid, product: &str, status: &str) -> Option<Existing> {
+    fn held(r: &OrderRequest, id: Uuid, product: &str, status: OrderStatus) -> Option<Existing> {
         Some(Existing {
             idempotency_key: r.key.as_str().into(),
             request_fingerprint: format!("{product}:{}", r.quantity.get()),
@@ -295,7 +297,7 @@ mod tests {
                 unit_price_cents: 0,
                 lines: vec![],
                 user_id: r.user.as_str().into(),
-                status: status.into(),
+                status,
                 total_cents: 0,
                 created_at: chrono::Utc::now(),
                 cancelled_at: None,
@@ -315,8 +317,8 @@ mod tests {
             &[&a, &b],
             &id,
             vec![
-                held(&a, id[0], "p", "confirmed"),
-                held(&b, id[1], "p", REFUSED),
+                held(&a, id[0], "p", OrderStatus::Confirmed),
+                held(&b, id[1], "p", OrderStatus::Refused),
             ],
             None,
         );
@@ -340,11 +342,11 @@ mod tests {
             &id,
             vec![
                 // The same body placed before (here, or concurrently on another instance).
-                held(&a, before, "p", "confirmed"),
+                held(&a, before, "p", OrderStatus::Confirmed),
                 // The key was used on another product: 422, nothing taken.
-                held(&b, Uuid::new_v4(), "other", "confirmed"),
+                held(&b, Uuid::new_v4(), "other", OrderStatus::Confirmed),
                 // A refusal holds the key: it stays refused.
-                held(&c, Uuid::new_v4(), "p", REFUSED),
+                held(&c, Uuid::new_v4(), "p", OrderStatus::Refused),
             ],
             None,
         );
@@ -360,7 +362,7 @@ mod tests {
         let other = req("a", "1", "p", 2);
         let id = ids(3);
         // The function returns what the key holds for every request: the first's row.
-        let row = held(&a, id[0], "p", "confirmed");
+        let row = held(&a, id[0], "p", OrderStatus::Confirmed);
         let fates = decide(
             &[&a, &again, &other],
             &id,
@@ -389,7 +391,7 @@ mod tests {
         let wrong = req("a", "k", "p", 2);
         let honest = req("a", "k", "p", 1);
         let before = Uuid::new_v4();
-        let row = held(&honest, before, "p", "confirmed");
+        let row = held(&honest, before, "p", OrderStatus::Confirmed);
         let fates = decide(&[&wrong, &honest], &ids(2), vec![row.clone(), row], None);
         assert!(matches!(fates[0], Err(CheckoutError::KeyReused)));
         assert!(
@@ -414,7 +416,7 @@ mod tests {
         let fates = decide(
             &[&a, &b],
             &ids(2),
-            vec![None, held(&b, before, "p", "confirmed")],
+            vec![None, held(&b, before, "p", OrderStatus::Confirmed)],
             Some(1500),
         );
         assert!(matches!(

@@ -9,9 +9,12 @@
 //! statements, so a hot product's batch waits at most that long.
 
 use super::drops::{self, Refusal};
+use super::error::CheckoutError;
 use super::idempotency::{existing_under, judge_held};
+use super::order::{Order, Placed, order_columns, with_lines};
+use super::status::OrderStatus;
 use super::stock::{self, Short};
-use super::{CheckoutError, Order, Placed, commit, order_columns, with_lines};
+use super::tx::commit;
 use crate::domain::{IdempotencyKey, Lines, UserId};
 use crate::routing::Db;
 use uuid::Uuid;
@@ -104,8 +107,8 @@ async fn claim(
     refusal: Option<&Refusal>,
 ) -> Result<Option<Order>, sqlx::Error> {
     let (status, total) = match refusal {
-        None => ("confirmed", total(req, locked)),
-        Some(_) => (super::REFUSED, 0),
+        None => (OrderStatus::Confirmed, total(req, locked)),
+        Some(_) => (OrderStatus::Refused, 0),
     };
     sqlx::query_as(concat!(
         "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
@@ -113,7 +116,7 @@ async fn claim(
          ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
         order_columns!()
     ))
-    .bind(super::new_row_id())
+    .bind(super::order::new_row_id())
     .bind(req.user.as_str())
     .bind(total)
     .bind(status)

@@ -28,8 +28,9 @@
 //! only when its queue is empty, so no order is ever sent to a worker that has gone.
 
 use super::batch::{self, Committed, Failed, RowSeen};
+use super::error::CheckoutError;
 use super::gate_cache::{Answer, GateCache};
-use super::{CheckoutError, OrderRequest, Placed};
+use super::order::{OrderRequest, Placed};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;

@@ -13,7 +13,7 @@
 //! the end the key is refused for good), then stock (what the stock gate's early "no" says),
 //! then the limit.
 
-use super::CheckoutError;
+use super::error::CheckoutError;
 use super::stock::{Locked, Short, Tx, shortfalls};
 use crate::domain::{ProductId, Quantity, UserId};
 use chrono::{DateTime, Utc};

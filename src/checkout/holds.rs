@@ -11,8 +11,11 @@
 //! nothing and returns nothing twice.
 
 use super::drops::{self, Refusal};
+use super::error::CheckoutError;
+use super::order::{Order, order_columns, with_lines};
+use super::status::HoldStatus;
 use super::stock;
-use super::{CheckoutError, Order, commit, order_columns, with_lines};
+use super::tx::commit;
 use crate::domain::{HoldTtl, IdempotencyKey, Lines, ProductId, UserId};
 use crate::routing::Db;
 use chrono::{DateTime, Utc};
@@ -41,8 +44,8 @@ pub struct Hold {
     pub hold_id: Uuid,
     pub user_id: String,
     /// `held`, `confirmed` (with `order_id`), `released` or `expired`.
-    #[schema(pattern = "^(held|confirmed|released|expired)$")]
-    pub status: String,
+    #[schema(value_type = String, pattern = "^(held|confirmed|released|expired)$")]
+    pub status: HoldStatus,
     pub expires_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub order_id: Option<Uuid>,
@@ -73,7 +76,7 @@ impl Hold {
         Hold {
             hold_id,
             user_id: req.user.to_string(),
-            status: "held".into(),
+            status: HoldStatus::Held,
             expires_at,
             order_id: None,
             lines: lines
@@ -144,7 +147,7 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         tx.rollback().await?;
         return answer.map(|h| (h, false));
     }
-    let hold_id = super::new_row_id();
+    let hold_id = super::order::new_row_id();
     let lines = req.lines.units();
     let Some(expires_at) = claim(&mut tx, hold_id, req, &lines).await? else {
         // A concurrent request with this key committed first: answer as it did.
@@ -236,7 +239,7 @@ async fn replay(
     tx: &mut Tx,
     req: &HoldRequest,
 ) -> Result<Option<Result<Hold, CheckoutError>>, sqlx::Error> {
-    type Found = (Uuid, String, String, Option<sqlx::types::Json<Refusal>>);
+    type Found = (Uuid, String, HoldStatus, Option<sqlx::types::Json<Refusal>>);
     let found: Option<Found> = sqlx::query_as(
         "SELECT hold_id, request_fingerprint, status, refusal FROM holds WHERE user_id = $1 AND idempotency_key = $2",
     )
@@ -247,9 +250,7 @@ async fn replay(
     Ok(match found {
         None => None,
         Some((_, fp, _, _)) if fp != req.fingerprint() => Some(Err(CheckoutError::KeyReused)),
-        Some((_, _, status, why)) if status == "refused" => {
-            Some(Err(Refusal::stored(why).into_error()))
-        }
+        Some((_, _, HoldStatus::Refused, why)) => Some(Err(Refusal::stored(why).into_error())),
         Some((id, _, _, _)) => Some(
             load(tx, id, false)
                 .await?
@@ -273,8 +274,8 @@ pub async fn confirm(db: &Db, hold_id: Uuid) -> Result<Ended<(Order, bool)>, Che
     let hold = load(&mut tx, hold_id, true)
         .await?
         .ok_or(CheckoutError::HoldNotFound)?;
-    match hold.status.as_str() {
-        "confirmed" => {
+    match hold.status {
+        HoldStatus::Confirmed => {
             let id = hold.order_id.ok_or(CheckoutError::OutcomeUnknown)?;
             let order = order_by_id(&mut tx, id).await?;
             tx.rollback().await?;
@@ -283,11 +284,11 @@ pub async fn confirm(db: &Db, hold_id: Uuid) -> Result<Ended<(Order, bool)>, Che
                 returned: vec![],
             })
         }
-        "released" => Err(CheckoutError::HoldReleased),
+        HoldStatus::Released => Err(CheckoutError::HoldReleased),
         // Past its time: the sweep returns its units (within a second); it cannot become
         // an order any more, whoever asks first.
-        "expired" => Err(CheckoutError::HoldExpired),
-        _ => {
+        HoldStatus::Expired => Err(CheckoutError::HoldExpired),
+        HoldStatus::Held | HoldStatus::Refused => {
             let order = order_from(&mut tx, &hold).await?;
             sqlx::query(
                 "UPDATE holds SET status = 'confirmed', order_id = $2, ended_at = clock_timestamp() \
@@ -313,15 +314,15 @@ pub async fn release(db: &Db, hold_id: Uuid) -> Result<Ended<Hold>, CheckoutErro
     let mut hold = load(&mut tx, hold_id, true)
         .await?
         .ok_or(CheckoutError::HoldNotFound)?;
-    let returned = match hold.status.as_str() {
-        "confirmed" => return Err(CheckoutError::HoldConfirmed),
-        "held" => {
-            hold.status = "released".into();
-            end(&mut tx, &hold, "released").await?
+    let returned = match hold.status {
+        HoldStatus::Confirmed => return Err(CheckoutError::HoldConfirmed),
+        HoldStatus::Held => {
+            hold.status = HoldStatus::Released;
+            end(&mut tx, &hold, HoldStatus::Released).await?
         }
         // Past its time: it ends as expired (if the sweep has not ended it yet).
-        "expired" => end(&mut tx, &hold, "expired").await?,
-        _ => vec![],
+        HoldStatus::Expired => end(&mut tx, &hold, HoldStatus::Expired).await?,
+        HoldStatus::Released | HoldStatus::Refused => vec![],
     };
     commit(tx).await?;
     Ok(Ended {
@@ -332,7 +333,7 @@ pub async fn release(db: &Db, hold_id: Uuid) -> Result<Ended<Hold>, CheckoutErro
 
 /// Ends a locked hold that is still `held` in the table (possibly past due): status, then
 /// its units back. Returns the products whose stock went up (none if it had ended already).
-async fn end(tx: &mut Tx, hold: &Hold, status: &str) -> Result<Vec<ProductId>, sqlx::Error> {
+async fn end(tx: &mut Tx, hold: &Hold, status: HoldStatus) -> Result<Vec<ProductId>, sqlx::Error> {
     let changed = sqlx::query(
         "UPDATE holds SET status = $2, ended_at = clock_timestamp() WHERE hold_id = $1 AND status = 'held'",
     )
@@ -421,7 +422,7 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
         .map(|l| i64::from(price(&l.product_id)) * i64::from(l.quantity))
         .sum();
     let single = (hold.lines.len() == 1).then(|| &hold.lines[0]);
-    let order_id = super::new_row_id();
+    let order_id = super::order::new_row_id();
     sqlx::query(
         "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
          VALUES ($1, $2, $3, $4, $5, $6, 'confirmed', NULL, NULL)",

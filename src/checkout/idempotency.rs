@@ -5,7 +5,9 @@
 //! refusals all ask here.
 
 use super::drops::Refusal;
-use super::{CheckoutError, Order, OrderRequest, Placed, REFUSED, order_columns};
+use super::error::CheckoutError;
+use super::order::{Order, OrderRequest, Placed, order_columns};
+use super::status::OrderStatus;
 use crate::routing::Db;
 use std::collections::HashMap;
 
@@ -75,7 +77,7 @@ pub(crate) fn judge_held(
     match found {
         None => Ok(None),
         Some(e) if e.request_fingerprint != fingerprint => Err(CheckoutError::KeyReused),
-        Some(e) if e.order.status == REFUSED => {
+        Some(e) if e.order.status == OrderStatus::Refused => {
             Err(Refusal::stored(e.refusal.clone()).into_error())
         }
         Some(e) => Ok(Some(e.order.clone().complete())),

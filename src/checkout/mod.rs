@@ -21,14 +21,28 @@ pub mod batch;
 pub mod cart;
 pub mod coalescer;
 pub mod drops;
+mod error;
 pub mod gate_cache;
 pub mod holds;
 pub mod idempotency;
+mod order;
+mod rate_limit;
 pub mod refusals;
+mod status;
 pub mod stock;
+mod tx;
+
+pub use error::CheckoutError;
+pub use order::{Order, OrderLine, OrderRequest, Placed};
+pub(crate) use order::{new_row_id, order_columns, with_lines};
+pub use rate_limit::RateLimiter;
+pub use status::{HoldStatus, OrderStatus};
+pub use stock::Stocked;
+pub(crate) use tx::commit;
+use tx::whole_or_none;
 
 use crate::clock::Clock;
-use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
+use crate::domain::{IdempotencyKey, ProductId};
 use crate::lsn::Lsn;
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
@@ -36,204 +50,9 @@ use crate::routing::{Db, DbError, ReadCtx};
 use chrono::{DateTime, Utc};
 use coalescer::Coalescer;
 use gate_cache::{Answer, GateCache};
-use serde::Serialize;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use uuid::Uuid;
-
-/// The columns of an [`Order`], in its field order: the one list every query uses (a
-/// macro, so queries stay string literals).
-macro_rules! order_columns {
-    () => {
-        "order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at, unit_price_cents"
-    };
-}
-pub(crate) use order_columns;
-
-/// `orders.status` of a refusal's claim on its key: not an order.
-pub(crate) const REFUSED: &str = "refused";
-
-/// The id of a new row in `orders`, `holds` or `restocks`: time-ordered (UUID v7), so each
-/// insert lands on the right-hand page of its primary-key index, which stays in memory,
-/// instead of on a random page of an index that outgrows it. On a 3.2 M-row `orders` table
-/// that made a 36-order batch's statement 30 % quicker than random (v4) ids.
-pub(crate) fn new_row_id() -> Uuid {
-    Uuid::now_v7()
-}
-
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq, utoipa::ToSchema)]
-pub struct Order {
-    pub order_id: Uuid,
-    /// A single-line order's product; absent for a cart (see `lines`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub product_id: Option<String>,
-    /// A single-line order's quantity; absent for a cart.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 10000)]
-    pub quantity: Option<i32>,
-    pub user_id: String,
-    /// `confirmed` or `cancelled`.
-    #[schema(pattern = "^(confirmed|cancelled)$", example = "confirmed")]
-    pub status: String,
-    pub total_cents: i64,
-    pub created_at: DateTime<Utc>,
-    pub cancelled_at: Option<DateTime<Utc>>,
-    /// A single-line order's unit price (its one line's); 0 on a cart's row.
-    #[serde(skip)]
-    pub(crate) unit_price_cents: i32,
-    /// Every line of the order (a single-line order has one).
-    #[sqlx(skip)]
-    pub lines: Vec<OrderLine>,
-}
-
-/// One product of an order.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq, utoipa::ToSchema)]
-pub struct OrderLine {
-    pub product_id: String,
-    #[schema(minimum = 1, maximum = 10000)]
-    pub quantity: i32,
-    pub unit_price_cents: i32,
-}
-
-impl Order {
-    /// The products of its lines.
-    pub(crate) fn products(&self) -> Vec<ProductId> {
-        self.lines
-            .iter()
-            .filter_map(|l| ProductId::parse(&l.product_id).ok())
-            .collect()
-    }
-
-    /// A single-line order with its one line stated; a cart is completed by [`with_lines`].
-    pub(crate) fn complete(mut self) -> Order {
-        if let (Some(p), Some(q)) = (&self.product_id, self.quantity)
-            && self.lines.is_empty()
-        {
-            self.lines = vec![OrderLine {
-                product_id: p.clone(),
-                quantity: q,
-                unit_price_cents: self.unit_price_cents,
-            }];
-        }
-        self
-    }
-}
-
-/// An order with every line stated, reading a cart's lines with `exec`.
-pub(crate) async fn with_lines<'e>(
-    exec: impl sqlx::PgExecutor<'e>,
-    order: Order,
-) -> Result<Order, sqlx::Error> {
-    if order.product_id.is_some() {
-        return Ok(order.complete());
-    }
-    let lines = sqlx::query_as(
-        "SELECT product_id, quantity, unit_price_cents FROM order_lines WHERE order_id = $1 ORDER BY product_id",
-    )
-    .bind(order.order_id)
-    .fetch_all(exec)
-    .await?;
-    Ok(Order { lines, ..order })
-}
-
-#[derive(Debug, Clone)]
-pub struct OrderRequest {
-    pub user: UserId,
-    pub product: ProductId,
-    pub quantity: Quantity,
-    pub key: IdempotencyKey,
-}
-
-impl OrderRequest {
-    /// What "the same body" means for idempotency.
-    pub(crate) fn fingerprint(&self) -> String {
-        format!("{}:{}", self.product, self.quantity.get())
-    }
-
-    /// The (user, key) this request is idempotent under.
-    pub(crate) fn key_pair(&self) -> (&str, &str) {
-        (self.user.as_str(), self.key.as_str())
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Placed {
-    /// A new order: stock was taken.
-    Created(Order),
-    /// The same key and body as an earlier order: that order, nothing taken.
-    Replayed(Order),
-}
-
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum CheckoutError {
-    /// Not enough stock; the refusal holds the key, so this key's answer stays 409.
-    #[error("not enough stock")]
-    OutOfStock,
-    #[error("no such product")]
-    ProductNotFound,
-    #[error("the idempotency key was used with a different body")]
-    KeyReused,
-    #[error("no such order")]
-    OrderNotFound,
-    /// The user placed orders faster than the configured per-user rate.
-    #[error("too many orders from this user")]
-    RateLimited,
-    /// The database neither confirmed nor denied the commit (the connection died during
-    /// COMMIT, or the batch was lost with its worker). A retry with the same key tells.
-    #[error("the outcome is unknown; retry with the same key")]
-    OutcomeUnknown,
-    /// Not enough stock for some lines of a cart or hold; nothing was taken, and the
-    /// refusal holds the key.
-    #[error("not enough stock for: {}", cart::describe(.0))]
-    Short(Vec<stock::Short>),
-    /// The request would take its user past the product's `max_per_customer`; nothing was
-    /// taken, and the refusal holds the key.
-    #[error(
-        "the limit for {product_id} is {limit} per customer, and this user already has {already}"
-    )]
-    LimitExceeded {
-        product_id: String,
-        limit: i32,
-        already: i32,
-    },
-    /// The product's sale has not started (on the primary's clock); nothing was claimed.
-    #[error("the sale has not started; it starts in {retry_after_ms} ms")]
-    SaleNotStarted { retry_after_ms: i64 },
-    /// The product's sale is over; the refusal holds the key.
-    #[error("the sale has ended")]
-    SaleEnded,
-    #[error("no such hold")]
-    HoldNotFound,
-    #[error("the hold expired; its units went back")]
-    HoldExpired,
-    #[error("the hold was released; its units went back")]
-    HoldReleased,
-    #[error("the hold was confirmed; it is an order now")]
-    HoldConfirmed,
-    /// The database refused this request's own row (a row-level error); nothing was written.
-    #[error("the database refused this order: {0}")]
-    Refused(std::sync::Arc<sqlx::Error>),
-    #[error(transparent)]
-    Db(#[from] DbError),
-}
-
-impl From<sqlx::Error> for CheckoutError {
-    fn from(e: sqlx::Error) -> Self {
-        CheckoutError::Db(e.into())
-    }
-}
-
-/// A product's stock as a restock left it.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Stocked {
-    pub product_id: String,
-    pub name: String,
-    pub price_cents: i32,
-    pub available_quantity: i32,
-    #[sqlx(flatten)]
-    pub rules: drops::Rules,
-}
 
 #[derive(Clone)]
 pub struct Checkout {
@@ -393,7 +212,7 @@ impl Checkout {
             let ended = holds::release(&this.db, hold_id).await?;
             this.reopened(&ended.returned).await;
             if !ended.returned.is_empty() {
-                let event = if ended.value.status == "released" {
+                let event = if ended.value.status == HoldStatus::Released {
                     "released"
                 } else {
                     "expired"
@@ -706,96 +525,5 @@ impl Checkout {
             Some((fp, _)) if fp != fingerprint => Err(CheckoutError::KeyReused),
             Some((_, done)) => Ok(Some(done)),
         }
-    }
-}
-
-/// Runs `work` in a task of its own and awaits it: a client that hangs up (dropping the
-/// request's future) cannot cut a change short between its commit and what must follow it
-/// (the gate's reopen, the counters), so the whole change happens or none. A task that died
-/// may have committed: that is [`CheckoutError::OutcomeUnknown`], and the same request
-/// again tells.
-async fn whole_or_none<T: Send + 'static>(
-    work: impl Future<Output = Result<T, CheckoutError>> + Send + 'static,
-) -> Result<T, CheckoutError> {
-    tokio::spawn(work)
-        .await
-        .map_err(|_| CheckoutError::OutcomeUnknown)?
-}
-
-/// Commits, telling "nothing was written" apart from "the outcome is unknown": an error
-/// on COMMIT itself may come after the server made the transaction durable.
-pub(crate) async fn commit(
-    tx: sqlx::Transaction<'static, sqlx::Postgres>,
-) -> Result<(), CheckoutError> {
-    tx.commit().await.map_err(|e| {
-        tracing::warn!(error = %e, "COMMIT failed; its outcome is unknown");
-        CheckoutError::OutcomeUnknown
-    })
-}
-
-/// A token bucket per user: `rate` orders per second, bursts of up to `rate`, refilled by
-/// its [`Clock`] (a test moves a manual one rather than racing a 1/`rate` s window).
-pub struct RateLimiter {
-    rate: f64,
-    clock: Arc<dyn Clock>,
-    buckets: Mutex<HashMap<UserId, (f64, Instant)>>,
-}
-
-impl RateLimiter {
-    pub fn with_clock(rate: u32, clock: Arc<dyn Clock>) -> Self {
-        RateLimiter {
-            rate: f64::from(rate),
-            clock,
-            buckets: Mutex::default(),
-        }
-    }
-
-    pub fn allow(&self, user: &UserId) -> bool {
-        let now = self.clock.now();
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        if buckets.len() > 100_000 {
-            // Full buckets carry no state worth keeping.
-            let rate = self.rate;
-            buckets.retain(|_, (tokens, at)| {
-                *tokens + now.duration_since(*at).as_secs_f64() * rate < rate
-            });
-        }
-        let (tokens, at) = buckets.entry(user.clone()).or_insert((self.rate, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(self.rate);
-        *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_rate_limiter_allows_a_burst_then_refuses_per_user() {
-        let clock = crate::clock::ManualClock::new();
-        let l = RateLimiter::with_clock(3, clock.clone());
-        let ada = UserId::parse("ada").expect("valid");
-        let bob = UserId::parse("bob").expect("valid");
-        assert_eq!((0..5).filter(|_| l.allow(&ada)).count(), 3);
-        assert!(l.allow(&bob), "another user has their own bucket");
-        clock.advance(Duration::from_millis(334));
-        assert_eq!(
-            (0..3).filter(|_| l.allow(&ada)).count(),
-            1,
-            "one token per 1/3 s"
-        );
-    }
-
-    #[test]
-    fn new_row_ids_are_time_ordered_so_inserts_append_to_the_key_index() {
-        let ids: Vec<Uuid> = (0..10_000).map(|_| new_row_id()).collect();
-        assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly increasing");
-        assert_eq!(ids[0].get_version_num(), 7);
     }
 }

@@ -12,8 +12,9 @@
 //! taken.
 
 use super::drops::Refusal;
+use super::error::CheckoutError;
 use super::idempotency::{decided_on_primary, existing_for, judge, key_of};
-use super::{CheckoutError, OrderRequest, Placed};
+use super::order::{OrderRequest, Placed};
 use crate::metrics::Metrics;
 use crate::routing::{Db, DbError, Internal, is_connection_error};
 use std::collections::{HashMap, HashSet};
@@ -201,7 +202,10 @@ async fn insert<'r>(db: &Db, reqs: &[&'r OrderRequest]) -> Result<Claims<'r>, Ch
         }
     }
     distinct.sort_by(|a, b| a.key_pair().cmp(&b.key_pair()));
-    let ids: Vec<Uuid> = distinct.iter().map(|_| super::new_row_id()).collect();
+    let ids: Vec<Uuid> = distinct
+        .iter()
+        .map(|_| super::order::new_row_id())
+        .collect();
     let products: Vec<&str> = distinct.iter().map(|r| r.product.as_str()).collect();
     let users: Vec<&str> = distinct.iter().map(|r| r.user.as_str()).collect();
     let keys: Vec<&str> = distinct.iter().map(|r| r.key.as_str()).collect();

@@ -127,3 +127,14 @@ pub(crate) async fn give_back(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result
     .await?;
     Ok(())
 }
+
+/// A product's stock as a restock left it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Stocked {
+    pub product_id: String,
+    pub name: String,
+    pub price_cents: i32,
+    pub available_quantity: i32,
+    #[sqlx(flatten)]
+    pub rules: super::drops::Rules,
+}

@@ -33,7 +33,7 @@ pub enum ApiError {
     /// 409 `OUT_OF_STOCK` for a cart or hold, naming the short lines
     /// (`[{"product_id","requested","available"}]`); nothing was taken.
     #[error("not enough stock for every line; nothing was taken")]
-    ShortLines(serde_json::Value),
+    ShortLines(Vec<crate::checkout::stock::Short>),
     /// 409 `LIMIT_EXCEEDED`: the request would take its user past the product's
     /// `max_per_customer`; says the limit and the units the user already has.
     #[error(
@@ -273,9 +273,7 @@ impl From<CheckoutError> for ApiError {
                 "IDEMPOTENCY_KEY_REUSED",
                 "this Idempotency-Key was already used with a different body; use a new key for a new order",
             ),
-            CheckoutError::Short(lines) => {
-                ApiError::ShortLines(serde_json::to_value(lines).unwrap_or_default())
-            }
+            CheckoutError::Short(lines) => ApiError::ShortLines(lines),
             CheckoutError::LimitExceeded {
                 product_id,
                 limit,

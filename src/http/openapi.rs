@@ -229,9 +229,11 @@ mod tests {
     async fn the_error_schema_names_every_field_api_error_writes() {
         let errors = [
             ApiError::bad_request("INVALID_QUERY", "qty must be a whole number"),
-            ApiError::ShortLines(
-                serde_json::json!([{"product_id": "a", "requested": 2, "available": 1}]),
-            ),
+            ApiError::ShortLines(vec![crate::checkout::stock::Short {
+                product_id: "a".into(),
+                requested: 2,
+                available: 1,
+            }]),
         ];
         let documented: BTreeSet<String> =
             doc()["components"]["schemas"]["ErrorDetail"]["properties"]

@@ -1,0 +1,63 @@
+//! Every way placing, holding, cancelling or restocking can end without success.
+
+use super::{cart, stock};
+use crate::routing::DbError;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CheckoutError {
+    /// Not enough stock; the refusal holds the key, so this key's answer stays 409.
+    #[error("not enough stock")]
+    OutOfStock,
+    #[error("no such product")]
+    ProductNotFound,
+    #[error("the idempotency key was used with a different body")]
+    KeyReused,
+    #[error("no such order")]
+    OrderNotFound,
+    /// The user placed orders faster than the configured per-user rate.
+    #[error("too many orders from this user")]
+    RateLimited,
+    /// The database neither confirmed nor denied the commit (the connection died during
+    /// COMMIT, or the batch was lost with its worker). A retry with the same key tells.
+    #[error("the outcome is unknown; retry with the same key")]
+    OutcomeUnknown,
+    /// Not enough stock for some lines of a cart or hold; nothing was taken, and the
+    /// refusal holds the key.
+    #[error("not enough stock for: {}", cart::describe(.0))]
+    Short(Vec<stock::Short>),
+    /// The request would take its user past the product's `max_per_customer`; nothing was
+    /// taken, and the refusal holds the key.
+    #[error(
+        "the limit for {product_id} is {limit} per customer, and this user already has {already}"
+    )]
+    LimitExceeded {
+        product_id: String,
+        limit: i32,
+        already: i32,
+    },
+    /// The product's sale has not started (on the primary's clock); nothing was claimed.
+    #[error("the sale has not started; it starts in {retry_after_ms} ms")]
+    SaleNotStarted { retry_after_ms: i64 },
+    /// The product's sale is over; the refusal holds the key.
+    #[error("the sale has ended")]
+    SaleEnded,
+    #[error("no such hold")]
+    HoldNotFound,
+    #[error("the hold expired; its units went back")]
+    HoldExpired,
+    #[error("the hold was released; its units went back")]
+    HoldReleased,
+    #[error("the hold was confirmed; it is an order now")]
+    HoldConfirmed,
+    /// The database refused this request's own row (a row-level error); nothing was written.
+    #[error("the database refused this order: {0}")]
+    Refused(std::sync::Arc<sqlx::Error>),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<sqlx::Error> for CheckoutError {
+    fn from(e: sqlx::Error) -> Self {
+        CheckoutError::Db(e.into())
+    }
+}
