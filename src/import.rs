@@ -31,6 +31,7 @@
 //! commits, then `cancelled`. `done`, `failed` and `cancelled` are final and carry `ended_at`.
 
 use crate::checkout::Checkout;
+use crate::checkout::stock::{self, Tx};
 use crate::clock::Clock;
 use crate::domain::{ProductId, ProductName};
 use crate::metrics::Metrics;
@@ -596,60 +597,25 @@ async fn write_batch(db: &Db, rows: &[Row]) -> anyhow::Result<Applied> {
     Ok(applied)
 }
 
-type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
-
 /// Inserts the rows whose product does not exist yet (stock and stated count: the file's)
 /// and returns their ids. Existing products are left to [`lock_differing`].
 async fn insert_new(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<HashSet<String>> {
-    let ids: Vec<&str> = rows.iter().map(|r| r.product_id.as_str()).collect();
-    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
-    let prices: Vec<i32> = rows.iter().map(|r| r.price_cents).collect();
-    let stock: Vec<i32> = rows.iter().map(|r| r.available_quantity).collect();
-    let created: Vec<String> = sqlx::query_scalar(
-        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
-         SELECT id, name, price, stock, stock \
-         FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
-         ORDER BY id COLLATE \"C\" \
-         ON CONFLICT (product_id) DO NOTHING RETURNING product_id",
-    )
-    .bind(&ids)
-    .bind(&names)
-    .bind(&prices)
-    .bind(&stock)
-    .fetch_all(&mut **tx)
-    .await?;
-    Ok(created.into_iter().collect())
+    let (ids, names, prices, counts) = columns(rows.iter().map(|r| (*r, r.available_quantity)));
+    Ok(stock::create_many(tx, &ids, &names, &prices, &counts)
+        .await?
+        .into_iter()
+        .collect())
 }
 
-/// Locks, in the one product order ([`crate::checkout::stock`]'s), the existing products whose
-/// stated count, name or price differ from the file, and returns `(product_id,
-/// available_quantity, stated_quantity)` as they stand under the lock (sales wait until the
-/// batch commits). `FOR NO KEY UPDATE`, the lock the UPDATE that follows takes anyway: a
-/// refusal's or an order line's foreign-key check (`FOR KEY SHARE`) never waits on it, so an
-/// import and the buyers of sold-out products never wait on each other in a circle.
+/// Locks the existing products whose stated count, name or price differ from the file
+/// ([`stock::lock_differing`]): `(product_id, available_quantity, stated_quantity)` under
+/// the lock.
 async fn lock_differing(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<Vec<(String, i32, i32)>> {
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<&str> = rows.iter().map(|r| r.product_id.as_str()).collect();
-    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
-    let prices: Vec<i32> = rows.iter().map(|r| r.price_cents).collect();
-    let stated: Vec<i32> = rows.iter().map(|r| r.available_quantity).collect();
-    sqlx::query_as(
-        "SELECT p.product_id, p.available_quantity, p.stated_quantity \
-         FROM products p \
-         JOIN UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stated) \
-           ON p.product_id = f.id \
-         WHERE (p.name, p.price_cents, p.stated_quantity) IS DISTINCT FROM (f.name, f.price, f.stated) \
-         ORDER BY p.product_id COLLATE \"C\" \
-         FOR NO KEY UPDATE OF p",
-    )
-    .bind(&ids)
-    .bind(&names)
-    .bind(&prices)
-    .bind(&stated)
-    .fetch_all(&mut **tx)
-    .await
+    let (ids, names, prices, stated) = columns(rows.iter().map(|r| (*r, r.available_quantity)));
+    stock::lock_differing(tx, &ids, &names, &prices, &stated).await
 }
 
 /// Writes the restated rows: name, price, the new stock, and the file's count as the
@@ -658,26 +624,23 @@ async fn update_restated(tx: &mut Tx, updates: &[(&Row, i32)]) -> sqlx::Result<(
     if updates.is_empty() {
         return Ok(());
     }
-    let ids: Vec<&str> = updates.iter().map(|(r, _)| r.product_id.as_str()).collect();
-    let names: Vec<&str> = updates.iter().map(|(r, _)| r.name.as_str()).collect();
-    let prices: Vec<i32> = updates.iter().map(|(r, _)| r.price_cents).collect();
-    let stock: Vec<i32> = updates.iter().map(|(_, s)| *s).collect();
+    let (ids, names, prices, stock) = columns(updates.iter().copied());
     let stated: Vec<i32> = updates.iter().map(|(r, _)| r.available_quantity).collect();
-    sqlx::query(
-        "UPDATE products p SET name = u.name, price_cents = u.price, available_quantity = u.stock, \
-           stated_quantity = u.stated, updated_at = clock_timestamp() \
-         FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[]) \
-           AS u(id, name, price, stock, stated) \
-         WHERE p.product_id = u.id",
-    )
-    .bind(&ids)
-    .bind(&names)
-    .bind(&prices)
-    .bind(&stock)
-    .bind(&stated)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+    stock::restate(tx, &ids, &names, &prices, &stock, &stated).await
+}
+
+/// The id, name and price columns of `rows`, and a count for each.
+fn columns<'a>(
+    rows: impl Iterator<Item = (&'a Row, i32)>,
+) -> (Vec<&'a str>, Vec<&'a str>, Vec<i32>, Vec<i32>) {
+    let mut out = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (r, n) in rows {
+        out.0.push(r.product_id.as_str());
+        out.1.push(r.name.as_str());
+        out.2.push(r.price_cents);
+        out.3.push(n);
+    }
+    out
 }
 
 /// The clock's now as a UTC instant (through the time base, so a test clock moves it).

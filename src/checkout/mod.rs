@@ -33,8 +33,8 @@ pub mod stock;
 mod tx;
 
 pub use error::CheckoutError;
-pub use order::{Order, OrderLine, OrderRequest, Placed};
-pub(crate) use order::{new_row_id, order_columns, with_lines};
+pub use order::{ORDER_COLUMNS, Order, OrderLine, OrderRequest, Placed};
+pub(crate) use order::{order_columns, with_lines};
 pub use rate_limit::RateLimiter;
 pub use status::{HoldStatus, OrderStatus};
 pub use stock::Stocked;
@@ -461,31 +461,12 @@ impl Checkout {
                     return Ok(done);
                 }
                 let mut tx = this.db.primary().begin().await?;
-                let Some(stocked) = sqlx::query_as::<_, Stocked>(concat!(
-                    "UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
-                     WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity, ",
-                    drops::rule_columns!()
-                ))
-                .bind(product.as_str())
-                .bind(quantity)
-                .fetch_optional(&mut *tx)
-                .await?
+                let Some((stocked, claimed)) =
+                    stock::restock(&mut tx, &product, quantity, key.as_ref(), &fingerprint).await?
                 else {
                     return Err(CheckoutError::ProductNotFound);
                 };
-                let claimed = sqlx::query(
-                    "INSERT INTO restocks (restock_id, product_id, quantity, idempotency_key, request_fingerprint, available_after) \
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING",
-                )
-                .bind(new_row_id())
-                .bind(product.as_str())
-                .bind(quantity)
-                .bind(key.as_ref().map(IdempotencyKey::as_str))
-                .bind(&fingerprint)
-                .bind(stocked.available_quantity)
-                .execute(&mut *tx)
-                .await?;
-                if claimed.rows_affected() == 0 {
+                if !claimed {
                     // A concurrent restock with this key committed first: answer as it did.
                     tx.rollback().await?;
                     continue;

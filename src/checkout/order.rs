@@ -15,6 +15,9 @@ macro_rules! order_columns {
 }
 pub(crate) use order_columns;
 
+/// [`order_columns!`] as a value, for the tests that hold SQL to it.
+pub const ORDER_COLUMNS: &str = order_columns!();
+
 /// The id of a new row in `orders`, `holds` or `restocks`: time-ordered (UUID v7), so each
 /// insert lands on the right-hand page of its primary-key index, which stays in memory,
 /// instead of on a random page of an index that outgrows it. On a 3.2 M-row `orders` table

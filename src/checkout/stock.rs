@@ -1,5 +1,13 @@
-//! Stock moves for several products at once (carts, holds, cancels, expiries), in the one
-//! lock order every transaction here shares: product rows by `product_id` in byte order
+//! The one owner of `products.available_quantity`. Every write of it is here: an order
+//! batch's take (in the versioned server-side function this module's [`crate::checkout::batch`]
+//! calls), a cart's or a hold's [`take`], a cancel's, a release's or an expiry's
+//! [`give_back`], a [`restock`], a product's [`create`], and an import's [`create_many`] and
+//! [`restate`]. The rule: **every take is a guarded UPDATE on the primary** (`… AND
+//! available_quantity >= q`), in the transaction that records why (the order, the hold,
+//! the restock, the import's batch), so stock never moves without its reason and never goes
+//! below zero. A test (`only_this_module_writes_stock`) holds every other file in `src/` to it.
+//!
+//! Lock order: every transaction here locks product rows by `product_id` in byte order
 //! (`COLLATE "C"`, Rust's `str` order, whatever the database's collation; an `en_US` one
 //! sorts `B-1` before `a.2` and `a.2` after `A-3`). Single-product batches lock one row, so no
 //! mix of carts, holds, imports and batches can wait in a circle. Statements that insert rows
@@ -7,7 +15,9 @@
 //! foreign-key checks take `FOR KEY SHARE`, which only a `FOR UPDATE` would block, and nothing
 //! here takes one on a product.
 
-use crate::domain::{ProductId, Quantity};
+use super::drops::{Rules, rule_columns};
+use super::order::new_row_id;
+use crate::domain::{IdempotencyKey, ProductId, Quantity};
 use std::collections::BTreeMap;
 
 /// A write transaction on the primary.
@@ -136,5 +146,196 @@ pub struct Stocked {
     pub price_cents: i32,
     pub available_quantity: i32,
     #[sqlx(flatten)]
-    pub rules: super::drops::Rules,
+    pub rules: Rules,
+}
+
+/// Adds `quantity` to a product's stock and records the restock under `key` (its unique
+/// claim): the stock it left, and whether this restock claimed the key (`false`: a
+/// concurrent one did, and the caller must roll back). `None`: no such product.
+pub(crate) async fn restock(
+    tx: &mut Tx,
+    product: &ProductId,
+    quantity: i32,
+    key: Option<&IdempotencyKey>,
+    fingerprint: &str,
+) -> Result<Option<(Stocked, bool)>, sqlx::Error> {
+    let Some(stocked) = sqlx::query_as::<_, Stocked>(concat!(
+        "UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
+         WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity, ",
+        rule_columns!()
+    ))
+    .bind(product.as_str())
+    .bind(quantity)
+    .fetch_optional(&mut **tx)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let claimed = sqlx::query(
+        "INSERT INTO restocks (restock_id, product_id, quantity, idempotency_key, request_fingerprint, available_after) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING",
+    )
+    .bind(new_row_id())
+    .bind(product.as_str())
+    .bind(quantity)
+    .bind(key.map(IdempotencyKey::as_str))
+    .bind(fingerprint)
+    .bind(stocked.available_quantity)
+    .execute(&mut **tx)
+    .await?;
+    Ok(Some((stocked, claimed.rows_affected() == 1)))
+}
+
+/// A new product, its stock and stated count the same. `None`: the id exists already.
+pub(crate) async fn create(
+    tx: &mut Tx,
+    id: &ProductId,
+    name: &str,
+    price_cents: i32,
+    stock: i32,
+    rules: &Rules,
+) -> Result<Option<Stocked>, sqlx::Error> {
+    sqlx::query_as(concat!(
+        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer, sale_starts_at, sale_ends_at) \
+         VALUES ($1, $2, $3, $4, $4, $5, $6, $7) ON CONFLICT (product_id) DO NOTHING \
+         RETURNING product_id, name, price_cents, available_quantity, ",
+        rule_columns!()
+    ))
+    .bind(id.as_str())
+    .bind(name)
+    .bind(price_cents)
+    .bind(stock)
+    .bind(rules.max_per_customer)
+    .bind(rules.sale_starts_at)
+    .bind(rules.sale_ends_at)
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// An import's new products (stock and stated count: the file's), inserted in lock order;
+/// the ids it created (an id that exists already is left to [`lock_differing`]).
+pub(crate) async fn create_many(
+    tx: &mut Tx,
+    ids: &[&str],
+    names: &[&str],
+    prices: &[i32],
+    stock: &[i32],
+) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar(
+        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
+         SELECT id, name, price, stock, stock \
+         FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
+         ORDER BY id COLLATE \"C\" \
+         ON CONFLICT (product_id) DO NOTHING RETURNING product_id",
+    )
+    .bind(ids)
+    .bind(names)
+    .bind(prices)
+    .bind(stock)
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Locks, in the one product order, the existing products whose stated count, name or price
+/// differ from an import's file, and returns `(product_id, available_quantity,
+/// stated_quantity)` as they stand under the lock (sales wait until the batch commits).
+/// `FOR NO KEY UPDATE`, the lock the UPDATE that follows takes anyway: a refusal's or an
+/// order line's foreign-key check (`FOR KEY SHARE`) never waits on it, so an import and the
+/// buyers of sold-out products never wait on each other in a circle.
+pub(crate) async fn lock_differing(
+    tx: &mut Tx,
+    ids: &[&str],
+    names: &[&str],
+    prices: &[i32],
+    stated: &[i32],
+) -> sqlx::Result<Vec<(String, i32, i32)>> {
+    sqlx::query_as(
+        "SELECT p.product_id, p.available_quantity, p.stated_quantity \
+         FROM products p \
+         JOIN UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stated) \
+           ON p.product_id = f.id \
+         WHERE (p.name, p.price_cents, p.stated_quantity) IS DISTINCT FROM (f.name, f.price, f.stated) \
+         ORDER BY p.product_id COLLATE \"C\" \
+         FOR NO KEY UPDATE OF p",
+    )
+    .bind(ids)
+    .bind(names)
+    .bind(prices)
+    .bind(stated)
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Writes an import's restated rows (locked by [`lock_differing`]): name, price, the new
+/// stock, and the file's count as the stated one.
+pub(crate) async fn restate(
+    tx: &mut Tx,
+    ids: &[&str],
+    names: &[&str],
+    prices: &[i32],
+    stock: &[i32],
+    stated: &[i32],
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE products p SET name = u.name, price_cents = u.price, available_quantity = u.stock, \
+           stated_quantity = u.stated, updated_at = clock_timestamp() \
+         FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[]) \
+           AS u(id, name, price, stock, stated) \
+         WHERE p.product_id = u.id",
+    )
+    .bind(ids)
+    .bind(names)
+    .bind(prices)
+    .bind(stock)
+    .bind(stated)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every statement that writes `products.available_quantity` lives in this file (or in
+    /// a versioned server-side function, which batch.rs calls by name). A write anywhere else
+    /// in `src/` fails here: move it into this module.
+    #[test]
+    fn only_this_module_writes_stock() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![root];
+        let mut offenders = Vec::new();
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                for entry in std::fs::read_dir(&path).expect("readable src/") {
+                    files.push(entry.expect("a directory entry").path());
+                }
+                continue;
+            }
+            if path.ends_with("checkout/stock.rs") || path.extension() != Some("rs".as_ref()) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("readable source");
+            // The code, without comment lines, in lower case.
+            let code: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .map(|l| l.to_ascii_lowercase() + "\n")
+                .collect();
+            // A statement that names products and then the stock column within its next
+            // few lines (an UPDATE's SET list, an INSERT's column list).
+            for verb in ["update products", "insert into products"] {
+                for (at, _) in code.match_indices(verb) {
+                    let statement: String = code[at..].lines().take(4).collect();
+                    if statement.contains("available_quantity") {
+                        let line = code[..at].lines().count();
+                        offenders.push(format!("{}:{line}: {verb} …", path.display()));
+                    }
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "stock written outside checkout/stock.rs:\n{}",
+            offenders.join("\n")
+        );
+    }
 }

@@ -6,8 +6,8 @@ use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable, Unprocessable,
 };
 use super::{Admin, ApiError, AppState, Json, Path, Query, Stated, stated, with_route_headers};
-use crate::checkout::CheckoutError;
 use crate::checkout::drops::{Rules, rule_columns};
+use crate::checkout::{CheckoutError, Stocked, stock};
 use crate::domain::{CustomerLimit, PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
 use crate::routing::{ReadCtx, Route};
@@ -41,6 +41,18 @@ pub struct Product {
     #[serde(flatten)]
     #[sqlx(flatten)]
     pub rules: Rules,
+}
+
+impl From<Stocked> for Product {
+    fn from(s: Stocked) -> Self {
+        Product {
+            product_id: s.product_id,
+            name: s.name,
+            price_cents: s.price_cents,
+            available_quantity: s.available_quantity,
+            rules: s.rules,
+        }
+    }
 }
 
 /// The columns of a [`Product`].
@@ -185,21 +197,16 @@ async fn create(
     };
     check_window(&rules)?;
     let mut tx = state.db.primary().begin().await?;
-    let created: Option<Product> = sqlx::query_as(concat!(
-        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer, sale_starts_at, sale_ends_at) \
-         VALUES ($1, $2, $3, $4, $4, $5, $6, $7) ON CONFLICT (product_id) DO NOTHING RETURNING ",
-        product_columns!()
-    ))
-    .bind(id.as_str())
-    .bind(name.as_str())
-    .bind(price.get())
-    .bind(stock.get())
-    .bind(rules.max_per_customer)
-    .bind(rules.sale_starts_at)
-    .bind(rules.sale_ends_at)
-    .fetch_optional(&mut *tx)
+    let created = stock::create(
+        &mut tx,
+        &id,
+        name.as_str(),
+        price.get(),
+        stock.get(),
+        &rules,
+    )
     .await?;
-    let Some(product) = created else {
+    let Some(product) = created.map(Product::from) else {
         return Err(ApiError::conflict(
             "ALREADY_EXISTS",
             format!("product {id} already exists"),
@@ -403,15 +410,8 @@ async fn restock(
             ApiError::invalid("STOCK_LIMIT", "stock would exceed 2147483647")
         })?,
     };
-    let product = Product {
-        product_id: done.product_id,
-        name: done.name,
-        price_cents: done.price_cents,
-        available_quantity: done.available_quantity,
-        rules: done.rules,
-    };
     let route = state.db.written_route();
-    Ok(stated(StatusCode::OK, product, &route))
+    Ok(stated(StatusCode::OK, Product::from(done), &route))
 }
 
 /// Unknown query parameters are refused with 400.
