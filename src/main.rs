@@ -4,8 +4,8 @@
 use clap::Parser;
 use stockgate::cli::{self, Cli, Failure};
 
-/// mimalloc instead of glibc's malloc: side by side under wrk on 2 cores, 5–10 % less CPU per
-/// request (availability 10.3 → 9.7 µs, an order 22.2 → 20.2 µs), for ~10 MiB more RSS.
+/// mimalloc instead of glibc's malloc: side by side under wrk it took less CPU per request
+/// for a little more memory (the figures: `bench/results/`).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -5,8 +5,8 @@
 //! its own single-threaded runtime, the way nginx runs a worker per core. One task on the
 //! main runtime accepts connections and hands them out in turn; a connection then lives on
 //! its thread, where its requests are parsed, answered and written with no hand-off between
-//! threads. Side by side with tokio's work-stealing runtime serving everything, this took 7 %
-//! off the CPU of an availability answer (`bench/results/2026-12-01.md`).
+//! threads. Side by side with tokio's work-stealing runtime serving everything, this took CPU
+//! off an availability answer (`bench/results/2026-12-01.md`).
 //! Handing out in turn, rather than letting every thread accept, keeps a burst of new
 //! connections (a load test's 64 at once) spread evenly. The freshness monitor, the
 //! read-your-writes store's connection and the hold sweeper run on the main runtime; a task a

@@ -35,7 +35,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 /// Everything a handler may use, behind one `Arc`: axum clones the state for every request,
 /// and cloning the parts (two dozen metric handles, the pools, the token keys) one by one
-/// cost 12 % of an availability answer's CPU in the profile (`bench/results/flame-*`).
+/// was a large share of an availability answer's CPU in the profile (`bench/results/flame-*`).
 #[derive(Clone)]
 pub struct AppState(Arc<Shared>);
 
@@ -226,7 +226,7 @@ pub fn with_route_headers(mut response: Response, route: &Route) -> Response {
 /// Request ids for the answers that need one: the client's own `X-Request-Id` is echoed
 /// back, and a failure on our side (5xx) without one gets a new id, in the answer and in the
 /// log line, so the two can be matched. Other answers carry none: generating and copying an
-/// id for every request was 7 % of an availability answer's CPU. New ids are in UUID form
+/// id for every request showed in an availability answer's profile (`bench/results/`). New ids are in UUID form
 /// without a `getrandom` call each: a random prefix drawn once per process, then a counter
 /// (unique within the process, and across processes but for a 2^-60 chance; an id is for
 /// finding a request in the logs, not a secret).
@@ -318,7 +318,8 @@ fn overload_error(metrics: &Metrics, e: BoxError) -> Response {
 /// while `debug` is enabled for this module, logs every request (method, route, status,
 /// latency). A hand-written layer rather than `from_fn` (which boxes every request's future)
 /// or tower-http's trace and request-id layers (a span, a classifier and an id per request
-/// were 12 % of an availability answer's CPU, with the span disabled).
+/// cost a large share of an availability answer's CPU even with the span disabled; see
+/// `bench/results/`).
 #[derive(Clone)]
 struct RecordMetricsLayer(Arc<Metrics>);
 

@@ -440,8 +440,9 @@ struct Availability {
 
 impl Availability {
     /// `Stated<Availability>` as JSON, written directly: the bytes `serde_json` makes of it
-    /// (a test holds the two equal) for a fraction of the instructions. Serde's flattened
-    /// map and axum's growing buffer were 18 % of an answer served from memory (callgrind).
+    /// (a test holds the two equal) for a fraction of the instructions: serde's flattened
+    /// map and axum's growing buffer were a visible share of an answer served from memory
+    /// (`bench/results/README.md`).
     fn stated_json(&self, route: &Route) -> Vec<u8> {
         let mut out = Vec::with_capacity(224);
         // A ProductId is `[A-Za-z0-9_.-]{1,64}` and an RFC 3339 time is digits and `-:.TZ`:
@@ -471,7 +472,7 @@ impl Availability {
     }
 }
 
-/// Appends `n` in decimal, by `itoa` (without `core::fmt`, 4 % of an answer's instructions).
+/// Appends `n` in decimal, by `itoa` (without `core::fmt`, which showed in the profile).
 fn push_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
