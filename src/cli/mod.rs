@@ -59,20 +59,20 @@ struct Who {
 
 /// How a subcommand failed: configuration (exit 2) or at run time (exit 1).
 pub enum Failure {
-    Config(String),
+    Config(ConfigError),
     Runtime(anyhow::Error),
 }
 
 impl From<ConfigError> for Failure {
     fn from(e: ConfigError) -> Self {
-        Failure::Config(e.0)
+        Failure::Config(e)
     }
 }
 
 impl From<anyhow::Error> for Failure {
     fn from(e: anyhow::Error) -> Self {
         match e.downcast::<ConfigError>() {
-            Ok(c) => Failure::Config(c.0),
+            Ok(c) => Failure::Config(c),
             Err(e) => Failure::Runtime(e),
         }
     }
@@ -148,7 +148,8 @@ fn token(config: &Config, args: TokenArgs) -> Result<(), Failure> {
     let tokens = Tokens::new(config.require_token_secret()?);
     let caller = match (args.who.user, args.who.admin) {
         (Some(u), _) => Caller::User(
-            UserId::parse(&u).map_err(|e| Failure::Config(format!("--user: {}", e.message)))?,
+            UserId::parse(&u)
+                .map_err(|e| Failure::Config(ConfigError(format!("--user: {}", e.message))))?,
         ),
         (None, _) => Caller::Admin,
     };
