@@ -33,6 +33,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod domain;
+pub mod events;
 pub mod http;
 pub mod import;
 pub mod lsn;

@@ -115,6 +115,14 @@ metrics! {
     import_paused_seconds: Counter("import_paused_for_lag_seconds_total", "Time bulk imports waited for replicas");
     /// Primary connections refused because the node was in recovery: only a Patroni-followed
     /// cluster can name a demoted node leader, but the series is 0 everywhere else too.
+    /// Sampled from the database (every instance's events, every writer's), once a second.
+    events_written: IntCounter("events_written_total", "Events written to the feed (database-wide, sampled)");
+    /// How far the newest servable event is behind the newest written (a long transaction
+    /// holding the horizon back), in seconds.
+    event_feed_lag: Gauge("event_feed_lag_seconds", "Age of the newest servable event behind the newest written");
+    webhook_backlog: IntGaugeVec("webhook_backlog_events", "Events of a webhook's types not yet delivered", ["webhook"]);
+    webhook_failures: IntCounterVec("webhook_delivery_failures_total", "Webhook deliveries that failed (non-2xx, error or timeout)", ["webhook"]);
+    webhook_delivered: IntCounterVec("webhook_deliveries_total", "Events delivered to webhooks", ["webhook"]);
     writes_refused_read_only: IntCounterVec("writes_refused_read_only_total", "Primary connections refused because the node was in recovery (a write would have met a read-only node)", ["at"]);
 }
 

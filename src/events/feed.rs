@@ -1,0 +1,188 @@
+//! Reading the feed: a page of events behind a cursor, below the reading snapshot's horizon;
+//! the retention purge; and the one per-instance watcher that wakes long-polls.
+
+use super::{Cursor, Event};
+use crate::metrics::Metrics;
+use crate::routing::{Db, DbError};
+use sqlx::Row;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Up to `limit` events after `after`, in feed order, of the `types` given (every type when
+/// `None`), that no later commit can precede: those whose transaction id is below the reading
+/// snapshot's `xmin` (see the module above). `exec` may be the primary or a replica.
+pub async fn read<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    after: Cursor,
+    limit: i64,
+    types: Option<&[String]>,
+) -> Result<Vec<Event>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT e.xid::text::int8 AS xid, e.n, e.type, e.at, e.data FROM events e \
+         WHERE (e.xid, e.n) > ($1::text::xid8, $2) \
+           AND e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
+           AND ($4::text[] IS NULL OR e.type = ANY($4)) \
+         ORDER BY e.xid, e.n LIMIT $3",
+    )
+    .bind(after.xid.to_string())
+    .bind(after.n)
+    .bind(limit)
+    .bind(types)
+    .fetch_all(exec)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Event {
+                cursor: Cursor {
+                    xid: u64::try_from(r.try_get::<i64, _>("xid")?).unwrap_or(0),
+                    n: r.try_get("n")?,
+                },
+                kind: r.try_get("type")?,
+                at: r.try_get("at")?,
+                data: r.try_get("data")?,
+            })
+        })
+        .collect()
+}
+
+/// The newest event the retention purge removed ([`Cursor::START`]: none). A cursor before
+/// it may have missed events: 410 `CURSOR_EXPIRED`.
+pub async fn purged_through<'e>(exec: impl sqlx::PgExecutor<'e>) -> Result<Cursor, sqlx::Error> {
+    let row: Option<(i64, i64)> = sqlx::query_as("SELECT xid::text::int8, n FROM events_purged")
+        .fetch_optional(exec)
+        .await?;
+    Ok(row.map_or(Cursor::START, |(xid, n)| Cursor {
+        xid: u64::try_from(xid).unwrap_or(0),
+        n,
+    }))
+}
+
+/// Removes up to `batch` of the oldest events written before `retention` ago, in feed
+/// order, and records the newest one removed. Returns how many went.
+pub async fn purge(db: &Db, retention: Duration, batch: i64) -> Result<u64, DbError> {
+    let gone: Option<(i64, Option<i64>, Option<i64>)> = sqlx::query_as(
+        "WITH old AS (SELECT xid, n FROM events WHERE at < now() - make_interval(secs => $1) \
+                      ORDER BY xid, n LIMIT $2), \
+              gone AS (DELETE FROM events e USING old WHERE (e.xid, e.n) = (old.xid, old.n) \
+                       RETURNING e.xid, e.n), \
+              newest AS (SELECT xid, n FROM gone ORDER BY xid DESC, n DESC LIMIT 1), \
+              noted AS (INSERT INTO events_purged (xid, n) SELECT xid, n FROM newest \
+                        ON CONFLICT (one) DO UPDATE SET xid = EXCLUDED.xid, n = EXCLUDED.n \
+                        WHERE (events_purged.xid, events_purged.n) < (EXCLUDED.xid, EXCLUDED.n)) \
+         SELECT (SELECT count(*) FROM gone), \
+                (SELECT xid::text::int8 FROM newest), (SELECT n FROM newest)",
+    )
+    .bind(retention.as_secs_f64())
+    .bind(batch)
+    .fetch_optional(db.primary().pool()?)
+    .await?;
+    Ok(gone.map_or(0, |(count, _, _)| u64::try_from(count).unwrap_or(0)))
+}
+
+/// The newest event a read can serve now, on the primary, and its age behind the newest
+/// event written (the feed's lag: how long a long transaction has held the horizon back).
+async fn horizon(db: &Db) -> Result<(Cursor, i64, f64), DbError> {
+    let row: (Option<i64>, Option<i64>, Option<i64>, Option<f64>) = sqlx::query_as(
+        "WITH servable AS (SELECT xid, n, at FROM events \
+                           WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) \
+                           ORDER BY xid DESC, n DESC LIMIT 1), \
+              newest AS (SELECT at FROM events ORDER BY at DESC LIMIT 1) \
+         SELECT (SELECT xid::text::int8 FROM servable), (SELECT n FROM servable), \
+                (SELECT last_value FROM pg_sequences WHERE sequencename = 'events_n_seq'), \
+                extract(epoch FROM (SELECT at FROM newest) - coalesce((SELECT at FROM servable), (SELECT at FROM newest)))::float8",
+    )
+    .fetch_one(db.primary().pool()?)
+    .await?;
+    let cursor = match (row.0, row.1) {
+        (Some(xid), Some(n)) => Cursor {
+            xid: u64::try_from(xid).unwrap_or(0),
+            n,
+        },
+        _ => Cursor::START,
+    };
+    Ok((cursor, row.2.unwrap_or(0), row.3.unwrap_or(0.0).max(0.0)))
+}
+
+/// This instance's feed: the watcher that long-polls wait on, and the retention purge.
+#[derive(Clone)]
+pub struct Feed {
+    newest: Arc<watch::Sender<Cursor>>,
+    retention: Duration,
+}
+
+/// Stops the feed's background task when dropped (with the application).
+pub struct FeedGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for FeedGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How often the watcher looks at the horizon while someone waits (and the metrics are
+/// sampled); how often otherwise.
+const WATCH_TICK: Duration = Duration::from_millis(50);
+const IDLE_TICK: Duration = Duration::from_secs(1);
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+const PURGE_BATCH: i64 = 10_000;
+
+impl Feed {
+    /// Starts the one watcher of this instance: one query of the primary's horizon per tick
+    /// (every 50 ms while a long-poll waits, every second otherwise), whatever the number of
+    /// waiting clients; and the purge of events past `retention`, once a minute.
+    pub fn start(db: Db, metrics: Metrics, retention: Duration) -> (Feed, FeedGuard) {
+        let tx = Arc::new(watch::Sender::new(Cursor::START));
+        let newest = tx.clone();
+        let task = tokio::spawn(async move {
+            let mut last_purge: Option<tokio::time::Instant> = None;
+            let mut written: Option<i64> = None;
+            loop {
+                match horizon(&db).await {
+                    Ok((cursor, newest_n, lag)) => {
+                        tx.send_if_modified(|c| {
+                            let moved = *c != cursor;
+                            *c = cursor;
+                            moved
+                        });
+                        if let Some(before) = written
+                            && newest_n > before
+                        {
+                            metrics
+                                .events_written
+                                .inc_by(u64::try_from(newest_n - before).unwrap_or(0));
+                        }
+                        written = Some(newest_n);
+                        metrics.event_feed_lag.set(lag);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "event horizon unavailable"),
+                }
+                if last_purge.is_none_or(|t| t.elapsed() >= PURGE_EVERY) {
+                    last_purge = Some(tokio::time::Instant::now());
+                    match purge(&db, retention, PURGE_BATCH).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(events = n, "purged events past retention"),
+                        Err(e) => tracing::warn!(error = %e, "event purge failed; retrying later"),
+                    }
+                }
+                let tick = if tx.receiver_count() > 0 {
+                    WATCH_TICK
+                } else {
+                    IDLE_TICK
+                };
+                tokio::time::sleep(tick).await;
+            }
+        });
+        (Feed { newest, retention }, FeedGuard(task))
+    }
+
+    /// How long events are kept at least.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// A waiter on the newest servable event: `changed()` wakes when it moves.
+    pub fn subscribe(&self) -> watch::Receiver<Cursor> {
+        self.newest.subscribe()
+    }
+}
