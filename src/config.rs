@@ -26,6 +26,7 @@
 //! | `STOCKGATE_ORDER_BATCH_MAX` | most orders one coalesced transaction takes | `256` |
 //! | `STOCKGATE_ORDER_BATCH_WINDOW_US` | how long a batch waits for more orders once the queue is empty | `0` |
 //! | `STOCKGATE_IDEMPOTENCY_WINDOW` | how long a key's answer is remembered at least (`30s`, `15m`, `24h`); refusals older than this are purged, so their keys may be used anew; confirmed orders never are | `24h` |
+//! | `STOCKGATE_EVENT_RETENTION` | how long events are kept at least (`12h`, `7d`); a cursor before the events purged since is 410 `CURSOR_EXPIRED` | `7d` |
 //! | `RUST_LOG` | log filter, read by [`crate::telemetry`] from the real environment only (logging starts before `.env` is read) | `info,sqlx=warn,tower_http=info` for serve, `warn` for the other commands |
 
 use std::net::SocketAddr;
@@ -63,6 +64,7 @@ pub struct Config {
     pub primary_timeout: Duration,
     pub order_batch_window: Duration,
     pub idempotency_window: Duration,
+    pub event_retention: Duration,
 }
 
 impl Config {
@@ -115,6 +117,8 @@ impl Config {
             )?),
             idempotency_window: one(&get, "STOCKGATE_IDEMPOTENCY_WINDOW", window)?
                 .unwrap_or(Duration::from_secs(24 * 3600)),
+            event_retention: one(&get, "STOCKGATE_EVENT_RETENTION", window)?
+                .unwrap_or(Duration::from_secs(7 * 24 * 3600)),
         })
     }
 
@@ -241,7 +245,7 @@ fn window(key: &str, value: &str) -> Result<Duration, ConfigError> {
     parse_duration(value).map_err(|why| bad(key, value, &why))
 }
 
-/// Parses `5s`, `500ms`, `30m`, `24h`.
+/// Parses `5s`, `500ms`, `30m`, `24h`, `7d`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -256,7 +260,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" | "" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unit must be ms, s, m or h")),
+        "d" => n * 86400.0,
+        _ => return Err(format!("{s:?}: unit must be ms, s, m, h or d")),
     };
     if !secs.is_finite() || secs <= 0.0 || secs > 10.0 * 365.0 * 86400.0 {
         return Err(format!("{s:?} is out of range"));

@@ -19,6 +19,7 @@ use crate::auth::Tokens;
 use crate::checkout::Checkout;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
+use crate::events::feed::{Feed, FeedGuard};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::routing::freshness::Thresholds;
@@ -39,6 +40,7 @@ pub struct Application {
     drain_timeout: Duration,
     _monitor: MonitorGuard,
     _sweeper: crate::checkout::SweeperGuard,
+    _feed: FeedGuard,
 }
 
 /// The router alone (pools, read-your-writes store, freshness monitor): for `stockgate
@@ -59,7 +61,7 @@ pub async fn build_db(
 async fn build_state(
     config: &Config,
     clock: Arc<dyn Clock>,
-) -> anyhow::Result<(AppState, MonitorGuard)> {
+) -> anyhow::Result<(AppState, MonitorGuard, FeedGuard)> {
     let metrics = Metrics::new();
     let imports = http::Jobs::new(clock.clone());
     let (db, monitor) = build_db(config, clock.clone(), &metrics).await?;
@@ -74,15 +76,17 @@ async fn build_state(
         config.order_rate_per_user,
         clock,
     );
+    let (feed, feed_guard) = Feed::start(db.clone(), metrics.clone(), config.event_retention);
     let shared = http::Shared {
         db,
         tokens,
         metrics,
         checkout,
         imports,
+        feed,
         rates: Default::default(),
     };
-    Ok((AppState::from(shared), monitor))
+    Ok((AppState::from(shared), monitor, feed_guard))
 }
 
 /// The read-your-writes store (Redis when configured, else in-process), whose pins must
@@ -176,7 +180,7 @@ impl Application {
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Application> {
         config.require_token_secret()?;
-        let (state, monitor) = build_state(config, clock).await?;
+        let (state, monitor, feed) = build_state(config, clock).await?;
         let router = http::router(state.clone(), config.max_in_flight, config.request_timeout);
         // Holds past their time give their units back within a second or so (the contract
         // allows 5 s), from the database's state, on every instance; refusals older than the
@@ -195,6 +199,7 @@ impl Application {
             drain_timeout: config.drain_timeout,
             _monitor: monitor,
             _sweeper: sweeper,
+            _feed: feed,
         })
     }
 

@@ -160,9 +160,13 @@ pub(crate) async fn restock(
     fingerprint: &str,
 ) -> Result<Option<(Stocked, bool)>, sqlx::Error> {
     let Some(stocked) = sqlx::query_as::<_, Stocked>(concat!(
-        "UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
-         WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity, ",
-        rule_columns!()
+        "WITH u AS (UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
+                    WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity, ",
+        rule_columns!(),
+        "), e AS (INSERT INTO events (type, data) SELECT 'stock.changed', jsonb_build_object( \
+                    'product_id', product_id, 'delta', $2::int4, 'available_quantity', available_quantity, \
+                    'reason', 'restock') FROM u) \
+         SELECT * FROM u"
     ))
     .bind(product.as_str())
     .bind(quantity)
@@ -196,10 +200,14 @@ pub(crate) async fn create(
     rules: &Rules,
 ) -> Result<Option<Stocked>, sqlx::Error> {
     sqlx::query_as(concat!(
-        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer, sale_starts_at, sale_ends_at) \
-         VALUES ($1, $2, $3, $4, $4, $5, $6, $7) ON CONFLICT (product_id) DO NOTHING \
-         RETURNING product_id, name, price_cents, available_quantity, ",
-        rule_columns!()
+        "WITH c AS (INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer, sale_starts_at, sale_ends_at) \
+                    VALUES ($1, $2, $3, $4, $4, $5, $6, $7) ON CONFLICT (product_id) DO NOTHING \
+                    RETURNING product_id, name, price_cents, available_quantity, ",
+        rule_columns!(),
+        "), e AS (INSERT INTO events (type, data) SELECT 'stock.changed', jsonb_build_object( \
+                    'product_id', product_id, 'delta', available_quantity, 'available_quantity', available_quantity, \
+                    'reason', 'create') FROM c) \
+         SELECT * FROM c"
     ))
     .bind(id.as_str())
     .bind(name)
@@ -222,11 +230,17 @@ pub(crate) async fn create_many(
     stock: &[i32],
 ) -> sqlx::Result<Vec<String>> {
     sqlx::query_scalar(
-        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
-         SELECT id, name, price, stock, stock \
-         FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
-         ORDER BY id COLLATE \"C\" \
-         ON CONFLICT (product_id) DO NOTHING RETURNING product_id",
+        "WITH c AS (INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
+                    SELECT id, name, price, stock, stock \
+                    FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
+                    ORDER BY id COLLATE \"C\" \
+                    ON CONFLICT (product_id) DO NOTHING RETURNING product_id, available_quantity), \
+              e AS (INSERT INTO events (type, data) \
+                    SELECT 'stock.changed', jsonb_build_object('product_id', product_id, \
+                           'delta', available_quantity, 'available_quantity', available_quantity, \
+                           'reason', 'import') \
+                    FROM c ORDER BY product_id COLLATE \"C\") \
+         SELECT product_id FROM c",
     )
     .bind(ids)
     .bind(names)
@@ -267,27 +281,33 @@ pub(crate) async fn lock_differing(
 }
 
 /// Writes an import's restated rows (locked by [`lock_differing`]): name, price, the new
-/// stock, and the file's count as the stated one.
+/// stock, and the file's count as the stated one; `deltas[i]` is how far row `i`'s stock moved
+/// (its `stock.changed` event, when it did).
 pub(crate) async fn restate(
     tx: &mut Tx,
     ids: &[&str],
     names: &[&str],
     prices: &[i32],
-    stock: &[i32],
+    (stock, deltas): (&[i32], &[i32]),
     stated: &[i32],
 ) -> sqlx::Result<()> {
     sqlx::query(
-        "UPDATE products p SET name = u.name, price_cents = u.price, available_quantity = u.stock, \
-           stated_quantity = u.stated, updated_at = clock_timestamp() \
-         FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[]) \
-           AS u(id, name, price, stock, stated) \
-         WHERE p.product_id = u.id",
+        "WITH r AS (UPDATE products p SET name = u.name, price_cents = u.price, available_quantity = u.stock, \
+                      stated_quantity = u.stated, updated_at = clock_timestamp() \
+                    FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[], $6::int4[]) \
+                      AS u(id, name, price, stock, stated, delta) \
+                    WHERE p.product_id = u.id RETURNING p.product_id, p.available_quantity, u.delta) \
+         INSERT INTO events (type, data) \
+         SELECT 'stock.changed', jsonb_build_object('product_id', product_id, 'delta', delta, \
+                'available_quantity', available_quantity, 'reason', 'import') \
+         FROM r WHERE delta <> 0 ORDER BY product_id COLLATE \"C\"",
     )
     .bind(ids)
     .bind(names)
     .bind(prices)
     .bind(stock)
     .bind(stated)
+    .bind(deltas)
     .execute(&mut **tx)
     .await?;
     Ok(())

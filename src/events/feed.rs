@@ -2,6 +2,7 @@
 //! the retention purge; and the one per-instance watcher that wakes long-polls.
 
 use super::{Cursor, Event};
+use crate::lsn::Lsn;
 use crate::metrics::Metrics;
 use crate::routing::{Db, DbError};
 use sqlx::Row;
@@ -59,8 +60,12 @@ pub async fn purged_through<'e>(exec: impl sqlx::PgExecutor<'e>) -> Result<Curso
 }
 
 /// Removes up to `batch` of the oldest events written before `retention` ago, in feed
-/// order, and records the newest one removed. Returns how many went.
-pub async fn purge(db: &Db, retention: Duration, batch: i64) -> Result<u64, DbError> {
+/// order, and records the newest one removed (on the primary). Returns how many went.
+pub async fn purge<'e>(
+    primary: impl sqlx::PgExecutor<'e>,
+    retention: Duration,
+    batch: i64,
+) -> Result<u64, sqlx::Error> {
     let gone: Option<(i64, Option<i64>, Option<i64>)> = sqlx::query_as(
         "WITH old AS (SELECT xid, n FROM events WHERE at < now() - make_interval(secs => $1) \
                       ORDER BY xid, n LIMIT $2), \
@@ -75,7 +80,7 @@ pub async fn purge(db: &Db, retention: Duration, batch: i64) -> Result<u64, DbEr
     )
     .bind(retention.as_secs_f64())
     .bind(batch)
-    .fetch_optional(db.primary().pool()?)
+    .fetch_optional(primary)
     .await?;
     Ok(gone.map_or(0, |(count, _, _)| u64::try_from(count).unwrap_or(0)))
 }
@@ -107,7 +112,9 @@ async fn horizon(db: &Db) -> Result<(Cursor, i64, f64), DbError> {
 /// This instance's feed: the watcher that long-polls wait on, and the retention purge.
 #[derive(Clone)]
 pub struct Feed {
-    newest: Arc<watch::Sender<Cursor>>,
+    /// The newest servable event the watcher saw, and the primary's position just after
+    /// (a replica that has replayed it can serve that event).
+    newest: Arc<watch::Sender<(Cursor, Option<Lsn>)>>,
     retention: Duration,
 }
 
@@ -120,10 +127,10 @@ impl Drop for FeedGuard {
     }
 }
 
-/// How often the watcher looks at the horizon while someone waits (and the metrics are
-/// sampled); how often otherwise.
+/// How often the watcher looks at the horizon (and samples the metrics) while a long-poll
+/// waits; how often otherwise.
 const WATCH_TICK: Duration = Duration::from_millis(50);
-const IDLE_TICK: Duration = Duration::from_secs(1);
+const IDLE_TICK: Duration = Duration::from_millis(250);
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 const PURGE_BATCH: i64 = 10_000;
 
@@ -132,7 +139,7 @@ impl Feed {
     /// (every 50 ms while a long-poll waits, every second otherwise), whatever the number of
     /// waiting clients; and the purge of events past `retention`, once a minute.
     pub fn start(db: Db, metrics: Metrics, retention: Duration) -> (Feed, FeedGuard) {
-        let tx = Arc::new(watch::Sender::new(Cursor::START));
+        let tx = Arc::new(watch::Sender::new((Cursor::START, None)));
         let newest = tx.clone();
         let task = tokio::spawn(async move {
             let mut last_purge: Option<tokio::time::Instant> = None;
@@ -140,11 +147,10 @@ impl Feed {
             loop {
                 match horizon(&db).await {
                     Ok((cursor, newest_n, lag)) => {
-                        tx.send_if_modified(|c| {
-                            let moved = *c != cursor;
-                            *c = cursor;
-                            moved
-                        });
+                        if tx.borrow().0 != cursor {
+                            let at = db.primary().current_lsn().await.ok();
+                            tx.send_replace((cursor, at));
+                        }
                         if let Some(before) = written
                             && newest_n > before
                         {
@@ -159,7 +165,13 @@ impl Feed {
                 }
                 if last_purge.is_none_or(|t| t.elapsed() >= PURGE_EVERY) {
                     last_purge = Some(tokio::time::Instant::now());
-                    match purge(&db, retention, PURGE_BATCH).await {
+                    let purged = match db.primary().pool() {
+                        Ok(pool) => purge(pool, retention, PURGE_BATCH)
+                            .await
+                            .map_err(DbError::from),
+                        Err(e) => Err(e),
+                    };
+                    match purged {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(events = n, "purged events past retention"),
                         Err(e) => tracing::warn!(error = %e, "event purge failed; retrying later"),
@@ -182,7 +194,7 @@ impl Feed {
     }
 
     /// A waiter on the newest servable event: `changed()` wakes when it moves.
-    pub fn subscribe(&self) -> watch::Receiver<Cursor> {
+    pub fn subscribe(&self) -> watch::Receiver<(Cursor, Option<Lsn>)> {
         self.newest.subscribe()
     }
 }

@@ -53,6 +53,9 @@ pub enum ApiError {
     /// 422: valid JSON that breaks a rule.
     #[error("{}", .0.message)]
     Invalid(Invalid),
+    /// 410 `CURSOR_EXPIRED`: an event cursor before events the retention purge removed.
+    #[error("this cursor is older than the retained events; start again without `after`")]
+    CursorExpired,
     /// 429 with `Retry-After`: a user over the (optional) per-user order rate.
     #[error("too many orders; slow down")]
     TooManyRequests,
@@ -107,6 +110,7 @@ impl ApiError {
             | ApiError::ShortLines(_)
             | ApiError::LimitExceeded { .. }
             | ApiError::SaleNotStarted { .. } => StatusCode::CONFLICT,
+            ApiError::CursorExpired => StatusCode::GONE,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
@@ -123,6 +127,7 @@ impl ApiError {
             | ApiError::Unavailable { code, .. } => code,
             ApiError::Invalid(i) => i.code,
             ApiError::ShortLines(_) => "OUT_OF_STOCK",
+            ApiError::CursorExpired => "CURSOR_EXPIRED",
             ApiError::LimitExceeded { .. } => "LIMIT_EXCEEDED",
             ApiError::SaleNotStarted { .. } => "SALE_NOT_STARTED",
             ApiError::Unauthorized => "UNAUTHORIZED",

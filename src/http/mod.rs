@@ -3,6 +3,7 @@
 
 mod admin;
 pub mod error;
+mod events;
 mod health;
 mod holds;
 mod imports;
@@ -59,6 +60,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub checkout: Checkout,
     pub imports: imports::Jobs,
+    /// The event feed's watcher (long-polls wait on it).
+    pub feed: crate::events::feed::Feed,
     /// The counter samples behind the overview's rates (`GET /v1/admin/overview`).
     pub rates: std::sync::Mutex<crate::rates::RateWindow>,
 }
@@ -258,6 +261,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(holds::router())
         .merge(users::router())
         .merge(reports::router())
+        .merge(events::router())
         .merge(admin::router())
         .merge(overview::router())
         .merge(imports::router())

@@ -93,7 +93,7 @@ pub(super) async fn write_batch(db: &Db, rows: &[Row]) -> anyhow::Result<Applied
         if restated.available > available {
             applied.raised.push(row.product_id.clone());
         }
-        updates.push((row, restated.available));
+        updates.push((row, restated.available, restated.available - available));
     }
     update_restated(&mut tx, &updates).await?;
     tx.commit().await?;
@@ -121,15 +121,19 @@ async fn lock_differing(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<Vec<(String,
     stock::lock_differing(tx, &ids, &names, &prices, &stated).await
 }
 
-/// Writes the restated rows: name, price, the new stock, and the file's count as the
-/// stated one.
-async fn update_restated(tx: &mut Tx, updates: &[(&Row, i32)]) -> sqlx::Result<()> {
+/// Writes the restated rows: name, price, the new stock (and how far it moved), and the
+/// file's count as the stated one.
+async fn update_restated(tx: &mut Tx, updates: &[(&Row, i32, i32)]) -> sqlx::Result<()> {
     if updates.is_empty() {
         return Ok(());
     }
-    let (ids, names, prices, stock) = columns(updates.iter().copied());
-    let stated: Vec<i32> = updates.iter().map(|(r, _)| r.available_quantity).collect();
-    stock::restate(tx, &ids, &names, &prices, &stock, &stated).await
+    let (ids, names, prices, stock) = columns(updates.iter().map(|&(r, s, _)| (r, s)));
+    let deltas: Vec<i32> = updates.iter().map(|&(_, _, d)| d).collect();
+    let stated: Vec<i32> = updates
+        .iter()
+        .map(|(r, _, _)| r.available_quantity)
+        .collect();
+    stock::restate(tx, &ids, &names, &prices, (&stock, &deltas), &stated).await
 }
 
 /// The id, name and price columns of `rows`, and a count for each.

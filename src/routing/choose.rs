@@ -162,6 +162,9 @@ mod tests {
             (RevenueReport, 10 * MS, true, Some(Reason::NoFreshReplica)),
             (Export, 3_600_000 * MS, false, None),
             (Export, 10 * MS, true, Some(Reason::NoFreshReplica)),
+            (Events, 4_900 * MS, false, None),
+            (Events, 5_100 * MS, false, Some(Reason::NoFreshReplica)),
+            (Events, 10 * MS, true, Some(Reason::NoFreshReplica)),
             (Primary, 10 * MS, false, Some(Reason::PrimaryOnly)),
         ];
         for &(class, staleness, down, expected) in table {

@@ -26,6 +26,8 @@ pub enum QueryClass {
     RevenueReport,
     /// Bulk export of orders: any replica that is answering.
     Export,
+    /// The event feed (`GET /v1/events`).
+    Events,
     /// Anything that must be current: writes and the reads inside write transactions.
     Primary,
 }
@@ -118,6 +120,7 @@ pub const POLICY: &[Policy] = &[
         budget: None,
         ..replica(QueryClass::Export, 0)
     },
+    replica(QueryClass::Events, 5_000),
     primary(QueryClass::Primary),
 ];
 
@@ -130,6 +133,7 @@ impl QueryClass {
         QueryClass::Dashboard,
         QueryClass::RevenueReport,
         QueryClass::Export,
+        QueryClass::Events,
         QueryClass::Primary,
     ];
 
@@ -144,7 +148,8 @@ impl QueryClass {
             QueryClass::Dashboard => 4,
             QueryClass::RevenueReport => 5,
             QueryClass::Export => 6,
-            QueryClass::Primary => 7,
+            QueryClass::Events => 7,
+            QueryClass::Primary => 8,
         };
         &POLICY[index]
     }
@@ -158,6 +163,7 @@ impl QueryClass {
             QueryClass::Dashboard => "dashboard",
             QueryClass::RevenueReport => "revenue_report",
             QueryClass::Export => "export",
+            QueryClass::Events => "events",
             QueryClass::Primary => "primary",
         }
     }

@@ -8,6 +8,7 @@ mod carts;
 mod contract;
 mod drops;
 mod edges;
+mod events;
 mod failover;
 mod foundation;
 mod freshness;

@@ -1,0 +1,485 @@
+//! The event feed (`GET /v1/events`): one total order with no gaps, every committed change
+//! exactly one event, live readers served prefixes of the final feed, and the feed's errors.
+
+use crate::helpers::*;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// One page of the feed: `(status, body)`.
+async fn page(app: &TestApp, query: &str) -> (StatusCode, Value) {
+    app.get_json(&format!("/v1/events?{query}"), Some(&app.admin))
+        .await
+}
+
+/// Every event from the start, read on `app` page by page until a page comes back empty.
+async fn whole_feed(app: &TestApp) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let q = match &after {
+            Some(a) => format!("after={a}&limit=1000"),
+            None => "limit=1000".into(),
+        };
+        let (status, body) = page(app, &q).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let events = body["events"].as_array().expect("events").clone();
+        if events.is_empty() {
+            return all;
+        }
+        after = Some(body["next"].as_str().expect("next").to_owned());
+        all.extend(events);
+    }
+}
+
+/// The whole feed once it holds an event for which `done` holds. The horizon is the
+/// cluster's: a long transaction of another test's database delays the feed (never reorders
+/// it), so a test waits for the last change it made rather than reading once.
+async fn feed_through(app: &TestApp, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let feed = whole_feed(app).await;
+        if feed.iter().any(&done) {
+            return feed;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the feed never showed the last change"
+        );
+        let after = feed.last().map_or("0-0".to_owned(), |e| {
+            e["cursor"].as_str().unwrap().to_owned()
+        });
+        page(app, &format!("after={after}&wait_ms=1000")).await;
+    }
+}
+
+/// The `stock.changed` of product `id`'s creation.
+fn created(id: &'static str) -> impl Fn(&Value) -> bool {
+    move |e| {
+        e["type"] == "stock.changed"
+            && e["data"]["product_id"] == id
+            && e["data"]["reason"] == "create"
+    }
+}
+
+fn cursors(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["cursor"].as_str().expect("cursor").to_owned())
+        .collect()
+}
+
+/// The outbox everyone writes first: events in sequence order, `n > cursor`. A change whose
+/// sequence value was taken before a later one's, but that commits after it, lands behind a
+/// cursor that has already passed it. The feed places it after what it served instead.
+/// Mutation seen failing: the feed without `xid < pg_snapshot_xmin(...)` (it serves the
+/// second transaction's event first, and its reader never sees the first's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_commits_late_is_placed_after_what_was_served_where_a_naive_outbox_skips_it()
+{
+    let cluster = shared_cluster();
+    let app = spawn_app(cluster).await;
+    let event = |tag: &'static str| {
+        sqlx::query("INSERT INTO events (type, data) VALUES ('stock.changed', jsonb_build_object('tag', $1::text))")
+            .bind(tag)
+    };
+    // The slow change takes its place (its transaction id and sequence value) first...
+    let mut slow = app.primary.begin().await.unwrap();
+    event("slow").execute(&mut *slow).await.unwrap();
+    // ...and a quick one commits before it.
+    event("quick").execute(&app.primary).await.unwrap();
+
+    // The naive reader sees the quick one and moves its cursor past the slow one's place.
+    let naive_after: i64 = sqlx::query_scalar("SELECT max(n) FROM events")
+        .fetch_one(&app.primary)
+        .await
+        .unwrap();
+    // The feed serves nothing yet: the slow transaction holds the horizon.
+    let (status, first) = page(&app, "").await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let served_first = first["events"].as_array().unwrap().clone();
+    let after = first["next"].as_str().unwrap().to_owned();
+
+    slow.commit().await.unwrap();
+    let naive_rest: Vec<String> =
+        sqlx::query_scalar("SELECT data->>'tag' FROM events WHERE n > $1 ORDER BY n")
+            .bind(naive_after)
+            .fetch_all(&app.primary)
+            .await
+            .unwrap();
+    assert!(
+        naive_rest.is_empty(),
+        "the naive outbox was expected to skip the late commit: {naive_rest:?}"
+    );
+
+    let mut seen: Vec<Value> = served_first;
+    let mut after = after;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while seen.len() < 2 && tokio::time::Instant::now() < deadline {
+        let (status, rest) = page(&app, &format!("after={after}&wait_ms=2000")).await;
+        assert_eq!(status, StatusCode::OK, "{rest}");
+        seen.extend(rest["events"].as_array().unwrap().clone());
+        after = rest["next"].as_str().unwrap().to_owned();
+    }
+    // Whatever the pages held, together they are the feed: slow then quick, each once.
+    let tags: Vec<&str> = seen
+        .iter()
+        .map(|e| e["data"]["tag"].as_str().unwrap())
+        .collect();
+    assert_eq!(tags, ["slow", "quick"], "{seen:?}");
+    assert_eq!(cursors(&seen), cursors(&whole_feed(&app).await));
+}
+
+/// Orders, cancels, holds (confirmed, released) and restocks on two instances while a reader
+/// long-polls each: every committed change is exactly one event, each reader's sequence is a
+/// prefix of the final feed, and the events account for every unit of stock. Mutations seen
+/// failing: the orders trigger skipping single-line orders (the counts), the feed without its
+/// horizon (the prefix), a restock without its `stock.changed` (the stock books).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_committed_change_is_one_event_and_every_live_reader_sees_a_prefix_of_the_feed() {
+    let cluster = shared_cluster();
+    let a = spawn_app(cluster).await;
+    let b = spawn_beside(&a, cluster).await;
+    let products = ["ev-a", "ev-b", "ev-c"];
+    for p in products {
+        assert_eq!(
+            a.create_product(p, 40, 100).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let readers: Vec<_> = [&a, &b]
+        .into_iter()
+        .map(|app| {
+            let (client, url, admin) =
+                (app.client.clone(), app.url("/v1/events"), app.admin.clone());
+            let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
+            let out = seen.clone();
+            let task = tokio::spawn(async move {
+                let mut after: Option<String> = None;
+                let marker = created("ev-marker");
+                while !seen.lock().await.iter().any(&marker) {
+                    let mut req = client
+                        .get(&url)
+                        .bearer_auth(&admin)
+                        .query(&[("wait_ms", "1000"), ("limit", "7")]);
+                    if let Some(a) = &after {
+                        req = req.query(&[("after", a)]);
+                    }
+                    let body: Value = req.send().await.unwrap().json().await.unwrap();
+                    let events = body["events"].as_array().expect("a page").clone();
+                    after = Some(body["next"].as_str().unwrap().to_owned());
+                    seen.lock().await.extend(events);
+                }
+            });
+            (task, out)
+        })
+        .collect();
+
+    let mut work = Vec::new();
+    for i in 0..24usize {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let (client, base, admin) = (app.client.clone(), app.url(""), app.admin.clone());
+        let user = format!("buyer-{i}");
+        let token = app.user_token(&user);
+        let product = products[i % products.len()];
+        work.push(tokio::spawn(async move {
+            let post = |path: String, body: Value, key: String| {
+                client
+                    .post(format!("{base}{path}"))
+                    .bearer_auth(&token)
+                    .header("Idempotency-Key", key)
+                    .json(&body)
+                    .send()
+            };
+            for k in 0..3 {
+                let resp = post(
+                    "/v1/orders".into(),
+                    json!({"product_id": product, "quantity": 1 + k % 2}),
+                    format!("o-{i}-{k}"),
+                )
+                .await
+                .unwrap();
+                let body: Value = resp.json().await.unwrap();
+                if k == 1 && body["status"] == "confirmed" {
+                    let id = body["order_id"].as_str().unwrap();
+                    client
+                        .post(format!("{base}/v1/orders/{id}/cancel"))
+                        .bearer_auth(&token)
+                        .send()
+                        .await
+                        .unwrap();
+                }
+            }
+            let hold: Value = post(
+                "/v1/holds".into(),
+                json!({"lines": [{"product_id": product, "quantity": 1}], "ttl_s": 600}),
+                format!("h-{i}"),
+            )
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+            if let Some(id) = hold["hold_id"].as_str() {
+                let url = format!("{base}/v1/holds/{id}");
+                let end = if i % 3 == 0 {
+                    client.post(format!("{url}/confirm"))
+                } else {
+                    client.delete(url)
+                };
+                end.bearer_auth(&token).send().await.unwrap();
+            }
+            if i % 4 == 0 {
+                client
+                    .post(format!("{base}/v1/products/{product}/restock"))
+                    .bearer_auth(&admin)
+                    .json(&json!({"quantity": 3}))
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for w in work {
+        w.await.unwrap();
+    }
+    // The last change: every change above committed before it took its place in the feed.
+    assert_eq!(
+        b.create_product("ev-marker", 1, 1).await.status(),
+        StatusCode::CREATED
+    );
+    let feed = feed_through(&a, created("ev-marker")).await;
+    for (task, seen) in readers {
+        task.await.unwrap();
+        let seen = cursors(&seen.lock().await);
+        let unique: HashSet<&String> = seen.iter().collect();
+        assert_eq!(
+            unique.len(),
+            seen.len(),
+            "a reader was served an event twice"
+        );
+        assert_eq!(
+            seen,
+            cursors(&feed)[..seen.len()],
+            "a reader's sequence is not a prefix of the feed"
+        );
+        assert_eq!(
+            seen.len(),
+            feed.len(),
+            "a reader that read to the last change missed events"
+        );
+    }
+
+    // Every committed change is one event.
+    let count = |sql: &'static str| {
+        let pool = a.primary.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let mut by_type: BTreeMap<&str, i64> = BTreeMap::new();
+    for e in &feed {
+        *by_type.entry(e["type"].as_str().unwrap()).or_default() += 1;
+    }
+    let expected = [
+        (
+            "order.confirmed",
+            count("SELECT count(*) FROM orders WHERE status IN ('confirmed', 'cancelled')").await,
+        ),
+        (
+            "order.cancelled",
+            count("SELECT count(*) FROM orders WHERE status = 'cancelled'").await,
+        ),
+        (
+            "hold.created",
+            count("SELECT count(*) FROM holds WHERE status <> 'refused'").await,
+        ),
+        (
+            "hold.confirmed",
+            count("SELECT count(*) FROM holds WHERE status = 'confirmed'").await,
+        ),
+        (
+            "hold.released",
+            count("SELECT count(*) FROM holds WHERE status = 'released'").await,
+        ),
+        (
+            "hold.expired",
+            count("SELECT count(*) FROM holds WHERE status = 'expired'").await,
+        ),
+        (
+            "stock.changed",
+            count("SELECT (SELECT count(*) FROM products) + (SELECT count(*) FROM restocks)").await,
+        ),
+    ];
+    for (kind, n) in expected {
+        assert_eq!(
+            by_type.get(kind).copied().unwrap_or(0),
+            n,
+            "{kind}: {by_type:?}"
+        );
+    }
+    let confirmed: Vec<&str> = feed
+        .iter()
+        .filter(|e| e["type"] == "order.confirmed")
+        .map(|e| e["data"]["order_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        confirmed.iter().collect::<HashSet<_>>().len(),
+        confirmed.len(),
+        "an order announced twice"
+    );
+
+    // The events account for every unit: created and restocked, less what orders took (a
+    // confirmed hold's order took nothing more: its hold did), plus cancels and holds that
+    // gave units back.
+    let from_holds: HashSet<&str> = feed
+        .iter()
+        .filter(|e| e["type"] == "hold.confirmed")
+        .map(|e| e["data"]["order_id"].as_str().unwrap())
+        .collect();
+    let mut books: HashMap<String, i64> = HashMap::new();
+    let lines = |e: &Value| -> Vec<(String, i64)> {
+        e["data"]["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["product_id"].as_str().unwrap().to_owned(),
+                    l["quantity"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    for e in &feed {
+        let sign = match e["type"].as_str().unwrap() {
+            "stock.changed" => {
+                *books
+                    .entry(e["data"]["product_id"].as_str().unwrap().to_owned())
+                    .or_default() += e["data"]["delta"].as_i64().unwrap();
+                continue;
+            }
+            "order.confirmed" if from_holds.contains(e["data"]["order_id"].as_str().unwrap()) => {
+                continue;
+            }
+            "order.confirmed" | "hold.created" => -1,
+            "order.cancelled" | "hold.released" | "hold.expired" => 1,
+            _ => continue,
+        };
+        for (p, q) in lines(e) {
+            *books.entry(p).or_default() += sign * q;
+        }
+    }
+    for p in products {
+        assert_eq!(
+            books[p],
+            a.stock_on_primary(p).await,
+            "{p}: the events' books"
+        );
+    }
+}
+
+/// A long-poll answers as soon as an event is there (not at its deadline), and a page says
+/// where it was read and as of when.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_returns_the_event_that_arrives_while_it_waits() {
+    let cluster = shared_cluster();
+    let app = spawn_app(cluster).await;
+    let (_, body) = page(&app, "").await;
+    let after = body["next"].as_str().unwrap().to_owned();
+    let (client, url, admin) = (app.client.clone(), app.url("/v1/events"), app.admin.clone());
+    let waiting = tokio::spawn(async move {
+        let body: Value = client
+            .get(url)
+            .bearer_auth(admin)
+            .query(&[("after", after.as_str()), ("wait_ms", "30000")])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body
+    });
+    assert_eq!(
+        app.create_product("polled", 5, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let body = tokio::time::timeout(Duration::from_secs(28), waiting)
+        .await
+        .expect("the long-poll answered before its 30 s deadline")
+        .unwrap();
+    let events = body["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{body}");
+    assert_eq!(events[0]["type"], "stock.changed");
+    assert_eq!(events[0]["data"]["reason"], "create");
+    assert_eq!(events[0]["data"]["delta"], 5);
+    assert!(
+        body["as_of"].is_string() && body["served_by"].is_string(),
+        "{body}"
+    );
+    assert_eq!(body["next"], events[0]["cursor"]);
+}
+
+/// Bad cursors, limits and waits are 400; a user is 403; a cursor the retention purge has
+/// passed is 410, while a read without one starts at the oldest retained event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_feed_requests_are_400_a_user_403_and_a_purged_cursor_410() {
+    let cluster = shared_cluster();
+    let app = spawn_app(cluster).await;
+    for (query, code) in [
+        ("after=nope", "INVALID_CURSOR"),
+        ("after=1-2-3", "INVALID_CURSOR"),
+        ("limit=0", "INVALID_LIMIT"),
+        ("limit=1001", "INVALID_LIMIT"),
+        ("limit=ten", "INVALID_QUERY"),
+        ("wait_ms=30001", "INVALID_WAIT_MS"),
+        ("wait_ms=-1", "INVALID_QUERY"),
+        ("since=0", "INVALID_QUERY"),
+    ] {
+        let (status, body) = page(&app, query).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(body["error"]["code"], code, "{query}: {body}");
+    }
+    let (status, _) = app
+        .get_json("/v1/events", Some(&app.user_token("mallory")))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    for p in ["old-1", "old-2"] {
+        assert_eq!(
+            app.create_product(p, 1, 1).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let feed = feed_through(&app, created("old-2")).await;
+    let before_purge = feed[0]["cursor"].as_str().unwrap().to_owned();
+    // Everything written so far is past a zero retention.
+    let purged = stockgate::events::feed::purge(&app.primary, Duration::ZERO, 1)
+        .await
+        .unwrap();
+    assert_eq!(purged, 1);
+    // A replica answers as of its own moment: wait until both have replayed the purge.
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).expect("replicas caught up");
+    let (status, body) = page(&app, &format!("after={before_purge}")).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the purged event itself was served: {body}"
+    );
+    let (status, body) = page(&app, "after=0-0").await;
+    assert_eq!(status, StatusCode::GONE, "{body}");
+    assert_eq!(body["error"]["code"], "CURSOR_EXPIRED");
+    let (status, body) = page(&app, "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        cursors(body["events"].as_array().unwrap()),
+        cursors(&feed[1..])
+    );
+}
