@@ -523,31 +523,26 @@ impl World {
 // The workload.
 // ---------------------------------------------------------------------------------------------
 
-/// splitmix64: a seeded, dependency-free source of choices.
-struct Rng(u64);
+/// The workload's choices, on `fastrand`'s seeded generator: the test seeds one from
+/// `STOCKGATE_HISTORY_SEED` and forks every client's from it, so a printed seed replays them.
+trait Choices {
+    /// True `percent` times in a hundred.
+    fn chance(&mut self, percent: u64) -> bool;
+    /// A pause of `lo..=hi` milliseconds.
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration;
+    /// Instance 0 or 1.
+    fn instance(&mut self) -> usize;
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
+impl Choices for fastrand::Rng {
     fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
+        self.u64(..100) < percent
     }
     fn ms(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(self.between(lo, hi))
+        Duration::from_millis(self.u64(lo..=hi))
     }
     fn instance(&mut self) -> usize {
-        self.below(2) as usize
+        self.usize(..2)
     }
 }
 
@@ -581,7 +576,7 @@ struct Shopper {
     name: String,
     /// A collector's limited product, which it orders again and again under fresh keys.
     favourite: Option<&'static str>,
-    rng: Rng,
+    rng: fastrand::Rng,
     world: Arc<World>,
     keys: Vec<Held>,
     cancelled: BTreeSet<Uuid>,
@@ -593,7 +588,7 @@ impl Shopper {
         while Instant::now() < deadline {
             // Think time keeps ~40 clients to a few hundred requests/s on a shared machine.
             tokio::time::sleep(self.rng.ms(20, 200)).await;
-            match self.rng.below(100) {
+            match self.rng.u64(..100) {
                 0..45 => self.new_order().await,
                 45..60 => self.retry_unsure().await,
                 60..70 => self.cancel().await,
@@ -634,7 +629,7 @@ impl Shopper {
             user: self.name.clone(),
             key: format!("{prefix}k{}", self.keys.len()),
             product: self.product().to_string(),
-            quantity: self.rng.between(1, 3) as i64,
+            quantity: self.rng.i64(1..=3),
         };
         self.keys.push(Held {
             target,
@@ -656,7 +651,7 @@ impl Shopper {
     fn product(&mut self) -> &'static str {
         match self.favourite {
             Some(p) if self.rng.chance(60) => p,
-            _ => PRODUCTS[self.rng.below(PRODUCTS.len() as u64) as usize],
+            _ => PRODUCTS[self.rng.usize(..PRODUCTS.len())],
         }
     }
 
@@ -664,8 +659,7 @@ impl Shopper {
         let candidates: Vec<usize> = (0..self.keys.len())
             .filter(|&i| want(&self.keys[i]))
             .collect();
-        (!candidates.is_empty())
-            .then(|| candidates[self.rng.below(candidates.len() as u64) as usize])
+        self.rng.choice(candidates)
     }
 
     async fn retry_unsure(&mut self) {
@@ -781,7 +775,7 @@ impl Shopper {
 /// An admin adding a few units now and then, under keys, retrying what it did not hear.
 struct Restocker {
     name: String,
-    rng: Rng,
+    rng: fastrand::Rng,
     world: Arc<World>,
     sent: usize,
     unsure: Vec<Target>,
@@ -798,8 +792,8 @@ impl Restocker {
             }
             let target = Target::Restock {
                 key: format!("{}-{}", self.name, self.sent),
-                product: PRODUCTS[self.rng.below(PRODUCTS.len() as u64) as usize].to_string(),
-                quantity: self.rng.between(1, 5) as i64,
+                product: PRODUCTS[self.rng.usize(..PRODUCTS.len())].to_string(),
+                quantity: self.rng.i64(1..=5),
             };
             self.sent += 1;
             if self.rng.chance(25) {
@@ -834,7 +828,7 @@ impl Restocker {
 /// of either instance: its row locks meet every buyer's and refusal's. Returns how many
 /// imports applied a change; one that failed under a fault (a primary cut) is not an anomaly,
 /// a deadlock is, and the test counts those in the database.
-async fn importer(world: Arc<World>, mut rng: Rng, deadline: Instant) -> usize {
+async fn importer(world: Arc<World>, mut rng: fastrand::Rng, deadline: Instant) -> usize {
     let mut applied = 0;
     let mut round = 0;
     while Instant::now() < deadline {
@@ -956,7 +950,7 @@ struct Nemesis<'a> {
     proxy: ChaosProxy,
     apps: [Option<TestApp>; 2],
     world: Arc<World>,
-    rng: Rng,
+    rng: fastrand::Rng,
     injected: BTreeMap<Fault, usize>,
     /// When each fault was in force, in ms since the history began, to line operations up.
     windows: Vec<(Fault, u64, u64)>,
@@ -1950,14 +1944,14 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
     let checker_pool = a.primary.clone();
     let world = Arc::new(World::new([a.address.clone(), b.address.clone()]));
     let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut master = Rng(seed);
+    let mut master = fastrand::Rng::with_seed(seed);
     let mut clients = vec![];
     for c in 0..SHOPPERS {
         let shopper = Shopper {
             name: format!("shopper-{c:02}"),
             favourite: (c % COLLECTOR_EVERY == 0)
                 .then(|| LIMITS[(c / COLLECTOR_EVERY) % LIMITS.len()].0),
-            rng: Rng(master.next()),
+            rng: master.fork(),
             world: world.clone(),
             keys: vec![],
             cancelled: BTreeSet::new(),
@@ -1968,14 +1962,14 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
     for c in 0..RESTOCKERS {
         let restocker = Restocker {
             name: format!("restocker-{c}"),
-            rng: Rng(master.next()),
+            rng: master.fork(),
             world: world.clone(),
             sent: 0,
             unsure: vec![],
         };
         clients.push(tokio::spawn(restocker.run(deadline)));
     }
-    let imports = tokio::spawn(importer(world.clone(), Rng(master.next()), deadline));
+    let imports = tokio::spawn(importer(world.clone(), master.fork(), deadline));
     let mut nemesis = Nemesis {
         cluster: &cluster,
         database: database.clone(),
@@ -1983,7 +1977,7 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
         proxy,
         apps: [Some(a), Some(b)],
         world: world.clone(),
-        rng: Rng(master.next()),
+        rng: master.fork(),
         injected: BTreeMap::new(),
         windows: vec![],
     };
