@@ -1,0 +1,371 @@
+//! The history's records: what the primary holds once the run is over, and every request any
+//! client sent with what it heard back. The checker reads the one against the other.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::fmt;
+use uuid::Uuid;
+
+// ---------------------------------------------------------------------------------------------
+// The database's side of the story. All of this file's SQL is here: issue 13's branch changes
+// these tables (a `refused` order status, a `restocks` table), so this is the one place to
+// adjust.
+// ---------------------------------------------------------------------------------------------
+
+/// One row of `orders`.
+#[derive(Clone, Debug)]
+pub(super) struct Row {
+    pub(super) order_id: Uuid,
+    pub(super) user: String,
+    pub(super) key: String,
+    pub(super) product: String,
+    pub(super) quantity: i64,
+    /// `confirmed`, `cancelled`, or `refused` (a 409 that claimed its key; not an order).
+    pub(super) status: String,
+    /// A `refused` row's stored reason (`refusal->>'code'`); NULL is a refusal for stock.
+    pub(super) refusal: Option<String>,
+    /// When the primary inserted the row, on its clock (the column's `clock_timestamp()`).
+    pub(super) created_at: DateTime<Utc>,
+}
+
+impl Row {
+    /// The 409 code a refused row stands for.
+    pub(super) fn reason(&self) -> &str {
+        self.refusal.as_deref().unwrap_or(OUT_OF_STOCK)
+    }
+}
+
+/// A product's flash-drop rules as the primary holds them once the run is over. Nothing changes
+/// them during the run, so they are the rules every request was judged by.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Rules {
+    pub(super) limit: Option<i64>,
+    pub(super) starts: Option<DateTime<Utc>>,
+    pub(super) ends: Option<DateTime<Utc>>,
+}
+
+/// Units a user holds of a product outside single-product orders: a line of a confirmed cart,
+/// or of a live hold. The workload places neither, but a user's count under a limit includes
+/// them, so the limit check reads them too.
+#[derive(Clone, Debug)]
+pub(super) struct LineUnits {
+    pub(super) user: String,
+    pub(super) product: String,
+    pub(super) quantity: i64,
+    /// The cart order's `created_at`; `None` for a hold, whose row is written before its
+    /// products are locked and judged, so its time says nothing about the sale window.
+    pub(super) ordered_at: Option<DateTime<Utc>>,
+}
+
+/// One row of `restocks` that was made under an `Idempotency-Key`.
+#[derive(Clone, Debug)]
+pub(super) struct RestockRow {
+    pub(super) key: String,
+    pub(super) product: String,
+    pub(super) quantity: i64,
+}
+
+/// What the primary holds once the history is over.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Snapshot {
+    pub(super) stock: BTreeMap<String, i64>,
+    pub(super) rules: BTreeMap<String, Rules>,
+    pub(super) orders: Vec<Row>,
+    pub(super) lines: Vec<LineUnits>,
+    /// `None` when there is no `restocks` table (main before issue 13).
+    pub(super) restocks: Option<Vec<RestockRow>>,
+}
+
+pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
+    type ProductRow = (
+        String,
+        i64,
+        Option<i64>,
+        Option<DateTime<Utc>>,
+        Option<DateTime<Utc>>,
+    );
+    let products = sqlx::query_as::<_, ProductRow>(
+        "SELECT product_id, available_quantity::int8, max_per_customer::int8, sale_starts_at, sale_ends_at \
+         FROM products",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    type OrderRow = (
+        Uuid,
+        String,
+        String,
+        String,
+        i64,
+        String,
+        Option<String>,
+        DateTime<Utc>,
+    );
+    let orders = sqlx::query_as::<_, OrderRow>(
+        "SELECT order_id, user_id, idempotency_key, product_id, quantity::int8, status, \
+                refusal->>'code', created_at FROM orders",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    // The same two sources as the service's `customer_units`: cart lines of confirmed orders
+    // (a single-product order's units are its row's), and the lines of live holds.
+    let lines = sqlx::query_as::<_, (String, String, i64, Option<DateTime<Utc>>)>(
+        "SELECT o.user_id, l.product_id, l.quantity::int8, o.created_at \
+           FROM order_lines l JOIN orders o USING (order_id) \
+          WHERE o.status = 'confirmed' AND o.product_id IS NULL \
+         UNION ALL \
+         SELECT h.user_id, l.product_id, l.quantity::int8, NULL \
+           FROM hold_lines l JOIN holds h USING (hold_id) WHERE h.status = 'held'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let restocks = sqlx::query_as::<_, (String, String, i64)>(
+        "SELECT idempotency_key, product_id, quantity::int8 FROM restocks \
+         WHERE idempotency_key IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await;
+    let restocks = match restocks {
+        Ok(rows) => Some(rows),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => None,
+        Err(e) => panic!("reading restocks: {e}"),
+    };
+    Snapshot {
+        stock: products.iter().map(|p| (p.0.clone(), p.1)).collect(),
+        rules: products
+            .into_iter()
+            .map(|(product, _, limit, starts, ends)| {
+                (
+                    product,
+                    Rules {
+                        limit,
+                        starts,
+                        ends,
+                    },
+                )
+            })
+            .collect(),
+        orders: orders
+            .into_iter()
+            .map(
+                |(order_id, user, key, product, quantity, status, refusal, created_at)| Row {
+                    order_id,
+                    user,
+                    key,
+                    product,
+                    quantity,
+                    status,
+                    refusal,
+                    created_at,
+                },
+            )
+            .collect(),
+        lines: lines
+            .into_iter()
+            .map(|(user, product, quantity, ordered_at)| LineUnits {
+                user,
+                product,
+                quantity,
+                ordered_at,
+            })
+            .collect(),
+        restocks: restocks.map(|rows| {
+            rows.into_iter()
+                .map(|(key, product, quantity)| RestockRow {
+                    key,
+                    product,
+                    quantity,
+                })
+                .collect()
+        }),
+    }
+}
+
+/// A digest of every order's status and every product's stock: it stops changing once no
+/// request is still working on the primary.
+pub(super) async fn fingerprint(pool: &PgPool) -> String {
+    sqlx::query_scalar(
+        "SELECT md5(coalesce((SELECT string_agg(order_id::text || status, ',' ORDER BY order_id) FROM orders), '') \
+         || coalesce((SELECT string_agg(product_id || ':' || available_quantity, ',' ORDER BY product_id) FROM products), ''))",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The primary's sessions on this database that are inside a transaction: what a request
+/// that never resolves is stuck on.
+pub(super) async fn open_transactions(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT format('pid %s %s wait=%s:%s xact_age=%ss query=%s', pid, state, wait_event_type, wait_event, \
+                round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 1), left(query, 100)) \
+         FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The history: every request any client sent, and what it heard back.
+// ---------------------------------------------------------------------------------------------
+
+/// What a request asked for. Two requests with equal targets are retries of each other.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(super) enum Target {
+    Order {
+        user: String,
+        key: String,
+        product: String,
+        quantity: i64,
+    },
+    Cancel {
+        user: String,
+        order_id: Uuid,
+    },
+    Restock {
+        key: String,
+        product: String,
+        quantity: i64,
+    },
+}
+
+/// Why the client sent it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Kind {
+    /// A fresh key.
+    New,
+    /// A fresh key whose client drops the request after a short random delay.
+    HangUp,
+    /// The same key and body after a lost answer or a 503.
+    Retry,
+    /// The same key and body after a definite answer: it must agree.
+    Replay,
+    /// The same key with another body: it must be 422 and take nothing.
+    Reuse,
+    Cancel,
+    /// After the run, with every fault healed: until a definite answer.
+    Resolve,
+}
+
+/// The 409 codes an order may be answered (flash drops added the last three).
+pub(super) const OUT_OF_STOCK: &str = "OUT_OF_STOCK";
+pub(super) const LIMIT_EXCEEDED: &str = "LIMIT_EXCEEDED";
+pub(super) const SALE_NOT_STARTED: &str = "SALE_NOT_STARTED";
+pub(super) const SALE_ENDED: &str = "SALE_ENDED";
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub(super) enum Answer {
+    /// No answer: the client hung up, or the connection failed.
+    Lost { lost: String },
+    Got {
+        status: u16,
+        retry_after: bool,
+        body: Value,
+    },
+}
+
+impl Answer {
+    pub(super) fn status(&self) -> Option<u16> {
+        match self {
+            Answer::Got { status, .. } => Some(*status),
+            Answer::Lost { .. } => None,
+        }
+    }
+
+    /// Anything but a lost answer or a 503 settles the request (the contract: a 503 is
+    /// "unknown", retry the same key).
+    pub(super) fn definite(&self) -> bool {
+        matches!(self.status(), Some(s) if s != 503)
+    }
+
+    /// 409 `SALE_NOT_STARTED`: definite about this request (it took nothing and claimed no
+    /// key), but not about its key, which may buy once the sale is on.
+    pub(super) fn not_started(&self) -> bool {
+        self.status() == Some(409) && self.code() == SALE_NOT_STARTED
+    }
+
+    /// A definite answer its key keeps: anything but a lost answer, a 503 or a
+    /// `SALE_NOT_STARTED`.
+    pub(super) fn settles(&self) -> bool {
+        self.definite() && !self.not_started()
+    }
+
+    /// The code of a 409 that is final for its key (every 409 but `SALE_NOT_STARTED`).
+    pub(super) fn refusal(&self) -> Option<&str> {
+        (self.status() == Some(409) && !self.not_started()).then(|| self.code())
+    }
+
+    pub(super) fn body(&self) -> &Value {
+        match self {
+            Answer::Got { body, .. } => body,
+            Answer::Lost { .. } => &Value::Null,
+        }
+    }
+
+    pub(super) fn code(&self) -> &str {
+        self.body()["error"]["code"].as_str().unwrap_or("")
+    }
+
+    pub(super) fn order_id(&self) -> Option<Uuid> {
+        self.body()["order_id"].as_str()?.parse().ok()
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct Op {
+    pub(super) seq: usize,
+    /// When the client sent it and when it heard the answer (or gave up), in ms since the
+    /// history began: one clock for every client, so answers can be put in real-time order.
+    pub(super) sent_ms: u64,
+    pub(super) at_ms: u64,
+    pub(super) client: String,
+    pub(super) kind: Kind,
+    pub(super) instance: usize,
+    pub(super) target: Target,
+    pub(super) answer: Answer,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match &self.target {
+            Target::Order {
+                user,
+                key,
+                product,
+                quantity,
+            } => format!("order {user}/{key} {product}×{quantity}"),
+            Target::Cancel { user, order_id } => format!("cancel {user} {order_id}"),
+            Target::Restock {
+                key,
+                product,
+                quantity,
+            } => format!("restock {key} {product}+{quantity}"),
+        };
+        let heard = match &self.answer {
+            Answer::Lost { lost } => format!("lost ({lost})"),
+            Answer::Got {
+                status,
+                retry_after,
+                body,
+            } => {
+                let ra = if *retry_after { " Retry-After" } else { "" };
+                format!("{status}{ra} {body}")
+            }
+        };
+        write!(
+            f,
+            "#{} +{}..{}ms {} {:?} @{} {what} → {heard}",
+            self.seq, self.sent_ms, self.at_ms, self.client, self.kind, self.instance
+        )
+    }
+}

@@ -1,0 +1,577 @@
+//! The workload: buyers, restockers and an importer, each on its own seeded choices, sending
+//! through the world the clients share, which logs every request and its answer.
+
+use super::model::{Answer, Kind, Op, Target};
+use crate::helpers::SECRET;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use stockgate::auth::{Caller, Tokens};
+use stockgate::domain::UserId;
+use uuid::Uuid;
+
+// ---------------------------------------------------------------------------------------------
+// The world the clients share: where the two instances are, tokens, and the log.
+// ---------------------------------------------------------------------------------------------
+
+pub(super) struct World {
+    /// Base URL of instance 0 and 1; the nemesis swaps one when it restarts an instance.
+    pub(super) addresses: [RwLock<String>; 2],
+    http: reqwest::Client,
+    tokens: Tokens,
+    admin: String,
+    pub(super) start: Instant,
+    log: Mutex<Vec<Op>>,
+}
+
+impl World {
+    pub(super) fn new(addresses: [String; 2]) -> World {
+        let tokens = Tokens::new(SECRET);
+        let admin = tokens
+            .issue(&Caller::Admin, Duration::from_secs(3 * 3600))
+            .unwrap();
+        World {
+            addresses: addresses.map(RwLock::new),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+            tokens,
+            admin,
+            start: Instant::now(),
+            log: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn user_token(&self, user: &str) -> String {
+        self.tokens
+            .issue(
+                &Caller::User(UserId::parse(user).unwrap()),
+                Duration::from_secs(3 * 3600),
+            )
+            .unwrap()
+    }
+
+    fn request(&self, instance: usize, target: &Target) -> reqwest::RequestBuilder {
+        let base = self.addresses[instance].read().unwrap().clone();
+        match target {
+            Target::Order {
+                user,
+                key,
+                product,
+                quantity,
+            } => self
+                .http
+                .post(format!("{base}/v1/orders"))
+                .bearer_auth(self.user_token(user))
+                .header("Idempotency-Key", key)
+                .json(&json!({"product_id": product, "quantity": quantity})),
+            Target::Cancel { user, order_id } => self
+                .http
+                .post(format!("{base}/v1/orders/{order_id}/cancel"))
+                .bearer_auth(self.user_token(user)),
+            Target::Restock {
+                key,
+                product,
+                quantity,
+            } => self
+                .http
+                .post(format!("{base}/v1/products/{product}/restock"))
+                .bearer_auth(&self.admin)
+                .header("Idempotency-Key", key)
+                .json(&json!({"quantity": quantity})),
+        }
+    }
+
+    /// Sends one request and records it. With `hang_up`, the client drops the request once
+    /// that much time has passed without an answer, as a closed browser tab would.
+    pub(super) async fn call(
+        &self,
+        client: &str,
+        kind: Kind,
+        instance: usize,
+        target: Target,
+        hang_up: Option<Duration>,
+    ) -> Answer {
+        let request = self.request(instance, &target);
+        let sent_ms = self.start.elapsed().as_millis() as u64;
+        let exchange = async move {
+            let resp = request.send().await?;
+            let status = resp.status().as_u16();
+            let retry_after = resp.headers().contains_key(reqwest::header::RETRY_AFTER);
+            let text = resp.text().await?;
+            let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            Ok::<_, reqwest::Error>(Answer::Got {
+                status,
+                retry_after,
+                body,
+            })
+        };
+        let outcome = match hang_up {
+            Some(after) => tokio::time::timeout(after, exchange)
+                .await
+                .map_err(|_| format!("hung up after {} ms", after.as_millis())),
+            None => Ok(exchange.await),
+        };
+        let answer = match outcome {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => Answer::Lost {
+                lost: format!("transport: {e}"),
+            },
+            Err(hung_up) => Answer::Lost { lost: hung_up },
+        };
+        let mut log = self.log.lock().unwrap();
+        let op = Op {
+            seq: log.len(),
+            sent_ms,
+            at_ms: self.start.elapsed().as_millis() as u64,
+            client: client.to_string(),
+            kind,
+            instance,
+            target,
+            answer: answer.clone(),
+        };
+        log.push(op);
+        answer
+    }
+
+    pub(super) fn history(&self) -> Vec<Op> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workload.
+// ---------------------------------------------------------------------------------------------
+
+/// The workload's choices, on `fastrand`'s seeded generator: the test seeds one from
+/// `STOCKGATE_HISTORY_SEED` and forks every client's from it, so a printed seed replays them.
+pub(super) trait Choices {
+    /// True `percent` times in a hundred.
+    fn chance(&mut self, percent: u64) -> bool;
+    /// A pause of `lo..=hi` milliseconds.
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration;
+    /// Instance 0 or 1.
+    fn instance(&mut self) -> usize;
+}
+
+impl Choices for fastrand::Rng {
+    fn chance(&mut self, percent: u64) -> bool {
+        self.u64(..100) < percent
+    }
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(self.u64(lo..=hi))
+    }
+    fn instance(&mut self) -> usize {
+        self.usize(..2)
+    }
+}
+
+pub(super) const PRODUCTS: [&str; 5] = ["scarce-a", "scarce-b", "scarce-c", "drop-2", "drop-soon"];
+pub(super) const INITIAL_STOCK: i64 = 40;
+/// Per-customer limits, small enough that collectors (who come back for more with fresh keys)
+/// and an order of 3 meet them while stock is left.
+pub(super) const LIMITS: [(&str, i64); 3] = [("scarce-c", 3), ("drop-2", 2), ("drop-soon", 3)];
+/// The product whose sale starts a few seconds into the run: orders land on both sides.
+pub(super) const WINDOWED: &str = "drop-soon";
+/// Every third shopper is a collector: most of its new orders go to one limited product.
+const COLLECTOR_EVERY: usize = 3;
+pub(super) const SHOPPERS: usize = 38;
+pub(super) const RESTOCKERS: usize = 2;
+
+/// What a client believes about one of its keys.
+#[derive(Clone, Copy, PartialEq)]
+enum Belief {
+    Unsure,
+    Created(Uuid),
+    Refused,
+}
+
+struct Held {
+    target: Target,
+    belief: Belief,
+}
+
+/// A buyer: one user, its own keys.
+pub(super) struct Shopper {
+    name: String,
+    /// A collector's limited product, which it orders again and again under fresh keys.
+    favourite: Option<&'static str>,
+    rng: fastrand::Rng,
+    world: Arc<World>,
+    keys: Vec<Held>,
+    cancelled: BTreeSet<Uuid>,
+    unsure_cancels: Vec<Uuid>,
+}
+
+impl Shopper {
+    /// The `c`th shopper; every `COLLECTOR_EVERY`th is a collector of one limited product.
+    pub(super) fn new(c: usize, rng: fastrand::Rng, world: Arc<World>) -> Shopper {
+        Shopper {
+            name: format!("shopper-{c:02}"),
+            favourite: c
+                .is_multiple_of(COLLECTOR_EVERY)
+                .then(|| LIMITS[(c / COLLECTOR_EVERY) % LIMITS.len()].0),
+            rng,
+            world,
+            keys: vec![],
+            cancelled: BTreeSet::new(),
+            unsure_cancels: vec![],
+        }
+    }
+
+    pub(super) async fn run(mut self, deadline: Instant) {
+        while Instant::now() < deadline {
+            // Think time keeps ~40 clients to a few hundred requests/s on a shared machine.
+            tokio::time::sleep(self.rng.ms(20, 200)).await;
+            match self.rng.u64(..100) {
+                0..45 => self.new_order().await,
+                45..60 => self.retry_unsure().await,
+                60..70 => self.cancel().await,
+                70..76 => self.reuse().await,
+                76..80 => self.reuse_beside_replay().await,
+                80..90 => self.replay().await,
+                _ => self.retry_cancel().await,
+            }
+        }
+    }
+
+    async fn send(&mut self, kind: Kind, i: usize, hang_up: Option<Duration>) -> Answer {
+        let instance = self.rng.instance();
+        let target = self.keys[i].target.clone();
+        let answer = self
+            .world
+            .call(&self.name, kind, instance, target, hang_up)
+            .await;
+        let belief = &mut self.keys[i].belief;
+        match answer.status() {
+            Some(201) if *belief == Belief::Unsure => {
+                *belief = answer.order_id().map_or(Belief::Unsure, Belief::Created)
+            }
+            // SALE_NOT_STARTED leaves the key free: it stays unsure and is sent again later.
+            Some(409) if *belief == Belief::Unsure && !answer.not_started() => {
+                *belief = Belief::Refused
+            }
+            _ => {}
+        }
+        answer
+    }
+
+    async fn new_order(&mut self) {
+        // Some keys look like the ones hold confirms once took (`hold:<id>`): any key a client
+        // sends is the client's.
+        let prefix = if self.rng.chance(10) { "hold:" } else { "" };
+        let target = Target::Order {
+            user: self.name.clone(),
+            key: format!("{prefix}k{}", self.keys.len()),
+            product: self.product().to_string(),
+            quantity: self.rng.i64(1..=3),
+        };
+        self.keys.push(Held {
+            target,
+            belief: Belief::Unsure,
+        });
+        let i = self.keys.len() - 1;
+        if self.rng.chance(30) {
+            let after = self.rng.ms(1, 40);
+            if let Answer::Lost { .. } = self.send(Kind::HangUp, i, Some(after)).await {
+                tokio::time::sleep(self.rng.ms(0, 50)).await;
+                self.send(Kind::Retry, i, None).await;
+            }
+        } else {
+            self.send(Kind::New, i, None).await;
+        }
+    }
+
+    /// A new order's product: a collector's favourite most of the time, else any.
+    fn product(&mut self) -> &'static str {
+        match self.favourite {
+            Some(p) if self.rng.chance(60) => p,
+            _ => PRODUCTS[self.rng.usize(..PRODUCTS.len())],
+        }
+    }
+
+    fn pick(&mut self, want: impl Fn(&Held) -> bool) -> Option<usize> {
+        let candidates: Vec<usize> = (0..self.keys.len())
+            .filter(|&i| want(&self.keys[i]))
+            .collect();
+        self.rng.choice(candidates)
+    }
+
+    async fn retry_unsure(&mut self) {
+        match self.pick(|h| h.belief == Belief::Unsure) {
+            Some(i) => {
+                self.send(Kind::Retry, i, None).await;
+            }
+            None => self.new_order().await,
+        }
+    }
+
+    async fn replay(&mut self) {
+        if let Some(i) = self.pick(|h| h.belief != Belief::Unsure) {
+            self.send(Kind::Replay, i, None).await;
+        }
+    }
+
+    /// The same key with another product or quantity than it was first sent with.
+    async fn reuse(&mut self) {
+        let Some(i) = self.pick(|h| h.belief != Belief::Unsure) else {
+            return;
+        };
+        let product_too = self.rng.chance(50);
+        let target = self.reused(i, product_too);
+        let instance = self.rng.instance();
+        self.world
+            .call(&self.name, Kind::Reuse, instance, target, None)
+            .await;
+    }
+
+    /// A settled key sent with another quantity and, at the same moment on the same
+    /// instance, with its own body: both queue for the product's next batch, the wrong body
+    /// first. The replay must still agree with what the key holds.
+    async fn reuse_beside_replay(&mut self) {
+        let Some(i) = self.pick(|h| h.belief != Belief::Unsure) else {
+            return;
+        };
+        let wrong = self.reused(i, false);
+        let instance = self.rng.instance();
+        let world = self.world.clone();
+        let reuse = world.call(&self.name, Kind::Reuse, instance, wrong, None);
+        let target = self.keys[i].target.clone();
+        let replay = async {
+            tokio::task::yield_now().await;
+            world
+                .call(&self.name, Kind::Replay, instance, target, None)
+                .await
+        };
+        tokio::join!(reuse, replay);
+    }
+
+    /// Key `i`'s target with another quantity (and, if `product_too`, another product).
+    fn reused(&self, i: usize, product_too: bool) -> Target {
+        let Target::Order {
+            user,
+            key,
+            product,
+            quantity,
+        } = self.keys[i].target.clone()
+        else {
+            unreachable!("shoppers hold order keys")
+        };
+        let (product, quantity) = if product_too {
+            let next = (PRODUCTS.iter().position(|p| *p == product).unwrap() + 1) % PRODUCTS.len();
+            (PRODUCTS[next].to_string(), quantity)
+        } else {
+            (product, quantity % 3 + 1)
+        };
+        Target::Order {
+            user,
+            key,
+            product,
+            quantity,
+        }
+    }
+
+    async fn cancel(&mut self) {
+        let cancelled = self.cancelled.clone();
+        let Some(i) =
+            self.pick(|h| matches!(h.belief, Belief::Created(id) if !cancelled.contains(&id)))
+        else {
+            return;
+        };
+        let Belief::Created(order_id) = self.keys[i].belief else {
+            unreachable!()
+        };
+        self.cancelled.insert(order_id);
+        self.send_cancel(order_id).await;
+    }
+
+    async fn retry_cancel(&mut self) {
+        if let Some(order_id) = self.unsure_cancels.pop() {
+            self.send_cancel(order_id).await;
+        }
+    }
+
+    async fn send_cancel(&mut self, order_id: Uuid) {
+        let target = Target::Cancel {
+            user: self.name.clone(),
+            order_id,
+        };
+        let instance = self.rng.instance();
+        let answer = self
+            .world
+            .call(&self.name, Kind::Cancel, instance, target, None)
+            .await;
+        if !answer.definite() {
+            self.unsure_cancels.push(order_id);
+        }
+    }
+}
+
+/// An admin adding a few units now and then, under keys, retrying what it did not hear.
+pub(super) struct Restocker {
+    name: String,
+    rng: fastrand::Rng,
+    world: Arc<World>,
+    sent: usize,
+    unsure: Vec<Target>,
+}
+
+impl Restocker {
+    /// The `c`th restocker.
+    pub(super) fn new(c: usize, rng: fastrand::Rng, world: Arc<World>) -> Restocker {
+        Restocker {
+            name: format!("restocker-{c}"),
+            rng,
+            world,
+            sent: 0,
+            unsure: vec![],
+        }
+    }
+
+    pub(super) async fn run(mut self, deadline: Instant) {
+        while Instant::now() < deadline {
+            tokio::time::sleep(self.rng.ms(150, 400)).await;
+            if !self.unsure.is_empty() && self.rng.chance(40) {
+                let target = self.unsure.remove(0);
+                self.send(Kind::Retry, target, None).await;
+                continue;
+            }
+            let target = Target::Restock {
+                key: format!("{}-{}", self.name, self.sent),
+                product: PRODUCTS[self.rng.usize(..PRODUCTS.len())].to_string(),
+                quantity: self.rng.i64(1..=5),
+            };
+            self.sent += 1;
+            if self.rng.chance(25) {
+                let after = self.rng.ms(1, 40);
+                let heard = self.send(Kind::HangUp, target.clone(), Some(after)).await;
+                if !heard {
+                    self.unsure.retain(|t| *t != target);
+                    self.send(Kind::Retry, target, None).await;
+                }
+            } else {
+                self.send(Kind::New, target, None).await;
+            }
+        }
+    }
+
+    /// Returns whether the answer was definite; remembers the target if it was not.
+    async fn send(&mut self, kind: Kind, target: Target, hang_up: Option<Duration>) -> bool {
+        let instance = self.rng.instance();
+        let answer = self
+            .world
+            .call(&self.name, kind, instance, target.clone(), hang_up)
+            .await;
+        if !answer.definite() {
+            self.unsure.push(target);
+        }
+        answer.definite()
+    }
+}
+
+/// An operator re-stating the products' counts from a file again and again (the counts they
+/// were created with, so no stock moves; only the price alternates), through the import job
+/// of either instance: its row locks meet every buyer's and refusal's. Returns how many
+/// imports applied a change; one that failed under a fault (a primary cut) is not an anomaly,
+/// a deadlock is, and the test counts those in the database.
+pub(super) async fn importer(
+    world: Arc<World>,
+    mut rng: fastrand::Rng,
+    deadline: Instant,
+) -> usize {
+    let mut applied = 0;
+    let mut round = 0;
+    while Instant::now() < deadline {
+        tokio::time::sleep(rng.ms(100, 400)).await;
+        round += 1;
+        let mut file = String::from("product_id,name,price_cents,available_quantity\n");
+        for p in PRODUCTS {
+            file.push_str(&format!("{p},{p},{},{INITIAL_STOCK}\n", 500 + round % 2));
+        }
+        let base = world.addresses[rng.instance()].read().unwrap().clone();
+        let Ok(resp) = world
+            .http
+            .post(format!("{base}/v1/admin/imports?lag_budget=5s"))
+            .bearer_auth(&world.admin)
+            .body(file)
+            .send()
+            .await
+        else {
+            continue;
+        };
+        let Ok(job) = resp.json::<Value>().await else {
+            continue;
+        };
+        let Some(id) = job["job_id"].as_str() else {
+            continue;
+        };
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            let job = match world
+                .http
+                .get(format!("{base}/v1/admin/imports/{id}"))
+                .bearer_auth(&world.admin)
+                .send()
+                .await
+            {
+                Ok(r) => r.json::<Value>().await.unwrap_or(Value::Null),
+                Err(_) => break,
+            };
+            match job["status"].as_str() {
+                Some("done") => {
+                    applied += usize::from(job["rows_changed"].as_u64() > Some(0));
+                    break;
+                }
+                Some("failed" | "cancelled") | None => break,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+    applied
+}
+
+/// After the run: every request without a definite answer its key keeps is retried,
+/// alternating instances and honouring `Retry-After`, until it gets one (or `within` passes;
+/// the checker then names it). A key told only `SALE_NOT_STARTED` is sent again too: the sale
+/// is on by now, and the same key must then buy or be refused for good.
+pub(super) async fn resolve(world: &Arc<World>, within: Duration) {
+    let history = world.history();
+    let mut settled: HashMap<&Target, bool> = HashMap::new();
+    for op in &history {
+        *settled.entry(&op.target).or_default() |= op.answer.settles();
+    }
+    let open: Vec<Target> = settled
+        .into_iter()
+        .filter(|(_, done)| !done)
+        .map(|(t, _)| t.clone())
+        .collect();
+    let until = Instant::now() + within;
+    futures::stream::iter(open)
+        .map(|target| async move {
+            for attempt in 0usize.. {
+                let answer = world
+                    .call("resolver", Kind::Resolve, attempt % 2, target.clone(), None)
+                    .await;
+                if answer.settles() || Instant::now() > until {
+                    return;
+                }
+                tokio::time::sleep(retry_pause(&answer)).await;
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// What `Retry-After` asks for, capped at a second so resolution stays brisk.
+fn retry_pause(answer: &Answer) -> Duration {
+    match answer {
+        Answer::Got {
+            retry_after: true, ..
+        } => Duration::from_secs(1),
+        _ => Duration::from_millis(100),
+    }
+}
