@@ -57,8 +57,7 @@ where
 {
     for _ in 0..10 {
         let (s, body) = request().await;
-        let retry = ["BUSY", "DATABASE_UNAVAILABLE"]
-            .contains(&body["error"]["code"].as_str().unwrap_or(""));
+        let retry = ["BUSY", "DATABASE_UNAVAILABLE"].contains(&code(&body));
         if s != StatusCode::SERVICE_UNAVAILABLE || !retry {
             return (s, body);
         }
@@ -223,7 +222,7 @@ async fn a_thousand_carts_on_two_instances_with_paused_replicas_never_oversell_o
                 assert_eq!(got, cart.len(), "cart {i}: every line or none: {body}");
             }
             StatusCode::CONFLICT => {
-                assert_eq!(body["error"]["code"], "OUT_OF_STOCK", "cart {i}: {body}")
+                assert_eq!(code(body), "OUT_OF_STOCK", "cart {i}: {body}")
             }
             other => panic!("cart {i}: {other} {body} (no deadlock, no 5xx)"),
         }
@@ -270,12 +269,14 @@ async fn a_cart_is_all_or_nothing_names_its_short_lines_and_its_key_is_final() {
     let app = spawn_app(shared_cluster()).await;
     app.create_product("cart-x", 5, 100).await;
     app.create_product("cart-y", 1, 250).await;
-    let (s, body) = cart_on(&app, "ada", "c1", &[("cart-x", 2), ("cart-y", 2)]).await;
-    assert_eq!(s, StatusCode::CONFLICT, "{body}");
-    assert_eq!(
-        body["error"]["lines"],
-        json!([{"product_id": "cart-y", "requested": 2, "available": 1}])
-    );
+    let short = cart_on(&app, "ada", "c1", &[("cart-x", 2), ("cart-y", 2)]).await;
+    let e = assert_error(&short, 409, "OUT_OF_STOCK");
+    let want = ShortLine {
+        product_id: "cart-y".into(),
+        requested: 2,
+        available: 1,
+    };
+    assert_eq!(e.lines, Some(vec![want]));
     assert_eq!(
         (
             app.stock_on_primary("cart-x").await,
@@ -300,25 +301,16 @@ async fn a_cart_is_all_or_nothing_names_its_short_lines_and_its_key_is_final() {
         (s, &again["order_id"]),
         (StatusCode::CREATED, &body["order_id"])
     );
-    let (s, e) = cart_on(&app, "ada", "c2", &[("cart-x", 1), ("cart-y", 1)]).await;
-    assert_eq!(
-        (s, e["error"]["code"].as_str()),
-        (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Some("IDEMPOTENCY_KEY_REUSED")
-        )
-    );
-    let (s, e) = cart_on(&app, "ada", "c3", &[("cart-x", 1), ("cart-x", 1)]).await;
-    assert_eq!(
-        (s, e["error"]["code"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("DUPLICATE_PRODUCT"))
-    );
+    let reused = cart_on(&app, "ada", "c2", &[("cart-x", 1), ("cart-y", 1)]).await;
+    assert_error(&reused, 422, "IDEMPOTENCY_KEY_REUSED");
+    let twice = cart_on(&app, "ada", "c3", &[("cart-x", 1), ("cart-x", 1)]).await;
+    assert_error(&twice, 422, "DUPLICATE_PRODUCT");
     // The refused key stays refused after a restock.
     app.restock("cart-y", 10).await;
     let (s, _) = cart_on(&app, "ada", "c1", &[("cart-x", 2), ("cart-y", 2)]).await;
     assert_eq!(s, StatusCode::CONFLICT);
     // The order reads back with its lines; cancelling twice at once returns each line once.
-    let id = body["order_id"].as_str().unwrap().to_string();
+    let id = parse::<Order>(&body).order_id;
     let (s, read) = call(
         &app,
         reqwest::Method::GET,
@@ -377,11 +369,8 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
         .await;
     assert_eq!(before["available"], true, "{before}");
     let (s, hold) = take_hold(&app, "ada", "h1", &[("h-a", 3), ("h-b", 1)], 600).await;
-    assert_eq!(
-        (s, hold["status"].as_str()),
-        (StatusCode::CREATED, Some("held")),
-        "{hold}"
-    );
+    assert_eq!(s, StatusCode::CREATED, "{hold}");
+    assert_eq!(parse::<Hold>(&hold).status, HoldStatus::Held);
     let (_, avail) = app
         .get_json("/v1/products/h-a/availability?qty=8", None)
         .await;
@@ -396,7 +385,7 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
         (StatusCode::CREATED, &hold["hold_id"]),
         "a retry is the same hold"
     );
-    let id = hold["hold_id"].as_str().unwrap().to_string();
+    let id = parse::<Hold>(&hold).hold_id;
     let confirms = futures::future::join_all((0..5).map(|_| {
         call(
             &app,
@@ -417,20 +406,17 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
         .collect();
     assert_eq!(order_ids.len(), 1, "every confirm names the same order");
     assert_eq!(confirms[0].1["total_cents"], 600);
-    let (s, e) = call(
+    let release = call(
         &app,
         reqwest::Method::DELETE,
         &format!("/v1/holds/{id}"),
         "ada",
     )
     .await;
-    assert_eq!(
-        (s, e["error"]["code"].as_str()),
-        (StatusCode::CONFLICT, Some("HOLD_CONFIRMED"))
-    );
+    assert_error(&release, 409, "HOLD_CONFIRMED");
     // A second hold, released twice: its units come back once; confirming it is 409.
     let (_, h2) = take_hold(&app, "ada", "h2", &[("h-a", 2)], 600).await;
-    let id2 = h2["hold_id"].as_str().unwrap().to_string();
+    let id2 = parse::<Hold>(&h2).hold_id;
     for _ in 0..2 {
         let (s, r) = call(
             &app,
@@ -439,22 +425,17 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
             "ada",
         )
         .await;
-        assert_eq!(
-            (s, r["status"].as_str()),
-            (StatusCode::OK, Some("released"))
-        );
+        assert_eq!(s, StatusCode::OK, "{r}");
+        assert_eq!(parse::<Hold>(&r).status, HoldStatus::Released);
     }
-    let (s, e) = call(
+    let confirm = call(
         &app,
         reqwest::Method::POST,
         &format!("/v1/holds/{id2}/confirm"),
         "ada",
     )
     .await;
-    assert_eq!(
-        (s, e["error"]["code"].as_str()),
-        (StatusCode::CONFLICT, Some("HOLD_RELEASED"))
-    );
+    assert_error(&confirm, 409, "HOLD_RELEASED");
     assert_eq!(
         (
             app.stock_on_primary("h-a").await,
@@ -475,17 +456,12 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
         .0,
         StatusCode::FORBIDDEN
     );
-    let (s, e) = take_hold(&app, "bob", "b1", &[("h-a", 8)], 60).await;
-    assert_eq!(
-        (s, &e["error"]["lines"][0]["available"]),
-        (StatusCode::CONFLICT, &json!(7))
-    );
+    let too_much = take_hold(&app, "bob", "b1", &[("h-a", 8)], 60).await;
+    let e = assert_error(&too_much, 409, "OUT_OF_STOCK");
+    assert_eq!(e.lines.map(|l| l[0].available), Some(7));
     // The refusal keeps its key and holds nothing; its retry is the same 409.
-    let (s, e) = take_hold(&app, "bob", "b1", &[("h-a", 8)], 60).await;
-    assert_eq!(
-        (s, e["error"]["code"].as_str()),
-        (StatusCode::CONFLICT, Some("OUT_OF_STOCK"))
-    );
+    let again = take_hold(&app, "bob", "b1", &[("h-a", 8)], 60).await;
+    assert_error(&again, 409, "OUT_OF_STOCK");
     let refused: (String, i64) = sqlx::query_as(
         "SELECT status, (SELECT count(*) FROM hold_lines l WHERE l.hold_id = h.hold_id) \
          FROM holds h WHERE user_id = 'bob' AND idempotency_key = 'b1'",
@@ -495,11 +471,8 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
     .unwrap();
     assert_eq!(refused, ("refused".to_string(), 0));
     // A hold naming a product that does not exist is 404 and leaves nothing behind.
-    let (s, e) = take_hold(&app, "bob", "b2", &[("h-a", 1), ("h-none", 1)], 60).await;
-    assert_eq!(
-        (s, e["error"]["code"].as_str()),
-        (StatusCode::NOT_FOUND, Some("PRODUCT_NOT_FOUND"))
-    );
+    let unknown = take_hold(&app, "bob", "b2", &[("h-a", 1), ("h-none", 1)], 60).await;
+    assert_error(&unknown, 404, "PRODUCT_NOT_FOUND");
     let left: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM holds WHERE user_id = 'bob' AND idempotency_key = 'b2'",
     )
@@ -532,14 +505,16 @@ async fn holds_that_expire_under_load_and_confirms_racing_them_return_exactly_wh
                 let items = [("exp-a", 1 + (i % 2) as i64), ("exp-b", 1)];
                 let (s, hold) = unless_busy(busy, || take_hold(app, &user, "k", &items, 1)).await;
                 assert_eq!(s, StatusCode::CREATED, "{hold}");
-                let id = hold["hold_id"].as_str().unwrap().to_string();
+                let Hold {
+                    hold_id: id,
+                    expires_at,
+                    ..
+                } = parse(&hold);
                 // Aim the confirm at the moment the hold runs out (its `expires_at`, on the
                 // database's clock, which is this machine's), from 300 ms before to 90 ms
                 // after: however long the hold's answer took on a loaded machine, some
                 // confirms land before the expiry and some after.
-                let expires: chrono::DateTime<chrono::Utc> =
-                    hold["expires_at"].as_str().unwrap().parse().unwrap();
-                let aim = expires - chrono::Duration::milliseconds(300)
+                let aim = expires_at - chrono::Duration::milliseconds(300)
                     + chrono::Duration::milliseconds((i as i64 % 20) * 20);
                 if let Ok(wait) = (aim - chrono::Utc::now()).to_std() {
                     tokio::time::sleep(wait).await;

@@ -3,7 +3,6 @@
 
 use crate::carts::lines;
 use crate::helpers::*;
-use crate::retries::code;
 use futures::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -146,13 +145,12 @@ async fn thirty_users_five_attempts_on_two_instances_get_exactly_their_limit() {
         match *s {
             StatusCode::CREATED => {}
             StatusCode::CONFLICT => {
+                let e = parse::<ErrorBody>(body).error;
                 assert_eq!(
-                    code(body),
-                    "LIMIT_EXCEEDED",
+                    (e.code.as_str(), e.limit, e.already),
+                    ("LIMIT_EXCEEDED", Some(2), Some(2)),
                     "buyer-{user} k{attempt}: {body}"
                 );
-                assert_eq!(body["error"]["limit"], 2, "{body}");
-                assert_eq!(body["error"]["already"], 2, "{body}");
                 limited.push((*user, *attempt));
             }
             other => panic!("buyer-{user} k{attempt}: {other} {body}"),
@@ -177,7 +175,7 @@ async fn thirty_users_five_attempts_on_two_instances_get_exactly_their_limit() {
         .filter(|(u, k)| u % 3 != 0 || *k != 0)
         .take(10)
     {
-        let (s, body) = order(
+        let again = order(
             &b,
             &format!("buyer-{user}"),
             &format!("k{attempt}"),
@@ -185,11 +183,7 @@ async fn thirty_users_five_attempts_on_two_instances_get_exactly_their_limit() {
             1,
         )
         .await;
-        assert_eq!(
-            (s, code(&body)),
-            (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
-            "{body}"
-        );
+        assert_error(&again, 409, "LIMIT_EXCEEDED");
     }
     assert_eq!(a.stock_on_primary("drop-2").await, 1000 - 60);
     for i in 1..=2 {
@@ -217,30 +211,19 @@ async fn a_cart_over_the_limit_takes_nothing() {
         order(&app, "carter", "one", "lim", 1).await.0,
         StatusCode::CREATED
     );
-    let (s, body) = cart(&app, "carter", "big", &[("lim", 2), ("free", 1)]).await;
+    let big = cart(&app, "carter", "big", &[("lim", 2), ("free", 1)]).await;
+    let e = assert_error(&big, 409, "LIMIT_EXCEEDED");
     assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
-        "{body}"
+        (e.product_id.as_deref(), e.limit, e.already),
+        (Some("lim"), Some(2), Some(1))
     );
-    assert_eq!(body["error"]["limit"], 2);
-    assert_eq!(body["error"]["already"], 1);
-    assert_eq!(body["error"]["product_id"], "lim");
     assert_eq!(app.stock_on_primary("lim").await, 9, "nothing taken");
     assert_eq!(app.stock_on_primary("free").await, 10, "nothing taken");
-    let (s, body) = cart(&app, "carter", "big", &[("lim", 2), ("free", 1)]).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
-        "the key is final: {body}"
-    );
+    let again = cart(&app, "carter", "big", &[("lim", 2), ("free", 1)]).await;
+    assert_error_for("the key is final", &again, 409, "LIMIT_EXCEEDED");
     // A hold over the limit is refused the same way.
-    let (s, body) = hold(&app, "carter", "h", &[("lim", 2)]).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
-        "{body}"
-    );
+    let held = hold(&app, "carter", "h", &[("lim", 2)]).await;
+    assert_error(&held, 409, "LIMIT_EXCEEDED");
     assert_eq!(app.stock_on_primary("lim").await, 9);
     let (s, body) = cart(&app, "carter", "fits", &[("lim", 1), ("free", 1)]).await;
     assert_eq!(s, StatusCode::CREATED, "{body}");
@@ -262,9 +245,9 @@ async fn a_cancel_and_a_release_free_units_for_new_keys() {
     assert_eq!(s, StatusCode::CREATED);
     let (s, held) = hold(&app, "canceller", "2", &[("lim-c", 1)]).await;
     assert_eq!(s, StatusCode::CREATED, "{held}");
-    let (s, body) = order(&app, "canceller", "3", "lim-c", 1).await;
-    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "LIMIT_EXCEEDED"));
-    let id = first["order_id"].as_str().unwrap();
+    let third = order(&app, "canceller", "3", "lim-c", 1).await;
+    assert_error(&third, 409, "LIMIT_EXCEEDED");
+    let id = parse::<Order>(&first).order_id;
     let (s, _) = send_as(
         &app,
         Method::POST,
@@ -280,13 +263,9 @@ async fn a_cancel_and_a_release_free_units_for_new_keys() {
         StatusCode::CREATED,
         "the cancel freed a unit"
     );
-    let (s, body) = order(&app, "canceller", "3", "lim-c", 1).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
-        "a refused key stays refused"
-    );
-    let hold_id = held["hold_id"].as_str().unwrap();
+    let third = order(&app, "canceller", "3", "lim-c", 1).await;
+    assert_error_for("a refused key stays refused", &third, 409, "LIMIT_EXCEEDED");
+    let hold_id = parse::<Hold>(&held).hold_id;
     let (s, _) = send_as(
         &app,
         Method::DELETE,
@@ -350,21 +329,12 @@ async fn before_the_start_nothing_is_claimed_and_the_same_keys_buy_once_it_start
                 .parse()
                 .unwrap();
             assert!((1..=4).contains(&retry), "Retry-After {retry}");
-            let body: Value = r.json().await.unwrap();
-            assert_eq!(code(&body), "SALE_NOT_STARTED", "{product}: {body}");
+            assert_error_for(product, &answer(r).await, 409, "SALE_NOT_STARTED");
         }
-        let (s, body) = cart(app, user, "cart", &[("soon", 1)]).await;
-        assert_eq!(
-            (s, code(&body)),
-            (StatusCode::CONFLICT, "SALE_NOT_STARTED"),
-            "{body}"
-        );
-        let (s, body) = hold(app, user, "hold", &[("soon", 1)]).await;
-        assert_eq!(
-            (s, code(&body)),
-            (StatusCode::CONFLICT, "SALE_NOT_STARTED"),
-            "{body}"
-        );
+        let carted = cart(app, user, "cart", &[("soon", 1)]).await;
+        assert_error(&carted, 409, "SALE_NOT_STARTED");
+        let held = hold(app, user, "hold", &[("soon", 1)]).await;
+        assert_error(&held, 409, "SALE_NOT_STARTED");
     }
     assert_eq!(
         rows_written(&a, "soon").await + rows_written(&a, "soon-gone").await,
@@ -392,9 +362,8 @@ async fn before_the_start_nothing_is_claimed_and_the_same_keys_buy_once_it_start
             app.order(user, "soon", "soon", 1).await.status(),
             StatusCode::CREATED
         );
-        let r = app.order(user, "soon-gone", "soon-gone", 1).await;
-        assert_eq!(r.status(), StatusCode::CONFLICT);
-        assert_eq!(code(&r.json::<Value>().await.unwrap()), "OUT_OF_STOCK");
+        let gone = answer(app.order(user, "soon-gone", "soon-gone", 1).await).await;
+        assert_error(&gone, 409, "OUT_OF_STOCK");
         assert_eq!(
             cart(app, user, "cart", &[("soon", 1)]).await.0,
             StatusCode::CREATED
@@ -430,47 +399,24 @@ async fn from_the_end_every_request_is_sale_ended_for_good() {
     let (_, avail) = app.get_json("/v1/products/over/availability", None).await;
     assert_eq!(avail["on_sale"], false, "{avail}");
     for product in ["over", "over-gone"] {
-        let (s, body) = order(&app, "late", product, product, 1).await;
-        assert_eq!(
-            (s, code(&body)),
-            (StatusCode::CONFLICT, "SALE_ENDED"),
-            "{product}: {body}"
-        );
+        let late = order(&app, "late", product, product, 1).await;
+        assert_error_for(product, &late, 409, "SALE_ENDED");
     }
-    let (s, body) = cart(&app, "late", "cart", &[("over", 1)]).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "SALE_ENDED"),
-        "{body}"
-    );
-    let (s, body) = hold(&app, "late", "hold", &[("over", 1)]).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "SALE_ENDED"),
-        "{body}"
-    );
+    let carted = cart(&app, "late", "cart", &[("over", 1)]).await;
+    assert_error(&carted, 409, "SALE_ENDED");
+    let held = hold(&app, "late", "hold", &[("over", 1)]).await;
+    assert_error(&held, 409, "SALE_ENDED");
     assert_eq!(app.stock_on_primary("over").await, 10);
     let (s, body) = patch(&app, "over", &app.admin, json!({"sale_ends_at": null})).await;
     assert_eq!(s, StatusCode::OK, "{body}");
     assert!(body["sale_ends_at"].is_null(), "{body}");
-    let (s, body) = order(&app, "late", "over", "over", 1).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "SALE_ENDED"),
-        "final for its key: {body}"
-    );
-    let (s, body) = cart(&app, "late", "cart", &[("over", 1)]).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "SALE_ENDED"),
-        "final for its key: {body}"
-    );
-    let (s, body) = hold(&app, "late", "hold", &[("over", 1)]).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "SALE_ENDED"),
-        "final for its key: {body}"
-    );
+    let final_for_its_key = "final for its key";
+    let ordered = order(&app, "late", "over", "over", 1).await;
+    assert_error_for(final_for_its_key, &ordered, 409, "SALE_ENDED");
+    let carted = cart(&app, "late", "cart", &[("over", 1)]).await;
+    assert_error_for(final_for_its_key, &carted, 409, "SALE_ENDED");
+    let held = hold(&app, "late", "hold", &[("over", 1)]).await;
+    assert_error_for(final_for_its_key, &held, 409, "SALE_ENDED");
     assert_eq!(
         order(&app, "late", "new", "over", 1).await.0,
         StatusCode::CREATED
@@ -531,8 +477,8 @@ async fn patch_validates_and_a_limit_raised_mid_sale_lets_buyers_take_more() {
             "INVALID_BODY",
         ),
     ] {
-        let (s, body) = patch(&app, "pat", &admin, bad.clone()).await;
-        assert_eq!((s, code(&body)), (status, want), "{bad}: {body}");
+        let refused = patch(&app, "pat", &admin, bad.clone()).await;
+        assert_error_for(&bad.to_string(), &refused, status.as_u16(), want);
     }
     // An end before the start the row already holds.
     let (s, _) = patch(
@@ -543,24 +489,16 @@ async fn patch_validates_and_a_limit_raised_mid_sale_lets_buyers_take_more() {
     )
     .await;
     assert_eq!(s, StatusCode::OK);
-    let (s, body) = patch(
+    let ends_first = patch(
         &app,
         "pat",
         &admin,
         json!({"sale_ends_at": "2020-01-01T00:00:00+00:00"}),
     )
     .await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::UNPROCESSABLE_ENTITY, "INVALID_SALE_WINDOW"),
-        "{body}"
-    );
-    let (s, body) = patch(&app, "nope", &admin, json!({"max_per_customer": 2})).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::NOT_FOUND, "PRODUCT_NOT_FOUND"),
-        "{body}"
-    );
+    assert_error(&ends_first, 422, "INVALID_SALE_WINDOW");
+    let unknown = patch(&app, "nope", &admin, json!({"max_per_customer": 2})).await;
+    assert_error(&unknown, 404, "PRODUCT_NOT_FOUND");
     let user = app.user_token("patcher");
     assert_eq!(
         patch(&app, "pat", &user, json!({"max_per_customer": 2}))
@@ -568,24 +506,16 @@ async fn patch_validates_and_a_limit_raised_mid_sale_lets_buyers_take_more() {
             .0,
         StatusCode::FORBIDDEN
     );
-    let (s, body) = create(
+    let empty_window = create(
         &app,
         "bad-window",
         1,
         json!({"sale_starts_at": "2026-12-24T18:00:00Z", "sale_ends_at": "2026-12-24T18:00:00Z"}),
     )
     .await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::UNPROCESSABLE_ENTITY, "INVALID_SALE_WINDOW"),
-        "{body}"
-    );
-    let (s, body) = create(&app, "bad-limit", 1, json!({"max_per_customer": 0})).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::UNPROCESSABLE_ENTITY, "INVALID_LIMIT"),
-        "{body}"
-    );
+    assert_error(&empty_window, 422, "INVALID_SALE_WINDOW");
+    let no_limit = create(&app, "bad-limit", 1, json!({"max_per_customer": 0})).await;
+    assert_error(&no_limit, 422, "INVALID_LIMIT");
 
     // Mid-sale: a limit of 1, then 3.
     let (s, body) = patch(&app, "pat", &admin, json!({"max_per_customer": 1})).await;
@@ -599,9 +529,11 @@ async fn patch_validates_and_a_limit_raised_mid_sale_lets_buyers_take_more() {
         order(&app, "patcher", "1", "pat", 1).await.0,
         StatusCode::CREATED
     );
-    let (s, body) = order(&app, "patcher", "2", "pat", 1).await;
-    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "LIMIT_EXCEEDED"));
-    assert_eq!(body["error"]["already"], 1);
+    let second = order(&app, "patcher", "2", "pat", 1).await;
+    assert_eq!(
+        assert_error(&second, 409, "LIMIT_EXCEEDED").already,
+        Some(1)
+    );
     let (s, body) = patch(&app, "pat", &admin, json!({"max_per_customer": 3})).await;
     assert_eq!(
         (s, body["max_per_customer"].clone()),
@@ -611,11 +543,12 @@ async fn patch_validates_and_a_limit_raised_mid_sale_lets_buyers_take_more() {
         order(&app, "patcher", "3", "pat", 2).await.0,
         StatusCode::CREATED
     );
-    let (s, body) = order(&app, "patcher", "2", "pat", 1).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "LIMIT_EXCEEDED"),
-        "refused under the old limit: {body}"
+    let second = order(&app, "patcher", "2", "pat", 1).await;
+    assert_error_for(
+        "refused under the old limit",
+        &second,
+        409,
+        "LIMIT_EXCEEDED",
     );
     let (s, body) = patch(&app, "pat", &admin, json!({"max_per_customer": null})).await;
     assert!(

@@ -4,7 +4,7 @@
 //! clock runs ahead, and a hold whose client hangs up before the answer.
 
 use crate::helpers::*;
-use crate::retries::{code, order_in_background, queued};
+use crate::retries::{order_in_background, queued};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -195,11 +195,7 @@ async fn a_wrong_body_queued_ahead_of_an_honest_retry_does_not_change_its_answer
     lock.commit().await.unwrap();
     assert_eq!(ahead.await.unwrap().0, StatusCode::CREATED);
 
-    let (s, body) = wrong.await.unwrap();
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::UNPROCESSABLE_ENTITY, "IDEMPOTENCY_KEY_REUSED")
-    );
+    assert_error(&wrong.await.unwrap(), 422, "IDEMPOTENCY_KEY_REUSED");
     let (s, body) = honest.await.unwrap();
     assert!(
         s.is_success(),
@@ -341,14 +337,8 @@ async fn a_settings_write_whose_commit_reply_is_lost_says_so_and_pins_the_user_t
     .await;
     proxy.sever();
     let resp = put.await.unwrap().unwrap();
-    let status = resp.status();
     assert!(resp.headers().contains_key("retry-after"));
-    let body: Value = resp.json().await.unwrap();
-    assert_eq!(
-        (status, code(&body)),
-        (StatusCode::SERVICE_UNAVAILABLE, "OUTCOME_UNKNOWN"),
-        "{body}"
-    );
+    assert_error(&answer(resp).await, 503, "OUTCOME_UNKNOWN");
     // The server finished the COMMIT nobody heard.
     wait_for("the write landed", Duration::from_secs(10), || async {
         sqlx::query_scalar::<_, i64>(
@@ -401,7 +391,7 @@ async fn a_batch_dated_by_a_server_clock_running_ahead_never_dates_the_gate_in_t
     let after = chrono::Utc::now();
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["available_quantity"], 9, "{body}");
-    let as_of: chrono::DateTime<chrono::Utc> = body["as_of"].as_str().unwrap().parse().unwrap();
+    let as_of = parse::<Stated>(&body).as_of;
     assert!(
         as_of <= after,
         "as_of {as_of} is after the answer arrived ({after}; the order was answered at {answered})"

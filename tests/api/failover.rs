@@ -513,7 +513,7 @@ async fn the_old_leader_rejoins_as_a_replica_and_serves_reads_only_once_fresh() 
             let status = resp.status();
             let body: Value = resp.json().await.unwrap_or(Value::Null);
             if status == StatusCode::SERVICE_UNAVAILABLE
-                && body["error"]["code"] == "DATABASE_UNAVAILABLE"
+                && code(&body) == "DATABASE_UNAVAILABLE"
                 && Instant::now() < deadline
             {
                 tokio::time::sleep(Duration::from_millis(100)).await;

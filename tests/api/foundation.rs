@@ -43,11 +43,7 @@ async fn a_product_is_created_read_and_restocked() {
     assert_eq!(body["served_by"], "primary");
 
     let again = app.create_product("mug-1", 5, 100).await;
-    assert_eq!(again.status(), StatusCode::CONFLICT);
-    assert_eq!(
-        again.json::<Value>().await.unwrap()["error"]["code"],
-        "ALREADY_EXISTS"
-    );
+    assert_error(&answer(again).await, 409, "ALREADY_EXISTS");
 
     let restocked: Value = app.restock("mug-1", 40).await.json().await.unwrap();
     assert_eq!(restocked["available_quantity"], 50);
@@ -69,20 +65,12 @@ async fn a_product_is_created_read_and_restocked() {
     }
 }
 
+/// The error `resp` is in the contract's shape: its status and code, and a message.
 async fn error_of(resp: reqwest::Response) -> (StatusCode, String) {
-    let status = resp.status();
-    let body: Value = resp.json().await.expect("every error is JSON");
-    let code = body["error"]["code"]
-        .as_str()
-        .expect("error.code")
-        .to_string();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "error.message: {body}"
-    );
-    (status, code)
+    let (status, body) = answer(resp).await;
+    let e = parse::<ErrorBody>(&body).error;
+    assert!(!e.message.is_empty(), "error.message: {body}");
+    (status, e.code)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

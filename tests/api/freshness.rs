@@ -258,13 +258,16 @@ async fn with_both_replicas_paused_the_gate_reads_the_primary_and_stale_by_is_ho
     let (_, dash) = app
         .get_json("/v1/dashboard/revenue", Some(&app.admin))
         .await;
-    let served_by = dash["served_by"].as_str().unwrap().to_string();
+    let Stated {
+        served_by,
+        stale_by_ms: reported,
+        ..
+    } = parse(&dash);
     assert!(
         served_by.starts_with("replica-"),
         "the dashboard may use a replica 2 s behind: {dash}"
     );
     let i: usize = served_by.trim_start_matches("replica-").parse().unwrap();
-    let reported = dash["stale_by_ms"].as_u64().unwrap();
     let truth = log.true_staleness(held_by_replica(&cluster, i, &app.database).await, sent);
     // Never less stale than the truth: the time since the first acknowledged commit the
     // replica lacks, up to when the request was sent (the answer was produced after).

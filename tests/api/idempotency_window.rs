@@ -31,13 +31,10 @@ async fn refusals_older_than_the_window_are_purged_and_their_keys_may_buy_anew()
     );
     let gone = app.order("keep", "b", "window", 1).await;
     assert_eq!(gone.status(), StatusCode::CREATED);
-    let gone: serde_json::Value = gone.json().await.unwrap();
+    let gone: Order = gone.json().await.unwrap();
     let cancel = app
         .client
-        .post(app.url(&format!(
-            "/v1/orders/{}/cancel",
-            gone["order_id"].as_str().unwrap()
-        )))
+        .post(app.url(&format!("/v1/orders/{}/cancel", gone.order_id)))
         .bearer_auth(app.user_token("keep"))
         .send()
         .await

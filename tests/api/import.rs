@@ -225,13 +225,8 @@ async fn malformed_csv_is_refused_with_line_numbers_and_nothing_partial() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let body: Value = resp.json().await.unwrap();
-    assert_eq!(
-        body["error"]["bad_lines"].as_array().unwrap().len(),
-        5,
-        "{body}"
-    );
+    let refused = assert_error(&answer(resp).await, 422, "INVALID_CSV");
+    assert_eq!(refused.bad_lines.map(|l| l.len()), Some(5));
     // With --skip-invalid, the valid rows go in and the bad ones are reported.
     let out = blocking(|| run_import(&app, &file, &["--skip-invalid"]));
     assert!(
@@ -524,11 +519,7 @@ async fn a_stopped_job_finishes_its_batch_writes_no_more_and_says_cancelled() {
         .send()
         .await
         .unwrap();
-    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
-    assert_eq!(
-        unknown.json::<Value>().await.unwrap()["error"]["code"],
-        "IMPORT_NOT_FOUND"
-    );
+    assert_error(&answer(unknown).await, 404, "IMPORT_NOT_FOUND");
     // Re-running the file continues: the other four arrive, the two in stay as they are.
     let rest = import_via(&app, Via::Job, stated(&lines)).await;
     assert_eq!((rest.created, rest.unchanged), (4, 2), "{}", rest.report);
@@ -558,11 +549,10 @@ async fn a_finished_job_is_answered_for_an_hour_and_then_dropped() {
     // Past the hour (by a second: the wall clock the job's times are stated on is re-anchored
     // every second, which may move a mapping by microseconds).
     clock.advance(Duration::from_secs(61));
-    let (status, body) = app
+    let gone = app
         .get_json(&format!("/v1/admin/imports/{id}"), Some(&app.admin))
         .await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
-    assert_eq!(body["error"]["code"], "IMPORT_NOT_FOUND");
+    assert_error(&gone, 404, "IMPORT_NOT_FOUND");
     assert_eq!(
         app.state.imports.len(),
         0,

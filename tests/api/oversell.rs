@@ -63,11 +63,12 @@ impl Pollers {
                         };
                         assert_eq!(resp.status(), StatusCode::OK);
                         let a: Value = resp.json().await.unwrap();
+                        let stated = parse::<Stated>(&a);
                         polls.lock().await.push(Poll {
                             sent,
-                            served_by: a["served_by"].as_str().unwrap().to_string(),
+                            served_by: stated.served_by,
                             available: a["available"].as_bool().unwrap(),
-                            stale_by_ms: a["stale_by_ms"].as_u64().unwrap(),
+                            stale_by_ms: stated.stale_by_ms,
                         });
                     }
                 })
@@ -522,11 +523,11 @@ async fn concurrent_duplicates_of_one_key_make_one_order_and_take_stock_once() {
         }
     };
     let results = futures::future::join_all((0..50).map(|_| send(2))).await;
-    let ids: std::collections::HashSet<String> = results
+    let ids: std::collections::HashSet<uuid::Uuid> = results
         .iter()
         .map(|(s, b)| {
             assert_eq!(*s, StatusCode::CREATED, "{b}");
-            b["order_id"].as_str().unwrap().to_string()
+            parse::<Order>(b).order_id
         })
         .collect();
     assert_eq!(ids.len(), 1, "one order for one key");
@@ -546,7 +547,7 @@ async fn concurrent_duplicates_of_one_key_make_one_order_and_take_stock_once() {
     );
     let (s, again) = send(2).await;
     assert_eq!(s, StatusCode::CREATED);
-    assert!(ids.contains(again["order_id"].as_str().unwrap()));
+    assert!(ids.contains(&parse::<Order>(&again).order_id));
     // The same key for another product is a different body: refused, nothing taken there.
     sale_product(&app, "dupes-other", 10).await;
     let other = app.order("ada", "one-key", "dupes-other", 1).await;
@@ -559,13 +560,13 @@ async fn concurrent_duplicates_of_one_key_make_one_order_and_take_stock_once() {
 async fn cancelling_twice_returns_stock_once() {
     let app = spawn_app(shared_cluster()).await;
     sale_product(&app, "cancel-me", 5).await;
-    let order: Value = app
+    let order: Order = app
         .order("ada", "c1", "cancel-me", 3)
         .await
         .json()
         .await
         .unwrap();
-    let id = order["order_id"].as_str().unwrap().to_string();
+    let id = order.order_id;
     let token = app.user_token("ada");
     let cancel = || {
         app.client
@@ -602,14 +603,18 @@ async fn a_cancel_racing_an_order_for_the_last_unit_never_breaks_the_ledger() {
     let app = spawn_app(shared_cluster()).await;
     sale_product(&app, "last-unit", 1).await;
     for round in 0..20 {
-        let first: Value = app
+        let first: Order = app
             .order(&format!("a{round}"), "k", "last-unit", 1)
             .await
             .json()
             .await
             .unwrap();
-        assert_eq!(first["status"], "confirmed", "round {round}: {first}");
-        let id = first["order_id"].as_str().unwrap().to_string();
+        assert_eq!(
+            first.status,
+            OrderStatus::Confirmed,
+            "round {round}: {first:?}"
+        );
+        let id = first.order_id;
         let cancel = app
             .client
             .post(app.url(&format!("/v1/orders/{id}/cancel")))
@@ -627,12 +632,9 @@ async fn a_cancel_racing_an_order_for_the_last_unit_never_breaks_the_ledger() {
         ledger_balances(&app, "last-unit", 1).await;
         // Reset for the next round: cancel whatever holds the unit.
         if r.status() == StatusCode::CREATED {
-            let id: Value = r.json().await.unwrap();
+            let taken: Order = r.json().await.unwrap();
             app.client
-                .post(app.url(&format!(
-                    "/v1/orders/{}/cancel",
-                    id["order_id"].as_str().unwrap()
-                )))
+                .post(app.url(&format!("/v1/orders/{}/cancel", taken.order_id)))
                 .bearer_auth(&app.admin)
                 .send()
                 .await

@@ -176,10 +176,7 @@ async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statist
         )
         .await;
         assert_eq!(s, StatusCode::CREATED, "{cart}");
-        order_ids.push((
-            format!("c{i}"),
-            cart["order_id"].as_str().unwrap().to_string(),
-        ));
+        order_ids.push((format!("c{i}"), parse::<Order>(&cart).order_id));
         let (s, hold) = send(
             &app,
             reqwest::Method::POST,
@@ -190,7 +187,7 @@ async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statist
         )
         .await;
         assert_eq!(s, StatusCode::CREATED, "{hold}");
-        let id = hold["hold_id"].as_str().unwrap();
+        let id = parse::<Hold>(&hold).hold_id;
         requests += 2;
         if i % 2 == 0 {
             let (s, _) = send(

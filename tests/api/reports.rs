@@ -34,7 +34,7 @@ async fn report_and_primary_figures_differ_by_exactly_the_orders_committed_betwe
     app.client
         .post(app.url(&format!(
             "/v1/orders/{}/cancel",
-            cancelled["order_id"].as_str().unwrap()
+            parse::<Order>(&cancelled).order_id
         )))
         .bearer_auth(&app.admin)
         .send()
@@ -447,7 +447,7 @@ async fn routing_audit_every_query_class_goes_where_the_policy_says() {
     // The order the lookup reads is on the restock product: a sale puts its post-commit
     // stock in the gate's cache, which would answer the gate's probe from memory.
     let order = place(&app, "audit-buyer", "audit-order", "audit-restock", 1).await;
-    let order_id = order["order_id"].as_str().unwrap().to_string();
+    let order_id = parse::<Order>(&order).order_id.to_string();
     let acks = AckLog::start(app.primary.clone()).await;
     blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
     let mut seen: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();

@@ -4,7 +4,9 @@
 use super::model::*;
 use super::nemesis::{FAULTS, Fault};
 use super::workload::WINDOWED;
+use crate::helpers::ErrorBody;
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use uuid::Uuid;
@@ -342,21 +344,26 @@ impl Checker<'_> {
                 // An order in the row: flagged by the caller.
                 Some(_) => {}
             }
-            let e = &o.answer.body()["error"];
+            // A body that is no error body states nothing.
+            let e = ErrorBody::deserialize(o.answer.body())
+                .ok()
+                .map(|b| b.error);
             let states = |limit: i64| {
-                e["product_id"] == json!(product)
-                    && e["limit"] == json!(limit)
-                    && e["already"]
-                        .as_i64()
-                        .is_some_and(|already| already >= 0 && already + quantity > limit)
+                e.as_ref().is_some_and(|e| {
+                    e.product_id.as_deref() == Some(product)
+                        && e.limit == Some(limit)
+                        && e.already
+                            .is_some_and(|already| already >= 0 && already + quantity > limit)
+                })
             };
             if code == LIMIT_EXCEEDED && !limit.is_some_and(states) {
                 self.flag(
                     "LIMIT_EXCEEDED misstates the limit",
                     subject.clone(),
                     format!(
-                        "#{}: {product}×{quantity} with limit {limit:?}, answered {e}",
-                        o.seq
+                        "#{}: {product}×{quantity} with limit {limit:?}, answered {}",
+                        o.seq,
+                        o.answer.body()
                     ),
                 );
             }

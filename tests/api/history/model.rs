@@ -313,7 +313,7 @@ impl Answer {
     }
 
     pub(super) fn code(&self) -> &str {
-        self.body()["error"]["code"].as_str().unwrap_or("")
+        crate::helpers::code(self.body())
     }
 
     pub(super) fn order_id(&self) -> Option<Uuid> {
