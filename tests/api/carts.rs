@@ -444,7 +444,7 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
         (7, 9)
     );
     conserved(&app, &[("h-a", 10), ("h-b", 10)]).await;
-    // Someone else's hold is 403; too much is 409 with the short lines.
+    // Someone else's hold is 403.
     assert_eq!(
         call(
             &app,
@@ -456,6 +456,13 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
         .0,
         StatusCode::FORBIDDEN
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hold_for_more_than_there_is_or_an_unknown_product_is_refused_and_holds_nothing() {
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("h-a", 7, 100).await;
+    // Too much is 409 with the short lines.
     let too_much = take_hold(&app, "bob", "b1", &[("h-a", 8)], 60).await;
     let e = assert_error(&too_much, 409, "OUT_OF_STOCK");
     assert_eq!(e.lines.map(|l| l[0].available), Some(7));
@@ -481,7 +488,7 @@ async fn a_hold_takes_units_at_once_and_ends_exactly_once() {
     .unwrap();
     assert_eq!(left, 0);
     assert_eq!(app.stock_on_primary("h-a").await, 7);
-    conserved(&app, &[("h-a", 10), ("h-b", 10)]).await;
+    conserved(&app, &[("h-a", 7)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

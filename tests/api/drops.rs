@@ -423,11 +423,10 @@ async fn from_the_end_every_request_is_sale_ended_for_good() {
     );
 }
 
-/// PATCH validates like the contract says and changes the rules between batches: a limit
-/// raised mid-sale lets a buyer take more with new keys, while a key refused under the old
-/// limit stays refused.
+/// PATCH validates like the contract says (and create the same rules): a limit, a date, a
+/// window that would end before it starts, also against the start the row already holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn patch_validates_and_a_limit_raised_mid_sale_lets_buyers_take_more() {
+async fn patch_and_create_validate_drop_rules_like_the_contract_says() {
     let app = spawn_app(shared_cluster()).await;
     let (s, body) = create(&app, "pat", 10, json!({})).await;
     assert_eq!(s, StatusCode::CREATED);
@@ -516,7 +515,26 @@ async fn patch_validates_and_a_limit_raised_mid_sale_lets_buyers_take_more() {
     assert_error(&empty_window, 422, "INVALID_SALE_WINDOW");
     let no_limit = create(&app, "bad-limit", 1, json!({"max_per_customer": 0})).await;
     assert_error(&no_limit, 422, "INVALID_LIMIT");
+}
 
+/// PATCH changes the rules between batches: a limit raised mid-sale lets a buyer take more
+/// with new keys, while a key refused under the old limit stays refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_limit_raised_mid_sale_lets_buyers_take_more() {
+    let app = spawn_app(shared_cluster()).await;
+    assert_eq!(
+        create(&app, "pat", 10, json!({})).await.0,
+        StatusCode::CREATED
+    );
+    let admin = app.admin.clone();
+    let (s, _) = patch(
+        &app,
+        "pat",
+        &admin,
+        json!({"sale_starts_at": "2020-01-02T00:00:00Z"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
     // Mid-sale: a limit of 1, then 3.
     let (s, body) = patch(&app, "pat", &admin, json!({"max_per_customer": 1})).await;
     assert_eq!(s, StatusCode::OK, "{body}");

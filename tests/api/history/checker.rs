@@ -1013,7 +1013,7 @@ fn history_checker_flags_a_restock_retry_that_added_twice() {
 }
 
 #[test]
-fn history_checker_flags_two_orders_for_one_key_and_a_bare_503() {
+fn history_checker_flags_two_orders_for_one_key() {
     let (initial, mut history, db) = clean();
     history.push(order(
         4,
@@ -1023,8 +1023,18 @@ fn history_checker_flags_two_orders_for_one_key_and_a_bare_503() {
         2,
         created(Uuid::new_v4(), "p", 2),
     ));
+    let found = check(&initial, &history, &db);
+    assert!(
+        found.iter().any(|a| a.what.contains("different orders")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn history_checker_flags_a_503_without_retry_after() {
+    let (initial, mut history, db) = clean();
     history.push(order(
-        5,
+        4,
         Kind::Replay,
         "k1",
         "p",
@@ -1036,10 +1046,6 @@ fn history_checker_flags_two_orders_for_one_key_and_a_bare_503() {
         },
     ));
     let found = check(&initial, &history, &db);
-    assert!(
-        found.iter().any(|a| a.what.contains("different orders")),
-        "{found:?}"
-    );
     assert!(
         found
             .iter()
@@ -1268,8 +1274,7 @@ fn history_checker_flags_sale_not_started_once_the_sale_was_on() {
     assert!(found.iter().all(|a| a.subject == k6), "{found:?}");
 }
 
-/// k2's refusal stored as one for stock while its answers said LIMIT_EXCEEDED, and,
-/// separately, a LIMIT_EXCEEDED that names another limit than the product's. Mutation of the
+/// k2's refusal stored as one for stock while its answers said LIMIT_EXCEEDED. Mutation of the
 /// checker that makes it fail: `order_key` without `refusal_reasons`.
 #[test]
 fn history_checker_flags_a_limit_refusal_its_key_does_not_hold() {
@@ -1277,7 +1282,12 @@ fn history_checker_flags_a_limit_refusal_its_key_does_not_hold() {
     db.orders[1].refusal = None;
     let found = check(&initial, &history, &db);
     only(&found, "409 not the key's refusal", &history);
+}
 
+/// A LIMIT_EXCEEDED that names another limit than the product's. Mutation of the checker that
+/// makes it fail: `order_key` without `refusal_reasons`.
+#[test]
+fn history_checker_flags_a_limit_exceeded_that_misstates_the_limit() {
     let (initial, mut history, db) = drops();
     history[2] = order(2, Kind::Replay, "k2", "lim", 1, limit_exceeded("lim", 3, 2));
     let found = check(&initial, &history, &db);
