@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/history.sh — the history check (tests/api/history.rs) as a soak: the same randomised
+# bench/history.sh — the history check (tests/api/history/) as a soak: the same randomised
 # workload (flash drops included: per-customer limits, and a sale that starts a few seconds in)
 # on two instances under the same nemesis (paused replicas, Redis restarted empty, the primary
 # cut off, an instance restarted), for SOAK_SECONDS (default 600) instead of CI's 30.
