@@ -67,7 +67,7 @@ turn() {
   wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "events.sh: $BIN did not start" >&2; exit 1; }
   local before; before="$(events_rows)"
   : >"$work/lag"
-  if [ "$1" = ON ]; then follow & reader=$!; fi
+  if [ "$1" = ON ] && [ "${EV_READER:-1}" = 1 ]; then follow & reader=$!; fi
   wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "$HOT" >"$work/wrk.txt" &
   local load=$!
   while kill -0 "$load" 2>/dev/null; do

@@ -163,9 +163,10 @@ pub(crate) async fn restock(
         "WITH u AS (UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
                     WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity, ",
         rule_columns!(),
-        "), e AS (INSERT INTO events (type, data) SELECT 'stock.changed', jsonb_build_object( \
+        "), e AS (INSERT INTO events (types, items) SELECT '{stock.changed}', jsonb_build_array(jsonb_build_object( \
+                    'type', 'stock.changed', 'data', jsonb_build_object( \
                     'product_id', product_id, 'delta', $2::int4, 'available_quantity', available_quantity, \
-                    'reason', 'restock') FROM u) \
+                    'reason', 'restock'))) FROM u) \
          SELECT * FROM u"
     ))
     .bind(product.as_str())
@@ -204,9 +205,10 @@ pub(crate) async fn create(
                     VALUES ($1, $2, $3, $4, $4, $5, $6, $7) ON CONFLICT (product_id) DO NOTHING \
                     RETURNING product_id, name, price_cents, available_quantity, ",
         rule_columns!(),
-        "), e AS (INSERT INTO events (type, data) SELECT 'stock.changed', jsonb_build_object( \
+        "), e AS (INSERT INTO events (types, items) SELECT '{stock.changed}', jsonb_build_array(jsonb_build_object( \
+                    'type', 'stock.changed', 'data', jsonb_build_object( \
                     'product_id', product_id, 'delta', available_quantity, 'available_quantity', available_quantity, \
-                    'reason', 'create') FROM c) \
+                    'reason', 'create'))) FROM c) \
          SELECT * FROM c"
     ))
     .bind(id.as_str())
@@ -235,11 +237,12 @@ pub(crate) async fn create_many(
                     FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
                     ORDER BY id COLLATE \"C\" \
                     ON CONFLICT (product_id) DO NOTHING RETURNING product_id, available_quantity), \
-              e AS (INSERT INTO events (type, data) \
-                    SELECT 'stock.changed', jsonb_build_object('product_id', product_id, \
+              e AS (INSERT INTO events (types, items) \
+                    SELECT '{stock.changed}', jsonb_agg(jsonb_build_object('type', 'stock.changed', \
+                           'data', jsonb_build_object('product_id', product_id, \
                            'delta', available_quantity, 'available_quantity', available_quantity, \
-                           'reason', 'import') \
-                    FROM c ORDER BY product_id COLLATE \"C\") \
+                           'reason', 'import')) ORDER BY product_id COLLATE \"C\") \
+                    FROM c HAVING count(*) > 0) \
          SELECT product_id FROM c",
     )
     .bind(ids)
@@ -297,10 +300,12 @@ pub(crate) async fn restate(
                     FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[], $6::int4[]) \
                       AS u(id, name, price, stock, stated, delta) \
                     WHERE p.product_id = u.id RETURNING p.product_id, p.available_quantity, u.delta) \
-         INSERT INTO events (type, data) \
-         SELECT 'stock.changed', jsonb_build_object('product_id', product_id, 'delta', delta, \
-                'available_quantity', available_quantity, 'reason', 'import') \
-         FROM r WHERE delta <> 0 ORDER BY product_id COLLATE \"C\"",
+         INSERT INTO events (types, items) \
+         SELECT '{stock.changed}', jsonb_agg(jsonb_build_object('type', 'stock.changed', \
+                'data', jsonb_build_object('product_id', product_id, 'delta', delta, \
+                'available_quantity', available_quantity, 'reason', 'import')) \
+                ORDER BY product_id COLLATE \"C\") \
+         FROM r WHERE delta <> 0 HAVING count(*) > 0",
     )
     .bind(ids)
     .bind(names)

@@ -11,8 +11,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// Up to `limit` events after `after`, in feed order, of the `types` given (every type when
-/// `None`), that no later commit can precede: those whose transaction id is below the reading
-/// snapshot's `xmin` (see the module above). `exec` may be the primary or a replica.
+/// `None`), that no later commit can precede: those of rows whose transaction id is below the
+/// reading snapshot's `xmin` (see the module above). `exec` may be the primary or a replica.
+/// The rows are found first (at most `limit`, each holding at least one wanted event), then
+/// opened, so a page never reads past what it returns.
 pub async fn read<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     after: Cursor,
@@ -20,11 +22,18 @@ pub async fn read<'e>(
     types: Option<&[String]>,
 ) -> Result<Vec<Event>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT e.xid::text::int8 AS xid, e.n, e.type, e.at, e.data FROM events e \
-         WHERE (e.xid, e.n) > ($1::text::xid8, $2) \
-           AND e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
-           AND ($4::text[] IS NULL OR e.type = ANY($4)) \
-         ORDER BY e.xid, e.n LIMIT $3",
+        "WITH r AS (SELECT e.xid, e.n, e.at, e.items FROM events e \
+                    WHERE (e.xid, e.n) >= ($1::text::xid8, $2 / 65536) \
+                      AND (e.xid, e.n * 65536 + jsonb_array_length(e.items)) > ($1::text::xid8, $2) \
+                      AND e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
+                      AND ($4::text[] IS NULL OR e.types && $4) \
+                    ORDER BY e.xid, e.n LIMIT $3) \
+         SELECT r.xid::text::int8 AS xid, r.n * 65536 + x.i AS pos, x.item->>'type' AS type, \
+                r.at, x.item->'data' AS data \
+         FROM r CROSS JOIN LATERAL jsonb_array_elements(r.items) WITH ORDINALITY AS x(item, i) \
+         WHERE (r.xid, r.n * 65536 + x.i) > ($1::text::xid8, $2) \
+           AND ($4::text[] IS NULL OR x.item->>'type' = ANY($4)) \
+         ORDER BY r.xid, r.n, x.i LIMIT $3",
     )
     .bind(after.xid.to_string())
     .bind(after.n)
@@ -37,7 +46,7 @@ pub async fn read<'e>(
             Ok(Event {
                 cursor: Cursor {
                     xid: u64::try_from(r.try_get::<i64, _>("xid")?).unwrap_or(0),
-                    n: r.try_get("n")?,
+                    n: r.try_get("pos")?,
                 },
                 kind: r.try_get("type")?,
                 at: r.try_get("at")?,
@@ -47,10 +56,25 @@ pub async fn read<'e>(
         .collect()
 }
 
-/// The newest event the retention purge removed ([`Cursor::START`]: none). A cursor before
-/// it may have missed events: 410 `CURSOR_EXPIRED`.
+/// The newest event a read could serve now ([`Cursor::START`]: none): where a reader that
+/// wants only what comes next starts.
+pub async fn newest<'e>(exec: impl sqlx::PgExecutor<'e>) -> Result<Cursor, sqlx::Error> {
+    let row: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT xid::text::int8, n * 65536 + jsonb_array_length(items) FROM events \
+         WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY xid DESC, n DESC LIMIT 1",
+    )
+    .fetch_optional(exec)
+    .await?;
+    Ok(row.map_or(Cursor::START, |(xid, pos)| Cursor {
+        xid: u64::try_from(xid).unwrap_or(0),
+        n: pos,
+    }))
+}
+
+/// The newest position the retention purge removed ([`Cursor::START`]: none). A cursor
+/// before it may have missed events: 410 `CURSOR_EXPIRED`.
 pub async fn purged_through<'e>(exec: impl sqlx::PgExecutor<'e>) -> Result<Cursor, sqlx::Error> {
-    let row: Option<(i64, i64)> = sqlx::query_as("SELECT xid::text::int8, n FROM events_purged")
+    let row: Option<(i64, i64)> = sqlx::query_as("SELECT xid::text::int8, pos FROM events_purged")
         .fetch_optional(exec)
         .await?;
     Ok(row.map_or(Cursor::START, |(xid, n)| Cursor {
@@ -59,54 +83,51 @@ pub async fn purged_through<'e>(exec: impl sqlx::PgExecutor<'e>) -> Result<Curso
     }))
 }
 
-/// Removes up to `batch` of the oldest events written before `retention` ago, in feed
-/// order, and records the newest one removed (on the primary). Returns how many went.
+/// Removes up to `batch` of the oldest rows of events written before `retention` ago, in
+/// feed order, and records the newest position removed (on the primary). Returns how many
+/// events went.
 pub async fn purge<'e>(
     primary: impl sqlx::PgExecutor<'e>,
     retention: Duration,
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
-    let gone: Option<(i64, Option<i64>, Option<i64>)> = sqlx::query_as(
+    let gone: Option<(i64,)> = sqlx::query_as(
         "WITH old AS (SELECT xid, n FROM events WHERE at < now() - make_interval(secs => $1) \
                       ORDER BY xid, n LIMIT $2), \
               gone AS (DELETE FROM events e USING old WHERE (e.xid, e.n) = (old.xid, old.n) \
-                       RETURNING e.xid, e.n), \
-              newest AS (SELECT xid, n FROM gone ORDER BY xid DESC, n DESC LIMIT 1), \
-              noted AS (INSERT INTO events_purged (xid, n) SELECT xid, n FROM newest \
-                        ON CONFLICT (one) DO UPDATE SET xid = EXCLUDED.xid, n = EXCLUDED.n \
-                        WHERE (events_purged.xid, events_purged.n) < (EXCLUDED.xid, EXCLUDED.n)) \
-         SELECT (SELECT count(*) FROM gone), \
-                (SELECT xid::text::int8 FROM newest), (SELECT n FROM newest)",
+                       RETURNING e.xid, e.n, jsonb_array_length(e.items) AS k), \
+              newest AS (SELECT xid, n * 65536 + k AS pos FROM gone ORDER BY xid DESC, n DESC LIMIT 1), \
+              noted AS (INSERT INTO events_purged (xid, pos) SELECT xid, pos FROM newest \
+                        ON CONFLICT (one) DO UPDATE SET xid = EXCLUDED.xid, pos = EXCLUDED.pos \
+                        WHERE (events_purged.xid, events_purged.pos) < (EXCLUDED.xid, EXCLUDED.pos)) \
+         SELECT coalesce(sum(k), 0)::int8 FROM gone",
     )
     .bind(retention.as_secs_f64())
     .bind(batch)
     .fetch_optional(primary)
     .await?;
-    Ok(gone.map_or(0, |(count, _, _)| u64::try_from(count).unwrap_or(0)))
+    Ok(gone.map_or(0, |(count,)| u64::try_from(count).unwrap_or(0)))
 }
 
-/// The newest event a read can serve now, on the primary, and its age behind the newest
-/// event written (the feed's lag: how long a long transaction has held the horizon back).
-async fn horizon(db: &Db) -> Result<(Cursor, i64, f64), DbError> {
-    let row: (Option<i64>, Option<i64>, Option<i64>, Option<f64>) = sqlx::query_as(
-        "WITH servable AS (SELECT xid, n, at FROM events \
-                           WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) \
-                           ORDER BY xid DESC, n DESC LIMIT 1), \
-              newest AS (SELECT at FROM events ORDER BY at DESC LIMIT 1) \
-         SELECT (SELECT xid::text::int8 FROM servable), (SELECT n FROM servable), \
-                (SELECT last_value FROM pg_sequences WHERE sequencename = 'events_n_seq'), \
-                extract(epoch FROM (SELECT at FROM newest) - coalesce((SELECT at FROM servable), (SELECT at FROM newest)))::float8",
+/// The newest event a read can serve now, on the primary; how many events entered the feed
+/// since `before` (the newest a previous look saw); and the newest servable event's age behind
+/// the newest written (the feed's lag: how long a long transaction has held the horizon back).
+async fn horizon(db: &Db, before: Cursor) -> Result<(Cursor, i64, f64), DbError> {
+    let pool = db.primary().pool()?;
+    let newest = newest(pool).await?;
+    let (entered, lag): (Option<i64>, Option<f64>) = sqlx::query_as(
+        "SELECT (SELECT sum(jsonb_array_length(items))::int8 FROM events \
+                  WHERE (xid, n) > ($1::text::xid8, $2 / 65536) AND (xid, n) <= ($3::text::xid8, $4 / 65536)), \
+                extract(epoch FROM (SELECT max(at) FROM events WHERE at > now() - interval '1 hour') \
+                       - (SELECT at FROM events WHERE (xid, n) = ($3::text::xid8, $4 / 65536)))::float8",
     )
-    .fetch_one(db.primary().pool()?)
+    .bind(before.xid.to_string())
+    .bind(before.n)
+    .bind(newest.xid.to_string())
+    .bind(newest.n)
+    .fetch_one(pool)
     .await?;
-    let cursor = match (row.0, row.1) {
-        (Some(xid), Some(n)) => Cursor {
-            xid: u64::try_from(xid).unwrap_or(0),
-            n,
-        },
-        _ => Cursor::START,
-    };
-    Ok((cursor, row.2.unwrap_or(0), row.3.unwrap_or(0.0).max(0.0)))
+    Ok((newest, entered.unwrap_or(0), lag.unwrap_or(0.0).max(0.0)))
 }
 
 /// This instance's feed: the watcher that long-polls wait on, and the retention purge.
@@ -143,22 +164,21 @@ impl Feed {
         let newest = tx.clone();
         let task = tokio::spawn(async move {
             let mut last_purge: Option<tokio::time::Instant> = None;
-            let mut written: Option<i64> = None;
+            let mut seen: Option<Cursor> = None;
             loop {
-                match horizon(&db).await {
-                    Ok((cursor, newest_n, lag)) => {
+                match horizon(&db, seen.unwrap_or(Cursor::START)).await {
+                    Ok((cursor, entered, lag)) => {
                         if tx.borrow().0 != cursor {
                             let at = db.primary().current_lsn().await.ok();
                             tx.send_replace((cursor, at));
                         }
-                        if let Some(before) = written
-                            && newest_n > before
-                        {
+                        // The first look only finds where the feed stands.
+                        if seen.is_some() {
                             metrics
                                 .events_written
-                                .inc_by(u64::try_from(newest_n - before).unwrap_or(0));
+                                .inc_by(u64::try_from(entered).unwrap_or(0));
                         }
-                        written = Some(newest_n);
+                        seen = Some(cursor);
                         metrics.event_feed_lag.set(lag);
                     }
                     Err(e) => tracing::debug!(error = %e, "event horizon unavailable"),

@@ -7,7 +7,8 @@
 //! round trip, and a rolled-back change has none (migration `20261202000007_events.sql`).
 //!
 //! **Why no event can appear behind a reader.** An event's place is `(xid, n)`: the id of the
-//! transaction that wrote it, then a sequence within it. A read serves only events whose
+//! transaction that wrote it, then its position within it (rows in sequence, one per writing
+//! statement, and the event's place in its row). A read serves only events whose
 //! `xid` is below its snapshot's `xmin` — every transaction with a smaller id has ended — so
 //! an event that commits later always has an `xid` at or above that `xmin`, after everything
 //! already served. The naive outbox (`WHERE id > $cursor` on a sequence) loses events: a
@@ -23,8 +24,10 @@ use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
 
-/// A place in the feed: the event at `(xid, n)`, or [`Cursor::START`] before every event.
-/// Opaque to clients: `<xid>-<n>` in lower-case hex.
+/// A place in the feed: the event at position `n` of transaction `xid`, or [`Cursor::START`]
+/// before every event. A position is `row * 65536 + i`: the event's row (one per writing
+/// statement, in sequence) and its place in that row. Opaque to clients: `<xid>-<n>` in
+/// lower-case hex.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Cursor {
     pub xid: u64,

@@ -83,7 +83,7 @@ async fn a_change_that_commits_late_is_placed_after_what_was_served_where_a_naiv
     let cluster = shared_cluster();
     let app = spawn_app(cluster).await;
     let event = |tag: &'static str| {
-        sqlx::query("INSERT INTO events (type, data) VALUES ('stock.changed', jsonb_build_object('tag', $1::text))")
+        sqlx::query("INSERT INTO events (types, items) VALUES ('{stock.changed}', jsonb_build_array(jsonb_build_object('type', 'stock.changed', 'data', jsonb_build_object('tag', $1::text))))")
             .bind(tag)
     };
     // The slow change takes its place (its transaction id and sequence value) first...
@@ -105,7 +105,7 @@ async fn a_change_that_commits_late_is_placed_after_what_was_served_where_a_naiv
 
     slow.commit().await.unwrap();
     let naive_rest: Vec<String> =
-        sqlx::query_scalar("SELECT data->>'tag' FROM events WHERE n > $1 ORDER BY n")
+        sqlx::query_scalar("SELECT items->0->'data'->>'tag' FROM events WHERE n > $1 ORDER BY n")
             .bind(naive_after)
             .fetch_all(&app.primary)
             .await
