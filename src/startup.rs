@@ -39,6 +39,7 @@ pub struct Application {
     drain_timeout: Duration,
     _monitor: MonitorGuard,
     _sweeper: crate::checkout::SweeperGuard,
+    _webhooks: crate::events::webhooks::DeliveryGuard,
 }
 
 /// The router alone (pools, read-your-writes store, freshness monitor): for `stockgate
@@ -191,6 +192,7 @@ impl Application {
             listener,
             http_threads: config.http_threads,
             router,
+            _webhooks: crate::events::webhooks::start(state.db.clone(), state.metrics.clone()),
             state,
             drain_timeout: config.drain_timeout,
             _monitor: monitor,

@@ -14,6 +14,7 @@ mod products;
 mod reports;
 mod responses;
 mod users;
+mod webhooks;
 
 use crate::auth::{Caller, Tokens};
 use crate::checkout::Checkout;
@@ -259,6 +260,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(users::router())
         .merge(reports::router())
         .merge(admin::router())
+        .merge(webhooks::router())
         .merge(overview::router())
         .merge(imports::router())
         .merge(health::router())
