@@ -27,3 +27,4 @@ mod retries;
 mod robustness;
 mod schemathesis;
 mod spread;
+mod webhooks;
