@@ -125,7 +125,7 @@ pub fn signature(secret: &[u8], t: i64, body: &[u8]) -> String {
 
 /// A webhook as registered (`POST`'s answer).
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Registered {
+pub struct Webhook {
     pub webhook_id: Uuid,
     #[schema(example = "https://fulfilment.example/hooks/stockgate")]
     pub url: String,
@@ -139,9 +139,9 @@ pub struct Registered {
 
 /// A webhook and how its delivery goes (`GET`'s answer).
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Status {
+pub struct WebhookStatus {
     #[serde(flatten)]
-    pub webhook: Registered,
+    pub webhook: Webhook,
     /// Failed attempts at the next event since the last delivery (0 when all is well); the
     /// retry backoff grows with it. Every failure ever is counted by the
     /// `stockgate_webhook_delivery_failures_total` metric.
@@ -150,7 +150,7 @@ pub struct Status {
     pub last_error: Option<String>,
 }
 
-/// The columns of a [`Status`], for [`status_of`].
+/// The columns of a [`WebhookStatus`], for [`status_of`].
 macro_rules! status_columns {
     () => {
         "webhook_id, url, types, delivered_xid::text::int8 AS delivered_xid, delivered_n, \
@@ -158,10 +158,10 @@ macro_rules! status_columns {
     };
 }
 
-fn status_of(row: &sqlx::postgres::PgRow) -> Result<Status, sqlx::Error> {
+fn status_of(row: &sqlx::postgres::PgRow) -> Result<WebhookStatus, sqlx::Error> {
     use sqlx::Row;
-    Ok(Status {
-        webhook: Registered {
+    Ok(WebhookStatus {
+        webhook: Webhook {
             webhook_id: row.try_get("webhook_id")?,
             url: row.try_get("url")?,
             types: row.try_get("types")?,
@@ -180,7 +180,7 @@ fn status_of(row: &sqlx::postgres::PgRow) -> Result<Status, sqlx::Error> {
 /// when there is none). Every transaction below that horizon has ended, so an event committed
 /// after this one has a larger transaction id and comes after the cursor in the feed: none is
 /// skipped. (Events of transactions still open now come after it too, and are delivered.)
-pub async fn create(db: &Db, new: &NewWebhook) -> Result<Registered, DbError> {
+pub async fn create(db: &Db, new: &NewWebhook) -> Result<Webhook, DbError> {
     let row = sqlx::query(concat!(
         "WITH newest AS (SELECT xid, n FROM events \
                          WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) \
@@ -201,7 +201,7 @@ pub async fn create(db: &Db, new: &NewWebhook) -> Result<Registered, DbError> {
 }
 
 /// A webhook not deleted, on the primary (its cursor as of its last delivery).
-pub async fn get(db: &Db, id: Uuid) -> Result<Option<Status>, DbError> {
+pub async fn get(db: &Db, id: Uuid) -> Result<Option<WebhookStatus>, DbError> {
     let row = sqlx::query(concat!(
         "SELECT ",
         status_columns!(),
@@ -214,7 +214,7 @@ pub async fn get(db: &Db, id: Uuid) -> Result<Option<Status>, DbError> {
 }
 
 /// Every webhook not deleted, oldest first.
-pub async fn list(db: &Db) -> Result<Vec<Status>, DbError> {
+pub async fn list(db: &Db) -> Result<Vec<WebhookStatus>, DbError> {
     let rows = sqlx::query(concat!(
         "SELECT ",
         status_columns!(),
@@ -227,7 +227,7 @@ pub async fn list(db: &Db) -> Result<Vec<Status>, DbError> {
 
 /// Deletes a webhook (`None`: there was none): its deliverer lets it go within a tick, and an
 /// attempt in flight is abandoned.
-pub async fn delete(db: &Db, id: Uuid) -> Result<Option<Status>, DbError> {
+pub async fn delete(db: &Db, id: Uuid) -> Result<Option<WebhookStatus>, DbError> {
     let row = sqlx::query(concat!(
         "UPDATE webhooks SET deleted_at = now() WHERE webhook_id = $1 AND deleted_at IS NULL \
          RETURNING ",

@@ -5,8 +5,9 @@ use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable,
 };
 use super::{Admin, ApiError, AppState, Json, Path};
+use crate::events::TYPES;
 use crate::events::webhooks::{
-    self, EventTypes, NewWebhook, Registered, Secret, Status, WebhookUrl,
+    self, EventTypes, NewWebhook, Secret, Webhook, WebhookStatus, WebhookUrl,
 };
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -28,15 +29,34 @@ struct NewWebhookBody {
     /// An absolute `http://` or `https://` URL: each event is `POST`ed to it.
     #[schema(
         example = "https://fulfilment.example/hooks/stockgate",
-        max_length = 2048
+        max_length = 2048,
+        pattern = "^https?://[A-Za-z0-9.-]+(:[1-9][0-9]{0,3})?(/[!-~]*)?$"
     )]
     url: String,
     /// 16–256 bytes; the key of `Stockgate-Signature`.
-    #[schema(min_length = 16, max_length = 256, example = "whsec-0123456789abcdef")]
+    #[schema(
+        min_length = 16,
+        max_length = 256,
+        pattern = "^[ -~]{16,256}$",
+        example = "whsec-0123456789abcdef"
+    )]
     secret: String,
     /// The event types to receive (at least one).
-    #[schema(example = json!(["order.confirmed", "order.cancelled"]))]
+    #[schema(schema_with = event_types, example = json!(["order.confirmed", "order.cancelled"]))]
     types: Vec<String>,
+}
+
+/// `types`' schema: a non-empty array of the feed's event types, from [`TYPES`] itself.
+fn event_types() -> utoipa::openapi::Array {
+    use utoipa::openapi::{ArrayBuilder, ObjectBuilder, Type};
+    ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(TYPES.iter().copied())),
+        )
+        .min_items(Some(1))
+        .build()
 }
 
 /// A webhook id from the path; anything but a UUID is 400.
@@ -62,7 +82,7 @@ fn not_found() -> ApiError {
     request_body = NewWebhookBody,
     security(("bearer" = [])),
     responses(
-        (status = 201, description = "Registered; delivery starts after `delivered_cursor`", body = Registered),
+        (status = 201, description = "Registered; delivery starts after `delivered_cursor`", body = Webhook),
         (status = 400, response = BadRequest),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
@@ -75,7 +95,7 @@ async fn create(
     State(state): State<AppState>,
     _: Admin,
     Json(body): Json<NewWebhookBody>,
-) -> Result<(StatusCode, Json<Registered>), ApiError> {
+) -> Result<(StatusCode, Json<Webhook>), ApiError> {
     let new = NewWebhook {
         url: WebhookUrl::parse(&body.url)?,
         secret: Secret::parse(&body.secret)?,
@@ -92,13 +112,16 @@ async fn create(
     tag = "admin",
     security(("bearer" = [])),
     responses(
-        (status = 200, description = "The webhooks not deleted, oldest first", body = Vec<Status>),
+        (status = 200, description = "The webhooks not deleted, oldest first", body = Vec<WebhookStatus>),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
         (status = 503, response = Unavailable),
     )
 )]
-async fn list(State(state): State<AppState>, _: Admin) -> Result<Json<Vec<Status>>, ApiError> {
+async fn list(
+    State(state): State<AppState>,
+    _: Admin,
+) -> Result<Json<Vec<WebhookStatus>>, ApiError> {
     Ok(Json(webhooks::list(&state.db).await?))
 }
 
@@ -113,7 +136,7 @@ async fn list(State(state): State<AppState>, _: Admin) -> Result<Json<Vec<Status
     params(("webhook_id" = uuid::Uuid, Path)),
     security(("bearer" = [])),
     responses(
-        (status = 200, description = "The webhook, as its deliverer last recorded it", body = Status),
+        (status = 200, description = "The webhook, as its deliverer last recorded it", body = WebhookStatus),
         (status = 400, response = BadRequest),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
@@ -125,7 +148,7 @@ async fn show(
     State(state): State<AppState>,
     _: Admin,
     Path(id): Path<String>,
-) -> Result<Json<Status>, ApiError> {
+) -> Result<Json<WebhookStatus>, ApiError> {
     let id = webhook_id(&id)?;
     Ok(Json(
         webhooks::get(&state.db, id).await?.ok_or_else(not_found)?,
@@ -142,7 +165,7 @@ async fn show(
     params(("webhook_id" = uuid::Uuid, Path)),
     security(("bearer" = [])),
     responses(
-        (status = 200, description = "Deleted: the webhook as it stood", body = Status),
+        (status = 200, description = "Deleted: the webhook as it stood", body = WebhookStatus),
         (status = 400, response = BadRequest),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
@@ -154,7 +177,7 @@ async fn delete(
     State(state): State<AppState>,
     _: Admin,
     Path(id): Path<String>,
-) -> Result<Json<Status>, ApiError> {
+) -> Result<Json<WebhookStatus>, ApiError> {
     let id = webhook_id(&id)?;
     Ok(Json(
         webhooks::delete(&state.db, id)
