@@ -41,6 +41,7 @@ pub struct Application {
     _monitor: MonitorGuard,
     _sweeper: crate::checkout::SweeperGuard,
     _feed: FeedGuard,
+    _webhooks: crate::events::webhooks::DeliveryGuard,
 }
 
 /// The router alone (pools, read-your-writes store, freshness monitor): for `stockgate
@@ -195,6 +196,7 @@ impl Application {
             listener,
             http_threads: config.http_threads,
             router,
+            _webhooks: crate::events::webhooks::start(state.db.clone(), state.metrics.clone()),
             state,
             drain_timeout: config.drain_timeout,
             _monitor: monitor,

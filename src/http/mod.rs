@@ -15,6 +15,7 @@ mod products;
 mod reports;
 mod responses;
 mod users;
+mod webhooks;
 
 use crate::auth::{Caller, Tokens};
 use crate::checkout::Checkout;
@@ -263,6 +264,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(reports::router())
         .merge(events::router())
         .merge(admin::router())
+        .merge(webhooks::router())
         .merge(overview::router())
         .merge(imports::router())
         .merge(health::router())

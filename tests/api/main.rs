@@ -28,3 +28,4 @@ mod retries;
 mod robustness;
 mod schemathesis;
 mod spread;
+mod webhooks;

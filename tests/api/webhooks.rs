@@ -1,0 +1,615 @@
+//! Webhooks (contract, "Webhooks"): every subscribed event, in feed order, signed, at least
+//! once, by one instance at a time, through a failing receiver and an instance restart.
+
+use crate::helpers::{TestApp, shared_cluster, spawn_app, spawn_beside, wait_for};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode as AxumStatus};
+use hmac::{Hmac, Mac};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+const SECRET: &str = "whsec-test-0123456789abcdef";
+const TYPES: [&str; 4] = [
+    "order.confirmed",
+    "order.cancelled",
+    "hold.created",
+    "hold.released",
+];
+
+/// One request the receiver got, and what it answered.
+#[derive(Debug, Clone)]
+struct Arrival {
+    cursor: String,
+    signature: String,
+    body: Bytes,
+    accepted: bool,
+}
+
+/// The receiver's state: what arrived, how many answers are still to fail, and a gate that,
+/// while shut, keeps requests waiting for their answer (a delivery in flight).
+struct Inbox {
+    arrivals: Mutex<Vec<Arrival>>,
+    fail_next: AtomicUsize,
+    waiting: AtomicUsize,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    open: watch::Sender<bool>,
+}
+
+/// Counts a request in flight for as long as its handler lives.
+struct InFlight<'a>(&'a Inbox);
+
+impl<'a> InFlight<'a> {
+    fn enter(inbox: &'a Inbox) -> Self {
+        let now = inbox.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        inbox.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(inbox)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A webhook receiver on port 0 that answers 500 to its first `fail_first` requests.
+struct Receiver {
+    url: String,
+    inbox: Arc<Inbox>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn receive(State(inbox): State<Arc<Inbox>>, headers: HeaderMap, body: Bytes) -> AxumStatus {
+    let _counted = InFlight::enter(&inbox);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let fail = inbox
+        .fail_next
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok();
+    inbox.arrivals.lock().unwrap().push(Arrival {
+        cursor: header("stockgate-event-cursor"),
+        signature: header("stockgate-signature"),
+        body,
+        accepted: !fail,
+    });
+    if fail {
+        return AxumStatus::INTERNAL_SERVER_ERROR;
+    }
+    let mut open = inbox.open.subscribe();
+    inbox.waiting.fetch_add(1, Ordering::SeqCst);
+    let _ = open.wait_for(|open| *open).await;
+    inbox.waiting.fetch_sub(1, Ordering::SeqCst);
+    AxumStatus::NO_CONTENT
+}
+
+impl Receiver {
+    async fn start(fail_first: usize) -> Receiver {
+        let inbox = Arc::new(Inbox {
+            arrivals: Mutex::new(Vec::new()),
+            fail_next: AtomicUsize::new(fail_first),
+            waiting: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            open: watch::Sender::new(true),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(receive))
+            .with_state(inbox.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver { url, inbox, task }
+    }
+
+    fn arrivals(&self) -> Vec<Arrival> {
+        self.inbox.arrivals.lock().unwrap().clone()
+    }
+
+    /// The cursors answered 2xx, each once, in the order they first were.
+    fn delivered(&self) -> Vec<String> {
+        let mut seen = BTreeSet::new();
+        self.arrivals()
+            .into_iter()
+            .filter(|a| a.accepted && seen.insert(a.cursor.clone()))
+            .map(|a| a.cursor)
+            .collect()
+    }
+
+    fn shut_gate(&self) {
+        self.inbox.open.send_replace(false);
+    }
+
+    fn open_gate(&self) {
+        self.inbox.open.send_replace(true);
+    }
+}
+
+/// Whether `signature` is `t=<t>,v1=<hex HMAC-SHA256 of "<t>.<body>">` with `secret`, for a
+/// `t` within five minutes of now.
+fn signed(secret: &str, signature: &str, body: &[u8]) -> bool {
+    let Some((t, v1)) = signature
+        .strip_prefix("t=")
+        .and_then(|s| s.split_once(",v1="))
+    else {
+        return false;
+    };
+    let (Ok(t_secs), Ok(mac_bytes)) = (t.parse::<i64>(), hex::decode(v1)) else {
+        return false;
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(body);
+    (chrono::Utc::now().timestamp() - t_secs).abs() < 300 && mac.verify_slice(&mac_bytes).is_ok()
+}
+
+async fn admin(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut req = app
+        .client
+        .request(method, app.url(path))
+        .bearer_auth(&app.admin);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status(), resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn register(app: &TestApp, url: &str, types: &[&str]) -> Value {
+    let (status, body) = admin(
+        app,
+        Method::POST,
+        "/v1/admin/webhooks",
+        Some(json!({"url": url, "secret": SECRET, "types": types})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body
+}
+
+fn parse_cursor(c: &str) -> (u64, i64) {
+    let (xid, n) = c.split_once('-').unwrap();
+    (
+        u64::from_str_radix(xid, 16).unwrap(),
+        i64::from_str_radix(n, 16).unwrap(),
+    )
+}
+
+/// The events of `types` after `after`, in feed order, as `(cursor, type)`, straight from
+/// the table.
+async fn feed_after(pool: &sqlx::PgPool, after: &str, types: &[&str]) -> Vec<(String, String)> {
+    let (xid, n) = parse_cursor(after);
+    let rows: Vec<(i64, i64, String)> = sqlx::query_as(
+        "SELECT e.xid::text::int8, e.n * 65536 + x.i, x.item->>'type' \
+         FROM events e, jsonb_array_elements(e.items) WITH ORDINALITY x(item, i) \
+         WHERE (e.xid, e.n * 65536 + x.i) > ($1::text::xid8, $2) AND x.item->>'type' = ANY($3) \
+         ORDER BY e.xid, e.n, x.i",
+    )
+    .bind(xid.to_string())
+    .bind(n)
+    .bind(types)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(x, n, t)| (format!("{x:x}-{n:x}"), t))
+        .collect()
+}
+
+/// Orders (a third of them cancelled) and holds (half of them released) on `app`.
+async fn churn(app: &TestApp, tag: &str, rounds: usize) {
+    for i in 0..rounds {
+        let user = format!("wh-{tag}-{i}");
+        let order = app.order(&user, &format!("o-{tag}-{i}"), "wh-sku", 1).await;
+        assert_eq!(order.status(), StatusCode::CREATED);
+        let order: Value = order.json().await.unwrap();
+        if i % 3 == 0 {
+            let id = order["order_id"].as_str().unwrap();
+            let path = format!("/v1/orders/{id}/cancel");
+            let (s, _) =
+                crate::helpers::send_as(app, Method::POST, &path, &user, None, json!({})).await;
+            assert_eq!(s, StatusCode::OK);
+        }
+        let body = json!({"lines": [{"product_id": "wh-sku", "quantity": 1}], "ttl_s": 600});
+        let key = format!("h-{tag}-{i}");
+        let (s, hold) = crate::helpers::send_as(
+            app,
+            Method::POST,
+            "/v1/holds",
+            &user,
+            Some(key.as_str()),
+            body,
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{hold}");
+        if i % 2 == 0 {
+            let path = format!("/v1/holds/{}", hold["hold_id"].as_str().unwrap());
+            let (s, _) =
+                crate::helpers::send_as(app, Method::DELETE, &path, &user, None, json!({})).await;
+            assert_eq!(s, StatusCode::OK);
+        }
+    }
+}
+
+/// How many events `app` has delivered to webhooks (its own counter).
+async fn delivered_by(app: &TestApp) -> f64 {
+    app.metric("stockgate_webhook_deliveries_total").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_webhook_gets_every_subscribed_event_in_feed_order_signed_through_failures_and_a_restart()
+{
+    let cluster = shared_cluster();
+    let a = spawn_app(cluster).await;
+    let b = spawn_beside(&a, cluster).await;
+    assert_eq!(
+        a.create_product("wh-sku", 100_000, 250).await.status(),
+        StatusCode::CREATED
+    );
+    let receiver = Receiver::start(3).await;
+    let hook = register(&b, &receiver.url, &TYPES).await;
+    let id = hook["webhook_id"].as_str().unwrap().to_string();
+    let start = hook["delivered_cursor"].as_str().unwrap().to_string();
+
+    // Orders, cancels and holds on both instances while the receiver fails its first three
+    // answers: the first event is retried until it is taken.
+    tokio::join!(churn(&a, "a", 12), churn(&b, "b", 12), async {
+        wait_for("five events delivered", Duration::from_secs(30), || async {
+            receiver.delivered().len() >= 5
+        })
+        .await;
+    });
+    // Shut the gate and make one more event: its delivery waits, unanswered, in flight.
+    receiver.shut_gate();
+    a.order("wh-late", "o-late", "wh-sku", 1).await;
+    wait_for("a delivery in flight", Duration::from_secs(30), || async {
+        receiver.inbox.waiting.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    let in_flight = receiver.arrivals().last().unwrap().cursor.clone();
+    assert_eq!(
+        receiver.inbox.max_in_flight.load(Ordering::SeqCst),
+        1,
+        "one delivery in flight at a time, across both instances"
+    );
+
+    // The instance delivering goes away mid-delivery; the other one is restarted beside.
+    let (by_a, by_b) = (delivered_by(&a).await, delivered_by(&b).await);
+    assert!(
+        by_a == 0.0 || by_b == 0.0,
+        "one deliverer: a {by_a}, b {by_b}"
+    );
+    let (gone, stays) = if by_a > 0.0 { (a, b) } else { (b, a) };
+    let port = gone.address.rsplit(':').next().unwrap().to_string();
+    drop(gone);
+    wait_for("the deliverer stopped", Duration::from_secs(15), || async {
+        tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
+            .await
+            .is_err()
+    })
+    .await;
+    let restarted = spawn_beside(&stays, cluster).await;
+    // The event in flight was never recorded as delivered: it is sent again, by the instance
+    // that took the lease over.
+    wait_for(
+        "the event in flight sent again",
+        Duration::from_secs(30),
+        || async {
+            receiver
+                .arrivals()
+                .iter()
+                .filter(|a| a.cursor == in_flight)
+                .count()
+                >= 2
+        },
+    )
+    .await;
+    receiver.open_gate();
+    tokio::join!(churn(&stays, "c", 6), churn(&restarted, "d", 6));
+
+    let want = feed_after(&stays.primary, &start, &TYPES).await;
+    let last = want.last().unwrap().0.clone();
+    wait_for("every event delivered", Duration::from_secs(60), || async {
+        let (_, now) = admin(
+            &stays,
+            Method::GET,
+            &format!("/v1/admin/webhooks/{id}"),
+            None,
+        )
+        .await;
+        now["delivered_cursor"] == last.as_str()
+    })
+    .await;
+
+    let want_cursors: Vec<String> = want.iter().map(|(c, _)| c.clone()).collect();
+    // The setup reached its claim: many events, and many of them after the restart.
+    let restart_at = want_cursors.iter().position(|c| *c == in_flight).unwrap();
+    assert!(
+        want.len() >= 80 && restart_at >= 5 && want.len() - restart_at >= 30,
+        "{restart_at} of {}",
+        want.len()
+    );
+    assert_eq!(
+        receiver.delivered(),
+        want_cursors,
+        "every event once, in feed order"
+    );
+    let types: HashMap<&str, &str> = want.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect();
+    let arrivals = receiver.arrivals();
+    for a in &arrivals {
+        assert!(
+            signed(SECRET, &a.signature, &a.body),
+            "signature of {}",
+            a.cursor
+        );
+        let body: Value = serde_json::from_slice(&a.body).unwrap();
+        assert_eq!(
+            body["cursor"],
+            a.cursor.as_str(),
+            "header and body name one event"
+        );
+        assert_eq!(body["type"], types[a.cursor.as_str()]);
+        assert!(body["at"].is_string() && body["data"].is_object(), "{body}");
+    }
+    // The three failures were the first event, retried; the only other repeat is the event
+    // that was in flight when its deliverer went away.
+    let first: Vec<&str> = arrivals[..4].iter().map(|a| a.cursor.as_str()).collect();
+    assert_eq!(
+        first,
+        [want_cursors[0].as_str(); 4],
+        "the failed event is retried, not skipped"
+    );
+    let mut sent = HashMap::<&str, usize>::new();
+    arrivals
+        .iter()
+        .for_each(|a| *sent.entry(a.cursor.as_str()).or_default() += 1);
+    let repeated: BTreeSet<&str> = sent
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(c, _)| *c)
+        .collect();
+    let allowed = BTreeSet::from([want_cursors[0].as_str(), in_flight.as_str()]);
+    assert!(
+        repeated.is_subset(&allowed),
+        "repeats {repeated:?} beyond {allowed:?}"
+    );
+
+    let (_, status) = admin(
+        &stays,
+        Method::GET,
+        &format!("/v1/admin/webhooks/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status["failures"], 0, "{status}");
+    assert!(
+        status["last_error"].as_str().unwrap_or("").contains("500"),
+        "{status}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_webhook_starts_after_the_newest_event_and_a_deleted_one_gets_nothing_more() {
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("wh-new", 100, 100).await;
+    let before = app.order("wh-u1", "k1", "wh-new", 1).await;
+    assert_eq!(before.status(), StatusCode::CREATED);
+    // The order's event is below the feed's horizon (no transaction that could precede it is
+    // still open), so "the newest event" at creation is at or after it.
+    wait_for(
+        "the order's event is servable",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM events WHERE 'order.confirmed' = ANY(types) \
+                            AND xid < pg_snapshot_xmin(pg_current_snapshot()))",
+            )
+            .fetch_one(&app.primary)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    let newest = feed_after(&app.primary, "0-0", &["order.confirmed"]).await;
+    let receiver = Receiver::start(0).await;
+    let hook = register(&app, &receiver.url, &["order.confirmed"]).await;
+    let start = hook["delivered_cursor"].as_str().unwrap().to_string();
+    assert!(
+        parse_cursor(&start) >= parse_cursor(&newest[0].0),
+        "{start} names the newest event"
+    );
+
+    app.order("wh-u2", "k2", "wh-new", 1).await;
+    let want = feed_after(&app.primary, &start, &["order.confirmed"]).await;
+    assert_eq!(want.len(), 1, "only the order after the webhook: {want:?}");
+    wait_for(
+        "the new order delivered",
+        Duration::from_secs(30),
+        || async { receiver.delivered() == [want[0].0.clone()] },
+    )
+    .await;
+
+    // Deleted: the next order goes to another webhook, and not to this one.
+    let id = hook["webhook_id"].as_str().unwrap();
+    let (s, _) = admin(
+        &app,
+        Method::DELETE,
+        &format!("/v1/admin/webhooks/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let control = Receiver::start(0).await;
+    register(&app, &control.url, &["order.confirmed"]).await;
+    app.order("wh-u3", "k3", "wh-new", 1).await;
+    wait_for(
+        "the control webhook got the order",
+        Duration::from_secs(30),
+        || async { control.delivered().len() == 1 },
+    )
+    .await;
+    assert_eq!(receiver.arrivals().len(), 1, "nothing after the delete");
+    let (s, body) = admin(&app, Method::GET, &format!("/v1/admin/webhooks/{id}"), None).await;
+    assert_eq!(
+        (s, body["error"]["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("WEBHOOK_NOT_FOUND"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_webhook_input_is_refused_with_its_code_and_a_user_token_is_forbidden() {
+    let app = spawn_app(shared_cluster()).await;
+    let good =
+        json!({"url": "http://127.0.0.1:9/hook", "secret": SECRET, "types": ["hold.created"]});
+    let with = |field: &str, value: Value| {
+        let mut body = good.clone();
+        body[field] = value;
+        body
+    };
+    let refused = [
+        (
+            with("url", json!("ftp://example.com/hook")),
+            422,
+            "INVALID_URL",
+        ),
+        (with("url", json!("not a url")), 422, "INVALID_URL"),
+        (with("secret", json!("s".repeat(15))), 422, "INVALID_SECRET"),
+        (
+            with("secret", json!("s".repeat(257))),
+            422,
+            "INVALID_SECRET",
+        ),
+        (with("types", json!([])), 422, "INVALID_TYPES"),
+        (
+            with("types", json!(["order.shipped"])),
+            422,
+            "INVALID_TYPES",
+        ),
+        (with("types", json!("order.confirmed")), 400, "INVALID_BODY"),
+        (with("extra", json!(1)), 400, "INVALID_BODY"),
+        (
+            json!({"url": "http://127.0.0.1:9/hook", "secret": SECRET}),
+            400,
+            "INVALID_BODY",
+        ),
+    ];
+    for (body, status, code) in refused {
+        let (s, answer) = admin(&app, Method::POST, "/v1/admin/webhooks", Some(body.clone())).await;
+        assert_eq!(
+            (s.as_u16(), answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{body}"
+        );
+    }
+    let malformed = app
+        .client
+        .post(app.url("/v1/admin/webhooks"))
+        .bearer_auth(&app.admin)
+        .header("content-type", "application/json")
+        .body("{\"url\":")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
+
+    let unknown = uuid::Uuid::new_v4();
+    for method in [Method::GET, Method::DELETE] {
+        let (s, body) = admin(&app, method.clone(), "/v1/admin/webhooks/not-a-uuid", None).await;
+        assert_eq!(
+            (s, body["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("INVALID_WEBHOOK_ID"))
+        );
+        let (s, body) = admin(&app, method, &format!("/v1/admin/webhooks/{unknown}"), None).await;
+        assert_eq!(
+            (s, body["error"]["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("WEBHOOK_NOT_FOUND"))
+        );
+    }
+
+    // A user token may do none of it; an admin's webhook is then there, once.
+    let user = app.user_token("wh-user");
+    let created = register(&app, "http://127.0.0.1:9/hook", &["hold.created"]).await;
+    let id = created["webhook_id"].as_str().unwrap();
+    for (method, path) in [
+        (Method::POST, "/v1/admin/webhooks".to_string()),
+        (Method::GET, "/v1/admin/webhooks".to_string()),
+        (Method::GET, format!("/v1/admin/webhooks/{id}")),
+        (Method::DELETE, format!("/v1/admin/webhooks/{id}")),
+    ] {
+        let resp = app
+            .client
+            .request(method.clone(), app.url(&path))
+            .bearer_auth(&user)
+            .json(&good)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{method} {path}");
+        let anonymous = app
+            .client
+            .request(method.clone(), app.url(&path))
+            .json(&good)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            anonymous.status(),
+            StatusCode::UNAUTHORIZED,
+            "{method} {path}"
+        );
+    }
+    let (s, listed) = admin(&app, Method::GET, "/v1/admin/webhooks", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["types"], json!(["hold.created"]));
+    assert!(
+        listed[0].get("secret").is_none(),
+        "the secret is never shown"
+    );
+    let (s, shown) = admin(&app, Method::GET, &format!("/v1/admin/webhooks/{id}"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(shown["failures"], 0);
+    assert_eq!(shown["delivered_cursor"], created["delivered_cursor"]);
+    let (s, _) = admin(
+        &app,
+        Method::DELETE,
+        &format!("/v1/admin/webhooks/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = admin(
+        &app,
+        Method::DELETE,
+        &format!("/v1/admin/webhooks/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "deleted once");
+}
