@@ -13,8 +13,8 @@ use tokio::sync::watch;
 /// Up to `limit` events after `after`, in feed order, of the `types` given (every type when
 /// `None`), that no later commit can precede: those of rows whose transaction id is below the
 /// reading snapshot's `xmin` (see the module above). `exec` may be the primary or a replica.
-/// The rows are found first (at most `limit`, each holding at least one wanted event), then
-/// opened, so a page never reads past what it returns.
+/// The rows are found first by their event counts (`k`), then opened, so a page opens only
+/// the rows it returns events from: a row holds a whole batch's events.
 pub async fn read<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     after: Cursor,
@@ -22,16 +22,19 @@ pub async fn read<'e>(
     types: Option<&[String]>,
 ) -> Result<Vec<Event>, sqlx::Error> {
     let rows = sqlx::query(
-        "WITH r AS (SELECT e.xid, e.n, e.at, e.items FROM events e \
+        "WITH r AS (SELECT e.xid, e.n, e.at, e.items, \
+                           sum(e.k) OVER (ORDER BY e.xid, e.n ROWS UNBOUNDED PRECEDING) - e.k AS before \
+                    FROM events e \
                     WHERE (e.xid, e.n) >= ($1::text::xid8, $2 / 65536) \
-                      AND (e.xid, e.n * 65536 + jsonb_array_length(e.items)) > ($1::text::xid8, $2) \
+                      AND (e.xid, e.n * 65536 + e.k) > ($1::text::xid8, $2) \
                       AND e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
                       AND ($4::text[] IS NULL OR e.types && $4) \
-                    ORDER BY e.xid, e.n LIMIT $3) \
+                    ORDER BY e.xid, e.n LIMIT greatest($3, 2)) \
          SELECT r.xid::text::int8 AS xid, r.n * 65536 + x.i AS pos, x.item->>'type' AS type, \
                 r.at, x.item->'data' AS data \
          FROM r CROSS JOIN LATERAL jsonb_array_elements(r.items) WITH ORDINALITY AS x(item, i) \
-         WHERE (r.xid, r.n * 65536 + x.i) > ($1::text::xid8, $2) \
+         WHERE ($4::text[] IS NOT NULL OR r.before < $3) \
+           AND (r.xid, r.n * 65536 + x.i) > ($1::text::xid8, $2) \
            AND ($4::text[] IS NULL OR x.item->>'type' = ANY($4)) \
          ORDER BY r.xid, r.n, x.i LIMIT $3",
     )
@@ -60,7 +63,7 @@ pub async fn read<'e>(
 /// wants only what comes next starts.
 pub async fn newest<'e>(exec: impl sqlx::PgExecutor<'e>) -> Result<Cursor, sqlx::Error> {
     let row: Option<(i64, i64)> = sqlx::query_as(
-        "SELECT xid::text::int8, n * 65536 + jsonb_array_length(items) FROM events \
+        "SELECT xid::text::int8, n * 65536 + k FROM events \
          WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY xid DESC, n DESC LIMIT 1",
     )
     .fetch_optional(exec)
@@ -95,7 +98,7 @@ pub async fn purge<'e>(
         "WITH old AS (SELECT xid, n FROM events WHERE at < now() - make_interval(secs => $1) \
                       ORDER BY xid, n LIMIT $2), \
               gone AS (DELETE FROM events e USING old WHERE (e.xid, e.n) = (old.xid, old.n) \
-                       RETURNING e.xid, e.n, jsonb_array_length(e.items) AS k), \
+                       RETURNING e.xid, e.n, e.k), \
               newest AS (SELECT xid, n * 65536 + k AS pos FROM gone ORDER BY xid DESC, n DESC LIMIT 1), \
               noted AS (INSERT INTO events_purged (xid, pos) SELECT xid, pos FROM newest \
                         ON CONFLICT (one) DO UPDATE SET xid = EXCLUDED.xid, pos = EXCLUDED.pos \
@@ -116,7 +119,7 @@ async fn horizon(db: &Db, before: Cursor) -> Result<(Cursor, i64, f64), DbError>
     let pool = db.primary().pool()?;
     let newest = newest(pool).await?;
     let (entered, lag): (Option<i64>, Option<f64>) = sqlx::query_as(
-        "SELECT (SELECT sum(jsonb_array_length(items))::int8 FROM events \
+        "SELECT (SELECT sum(k)::int8 FROM events \
                   WHERE (xid, n) > ($1::text::xid8, $2 / 65536) AND (xid, n) <= ($3::text::xid8, $4 / 65536)), \
                 extract(epoch FROM (SELECT max(at) FROM events WHERE at > now() - interval '1 hour') \
                        - (SELECT at FROM events WHERE (xid, n) = ($3::text::xid8, $4 / 65536)))::float8",

@@ -182,7 +182,7 @@ fn status_of(row: &sqlx::postgres::PgRow) -> Result<WebhookStatus, sqlx::Error> 
 /// skipped. (Events of transactions still open now come after it too, and are delivered.)
 pub async fn create(db: &Db, new: &NewWebhook) -> Result<Webhook, DbError> {
     let row = sqlx::query(concat!(
-        "WITH newest AS (SELECT e.xid, e.n * 65536 + jsonb_array_length(e.items) AS pos FROM events e \
+        "WITH newest AS (SELECT e.xid, e.n * 65536 + e.k AS pos FROM events e \
                          WHERE e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
                          ORDER BY e.xid DESC, e.n DESC LIMIT 1) \
          INSERT INTO webhooks (webhook_id, url, secret, types, delivered_xid, delivered_n) \
