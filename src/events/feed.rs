@@ -121,7 +121,7 @@ async fn horizon(db: &Db, before: Cursor) -> Result<(Cursor, i64, f64), DbError>
     let (entered, lag): (Option<i64>, Option<f64>) = sqlx::query_as(
         "SELECT (SELECT sum(k)::int8 FROM events \
                   WHERE (xid, n) > ($1::text::xid8, $2 / 65536) AND (xid, n) <= ($3::text::xid8, $4 / 65536)), \
-                extract(epoch FROM (SELECT max(at) FROM events WHERE at > now() - interval '1 hour') \
+                extract(epoch FROM (SELECT at FROM events ORDER BY xid DESC, n DESC LIMIT 1) \
                        - (SELECT at FROM events WHERE (xid, n) = ($3::text::xid8, $4 / 65536)))::float8",
     )
     .bind(before.xid.to_string())
