@@ -4,8 +4,9 @@
 -- round trip — and a rolled-back change leaves none.
 --
 -- A row holds the events of one writing statement (`items`, in order: [{"type", "data"}, …]),
--- so a batch of 200 orders writes one row, not 200: the feed costs the hot path one heap
--- tuple and one index entry per statement.
+-- a thousand at most (a statement that writes more writes several rows, in order), so a batch
+-- of 200 orders writes one row, not 200: the feed costs the hot path one heap tuple and one
+-- index entry per statement.
 --
 -- Order: (xid, n, i). `xid` is the writing transaction's id, `n` a sequence over rows, `i` the
 -- event's place in its row; a cursor's position is n * 65536 + i. The feed serves only rows
@@ -82,10 +83,10 @@ BEGIN
                'lines', jsonb_build_array(jsonb_build_object(
                    'product_id', o.product_id, 'quantity', o.quantity,
                    'unit_price_cents', o.unit_price_cents))))
-               ORDER BY o.order_id)
-      FROM new_rows o
-     WHERE o.status = 'confirmed' AND o.product_id IS NOT NULL
-    HAVING count(*) > 0;
+               ORDER BY o.k)
+      FROM (SELECT r.*, row_number() OVER (ORDER BY r.order_id) AS k
+              FROM new_rows r WHERE r.status = 'confirmed' AND r.product_id IS NOT NULL) o
+     GROUP BY (o.k - 1) / 1000 ORDER BY (o.k - 1) / 1000;
     RETURN NULL;
 END $$;
 CREATE TRIGGER events_orders_inserted AFTER INSERT ON orders
@@ -98,12 +99,12 @@ LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO events (types, items)
     SELECT ARRAY['order.confirmed'],
-           jsonb_agg(jsonb_build_object('type', 'order.confirmed', 'data', order_event_data(o))
-                     ORDER BY o.order_id)
-      FROM orders o
-     WHERE o.order_id IN (SELECT DISTINCT l.order_id FROM new_rows l)
-       AND o.status = 'confirmed'
-    HAVING count(*) > 0;
+           jsonb_agg(jsonb_build_object('type', 'order.confirmed', 'data', o.data) ORDER BY o.k)
+      FROM (SELECT order_event_data(r) AS data, row_number() OVER (ORDER BY r.order_id) AS k
+              FROM orders r
+             WHERE r.order_id IN (SELECT DISTINCT l.order_id FROM new_rows l)
+               AND r.status = 'confirmed') o
+     GROUP BY (o.k - 1) / 1000 ORDER BY (o.k - 1) / 1000;
     RETURN NULL;
 END $$;
 CREATE TRIGGER events_order_lines_inserted AFTER INSERT ON order_lines
@@ -116,8 +117,8 @@ LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO events (types, items)
     SELECT array_agg(DISTINCT e.type), jsonb_agg(jsonb_build_object('type', e.type, 'data', e.data)
-                                                 ORDER BY e.order_id)
-      FROM (SELECT n.order_id,
+                                                 ORDER BY e.k)
+      FROM (SELECT row_number() OVER (ORDER BY n.order_id) AS k,
                    CASE WHEN n.status = 'confirmed' THEN 'order.confirmed' ELSE 'order.cancelled' END AS type,
                    CASE WHEN n.status = 'confirmed' THEN order_event_data(n)
                         ELSE jsonb_build_object('order_id', n.order_id,
@@ -125,7 +126,7 @@ BEGIN
               FROM new_rows n JOIN old_rows o USING (order_id)
              WHERE (o.status = 'refused' AND n.status = 'confirmed')
                 OR (o.status = 'confirmed' AND n.status = 'cancelled')) e
-    HAVING count(*) > 0;
+     GROUP BY (e.k - 1) / 1000 ORDER BY (e.k - 1) / 1000;
     RETURN NULL;
 END $$;
 CREATE TRIGGER events_orders_updated AFTER UPDATE ON orders
@@ -157,15 +158,15 @@ LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO events (types, items)
     SELECT array_agg(DISTINCT e.type), jsonb_agg(jsonb_build_object('type', e.type, 'data', e.data)
-                                                 ORDER BY e.hold_id)
-      FROM (SELECT n.hold_id, 'hold.' || n.status AS type,
+                                                 ORDER BY e.k)
+      FROM (SELECT row_number() OVER (ORDER BY n.hold_id) AS k, 'hold.' || n.status AS type,
                    CASE WHEN n.status = 'confirmed'
                         THEN jsonb_build_object('hold_id', n.hold_id, 'order_id', n.order_id)
                         ELSE jsonb_build_object('hold_id', n.hold_id,
                                                 'lines', hold_event_lines(n.hold_id)) END AS data
               FROM new_rows n JOIN old_rows o USING (hold_id)
              WHERE o.status = 'held' AND n.status IN ('confirmed', 'released', 'expired')) e
-    HAVING count(*) > 0;
+     GROUP BY (e.k - 1) / 1000 ORDER BY (e.k - 1) / 1000;
     RETURN NULL;
 END $$;
 CREATE TRIGGER events_holds_updated AFTER UPDATE ON holds

@@ -241,8 +241,9 @@ pub(crate) async fn create_many(
                     SELECT '{stock.changed}', jsonb_agg(jsonb_build_object('type', 'stock.changed', \
                            'data', jsonb_build_object('product_id', product_id, \
                            'delta', available_quantity, 'available_quantity', available_quantity, \
-                           'reason', 'import')) ORDER BY product_id COLLATE \"C\") \
-                    FROM c HAVING count(*) > 0) \
+                           'reason', 'import')) ORDER BY k) \
+                    FROM (SELECT c.*, row_number() OVER (ORDER BY product_id COLLATE \"C\") AS k FROM c) c \
+                    GROUP BY (k - 1) / 1000 ORDER BY (k - 1) / 1000) \
          SELECT product_id FROM c",
     )
     .bind(ids)
@@ -303,9 +304,10 @@ pub(crate) async fn restate(
          INSERT INTO events (types, items) \
          SELECT '{stock.changed}', jsonb_agg(jsonb_build_object('type', 'stock.changed', \
                 'data', jsonb_build_object('product_id', product_id, 'delta', delta, \
-                'available_quantity', available_quantity, 'reason', 'import')) \
-                ORDER BY product_id COLLATE \"C\") \
-         FROM r WHERE delta <> 0 HAVING count(*) > 0",
+                'available_quantity', available_quantity, 'reason', 'import')) ORDER BY k) \
+         FROM (SELECT r.*, row_number() OVER (ORDER BY product_id COLLATE \"C\") AS k \
+               FROM r WHERE delta <> 0) r \
+         GROUP BY (k - 1) / 1000 ORDER BY (k - 1) / 1000",
     )
     .bind(ids)
     .bind(names)

@@ -479,3 +479,48 @@ async fn bad_feed_requests_are_400_a_user_403_and_a_purged_cursor_410() {
         cursors(&feed[1..])
     );
 }
+
+/// A statement that writes thousands of changes (an operator's bulk insert) is never refused
+/// for its events: they go in rows of at most a thousand, in order. Mutation seen failing:
+/// one row per statement (a row holds at most 65,535 events; 300,000 orders were refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_of_thousands_of_changes_writes_all_their_events_in_order() {
+    let cluster = shared_cluster();
+    let app = spawn_app(cluster).await;
+    assert_eq!(
+        app.create_product("bulk", 1, 100).await.status(),
+        StatusCode::CREATED
+    );
+    sqlx::query(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, \
+         status, idempotency_key, request_fingerprint) \
+         SELECT gen_random_uuid(), 'bulk', 'u' || i, 1, 100, 100, 'confirmed', 'k' || i, 'fp' \
+         FROM generate_series(1, 2500) i",
+    )
+    .execute(&app.primary)
+    .await
+    .unwrap();
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE 'order.confirmed' = ANY(types)")
+            .fetch_one(&app.primary)
+            .await
+            .unwrap();
+    assert_eq!(rows, 3, "2,500 events in rows of at most a thousand");
+    assert_eq!(
+        app.create_product("bulk-end", 1, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let feed = feed_through(&app, created("bulk-end")).await;
+    let orders: Vec<String> = feed
+        .iter()
+        .filter(|e| e["type"] == "order.confirmed")
+        .map(|e| e["data"]["order_id"].as_str().unwrap().to_owned())
+        .collect();
+    let mut sorted = orders.clone();
+    sorted.sort();
+    assert_eq!(orders.len(), 2500);
+    assert_eq!(
+        orders, sorted,
+        "a statement's events in the order it gave them"
+    );
+}
