@@ -23,7 +23,8 @@ CREATE TABLE events (
                                                       'hold.created', 'hold.confirmed',
                                                       'hold.released', 'hold.expired',
                                                       'stock.changed']),
-    items  jsonb       NOT NULL CHECK (jsonb_typeof(items) = 'array'),
+    -- lz4: a batch's items compress to a fifth, and lz4 costs a fraction of pglz.
+    items  jsonb       COMPRESSION lz4 NOT NULL CHECK (jsonb_typeof(items) = 'array'),
     -- How many events the row holds: a page counts rows' events without opening them.
     k      integer     GENERATED ALWAYS AS (jsonb_array_length(items)) STORED
                        CHECK (k BETWEEN 1 AND 65535),
