@@ -364,3 +364,27 @@ async fn batches_of_several_products_share_one_statement_and_keep_their_own_seat
         (0, 0)
     );
 }
+
+/// Each batch function the service calls returns `order_columns!` — every column an
+/// `Order` is read from, in that order — after its own columns: a new version of a function
+/// that drops or reorders one fails here, not in a customer's answer. Mutation seen failing:
+/// a column added to `order_columns!` that the functions do not return.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_batch_function_returns_the_order_columns_in_their_order() {
+    let pool = pool().await;
+    let want: Vec<&str> = stockgate::checkout::ORDER_COLUMNS.split(", ").collect();
+    for function in ["take_order_batch_v2", "take_order_batches_v1"] {
+        let returned: Vec<String> = sqlx::query_scalar(
+            "SELECT a.name FROM pg_proc p, \
+                    unnest(p.proargnames, p.proargmodes) WITH ORDINALITY AS a(name, mode, i) \
+             WHERE p.proname = $1 AND a.mode = 't' ORDER BY a.i",
+        )
+        .bind(function)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert!(!returned.is_empty(), "{function} is not in the schema");
+        let tail = &returned[returned.len().saturating_sub(want.len())..];
+        assert_eq!(tail, want.as_slice(), "{function} returns {returned:?}");
+    }
+}
