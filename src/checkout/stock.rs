@@ -163,10 +163,10 @@ pub(crate) async fn restock(
         "WITH u AS (UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
                     WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity, ",
         rule_columns!(),
-        "), e AS (INSERT INTO events (types, items) SELECT '{stock.changed}', jsonb_build_array(jsonb_build_object( \
-                    'type', 'stock.changed', 'data', jsonb_build_object( \
+        "), e AS (INSERT INTO events (types, items, k) SELECT '{stock.changed}', json_build_array(json_build_object( \
+                    'type', 'stock.changed', 'data', json_build_object( \
                     'product_id', product_id, 'delta', $2::int4, 'available_quantity', available_quantity, \
-                    'reason', 'restock'))) FROM u) \
+                    'reason', 'restock'))), 1 FROM u) \
          SELECT * FROM u"
     ))
     .bind(product.as_str())
@@ -205,10 +205,10 @@ pub(crate) async fn create(
                     VALUES ($1, $2, $3, $4, $4, $5, $6, $7) ON CONFLICT (product_id) DO NOTHING \
                     RETURNING product_id, name, price_cents, available_quantity, ",
         rule_columns!(),
-        "), e AS (INSERT INTO events (types, items) SELECT '{stock.changed}', jsonb_build_array(jsonb_build_object( \
-                    'type', 'stock.changed', 'data', jsonb_build_object( \
+        "), e AS (INSERT INTO events (types, items, k) SELECT '{stock.changed}', json_build_array(json_build_object( \
+                    'type', 'stock.changed', 'data', json_build_object( \
                     'product_id', product_id, 'delta', available_quantity, 'available_quantity', available_quantity, \
-                    'reason', 'create'))) FROM c) \
+                    'reason', 'create'))), 1 FROM c) \
          SELECT * FROM c"
     ))
     .bind(id.as_str())
@@ -237,11 +237,11 @@ pub(crate) async fn create_many(
                     FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
                     ORDER BY id COLLATE \"C\" \
                     ON CONFLICT (product_id) DO NOTHING RETURNING product_id, available_quantity), \
-              e AS (INSERT INTO events (types, items) \
-                    SELECT '{stock.changed}', jsonb_agg(jsonb_build_object('type', 'stock.changed', \
-                           'data', jsonb_build_object('product_id', product_id, \
+              e AS (INSERT INTO events (types, items, k) \
+                    SELECT '{stock.changed}', json_agg(json_build_object('type', 'stock.changed', \
+                           'data', json_build_object('product_id', product_id, \
                            'delta', available_quantity, 'available_quantity', available_quantity, \
-                           'reason', 'import')) ORDER BY k) \
+                           'reason', 'import')) ORDER BY k), count(*) \
                     FROM (SELECT c.*, row_number() OVER (ORDER BY product_id COLLATE \"C\") AS k FROM c) c \
                     GROUP BY (k - 1) / 1000 ORDER BY (k - 1) / 1000) \
          SELECT product_id FROM c",
@@ -301,10 +301,10 @@ pub(crate) async fn restate(
                     FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[], $6::int4[]) \
                       AS u(id, name, price, stock, stated, delta) \
                     WHERE p.product_id = u.id RETURNING p.product_id, p.available_quantity, u.delta) \
-         INSERT INTO events (types, items) \
-         SELECT '{stock.changed}', jsonb_agg(jsonb_build_object('type', 'stock.changed', \
-                'data', jsonb_build_object('product_id', product_id, 'delta', delta, \
-                'available_quantity', available_quantity, 'reason', 'import')) ORDER BY k) \
+         INSERT INTO events (types, items, k) \
+         SELECT '{stock.changed}', json_agg(json_build_object('type', 'stock.changed', \
+                'data', json_build_object('product_id', product_id, 'delta', delta, \
+                'available_quantity', available_quantity, 'reason', 'import')) ORDER BY k), count(*) \
          FROM (SELECT r.*, row_number() OVER (ORDER BY product_id COLLATE \"C\") AS k \
                FROM r WHERE delta <> 0) r \
          GROUP BY (k - 1) / 1000 ORDER BY (k - 1) / 1000",

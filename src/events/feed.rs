@@ -32,7 +32,7 @@ pub async fn read<'e>(
                     ORDER BY e.xid, e.n LIMIT greatest($3, 2)) \
          SELECT r.xid::text::int8 AS xid, r.n * 65536 + x.i AS pos, x.item->>'type' AS type, \
                 r.at, x.item->'data' AS data \
-         FROM r CROSS JOIN LATERAL jsonb_array_elements(r.items) WITH ORDINALITY AS x(item, i) \
+         FROM r CROSS JOIN LATERAL json_array_elements(r.items) WITH ORDINALITY AS x(item, i) \
          WHERE ($4::text[] IS NOT NULL OR r.before < $3) \
            AND (r.xid, r.n * 65536 + x.i) > ($1::text::xid8, $2) \
            AND ($4::text[] IS NULL OR x.item->>'type' = ANY($4)) \

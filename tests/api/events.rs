@@ -83,7 +83,7 @@ async fn a_change_that_commits_late_is_placed_after_what_was_served_where_a_naiv
     let cluster = shared_cluster();
     let app = spawn_app(cluster).await;
     let event = |tag: &'static str| {
-        sqlx::query("INSERT INTO events (types, items) VALUES ('{stock.changed}', jsonb_build_array(jsonb_build_object('type', 'stock.changed', 'data', jsonb_build_object('tag', $1::text))))")
+        sqlx::query("INSERT INTO events (types, items, k) VALUES ('{stock.changed}', json_build_array(json_build_object('type', 'stock.changed', 'data', json_build_object('tag', $1::text))), 1)")
             .bind(tag)
     };
     // The slow change takes its place (its transaction id and sequence value) first...

@@ -207,7 +207,7 @@ async fn feed_after(pool: &sqlx::PgPool, after: &str, types: &[&str]) -> Vec<(St
     let (xid, n) = parse_cursor(after);
     let rows: Vec<(i64, i64, String)> = sqlx::query_as(
         "SELECT e.xid::text::int8, e.n * 65536 + x.i, x.item->>'type' \
-         FROM events e, jsonb_array_elements(e.items) WITH ORDINALITY x(item, i) \
+         FROM events e, json_array_elements(e.items) WITH ORDINALITY x(item, i) \
          WHERE (e.xid, e.n * 65536 + x.i) > ($1::text::xid8, $2) AND x.item->>'type' = ANY($3) \
          ORDER BY e.xid, e.n, x.i",
     )

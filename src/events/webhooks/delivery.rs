@@ -428,7 +428,7 @@ impl Lease {
         let rows: Vec<(Uuid, i64)> = sqlx::query_as(
             "SELECT w.webhook_id, \
                     (SELECT count(*) FROM (SELECT 1 FROM events e, \
-                                                jsonb_array_elements(e.items) WITH ORDINALITY x(item, i) \
+                                                json_array_elements(e.items) WITH ORDINALITY x(item, i) \
                                            WHERE (e.xid, e.n) >= (w.delivered_xid, w.delivered_n / 65536) \
                                              AND (e.xid, e.n * 65536 + x.i) > (w.delivered_xid, w.delivered_n) \
                                              AND e.types && w.types \
