@@ -7,6 +7,8 @@
 //!   carries.
 //! - [`checkout`]: orders, carts, holds, cancels and restocks; the guarded UPDATE on the
 //!   primary is the only thing that takes stock, and every answer is final for its key.
+//! - [`events`]: the event feed (one order with no gaps: read below the snapshot's xmin) and
+//!   webhooks (leased, signed, retried in feed order).
 //! - [`ryw`]: the read-your-writes store (in-process or Redis), failing closed.
 //! - [`http`]: the REST API, its extractors, errors and middleware.
 //! - [`domain`]: input types parsed at the boundary.
