@@ -21,7 +21,7 @@
 //! # Where SQL lives
 //! A statement that writes a table lives with the module that owns the table:
 //! `products.available_quantity` in [`checkout::stock`] (and nowhere else, a test holds),
-//! orders, carts and holds in [`checkout`], settings and profiles in [`http::users`]. A read
+//! orders, carts and holds in [`checkout`], settings and profiles in `http/users.rs`. A read
 //! lives next to its only caller, as a string literal (column lists are macros, such as
 //! `order_columns!`, so queries stay literals). Server-side functions are versioned: a
 //! change is a new function (`take_order_batch_v2`, `take_order_batches_v1`) in a new
