@@ -66,7 +66,6 @@ for p in $(seq "$PAIRS"); do
   turn B "$B"
 done
 
-median() { grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 {
   echo
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): A = $A, B = $B"

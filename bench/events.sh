@@ -12,8 +12,10 @@
 # Prints a table (one row a turn, then the medians of each side and the ratio ON/OFF) and
 # appends it to bench/results/events-<YYYY-MM-DD>.md.
 #
-# Environment: PAIRS (default 3), BENCH_SECONDS (per turn, default 8), EV_PORT (default
-# 18290), STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (as for ./dev).
+# Environment: EV_READER=0 (no long-poll reader), PAIRS (default 3), BENCH_SECONDS (per turn,
+# default 8), EV_PORT (default 18290), STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (as for ./dev).
+# For a fresh deployment, drop and recreate the `stockgate` database first; the script
+# migrates it and says how many rows it held and whether it was ever analyzed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -94,12 +96,11 @@ for p in $(seq "$PAIRS"); do
   turn OFF
 done
 
-median() { grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 {
   echo
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): events on and off, $BIN ($(git rev-parse --short HEAD))"
   echo
-  echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, hot SKU with unique keys; one long-poll reader during ON turns; events table $(events_rows) rows at the end; load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, hot SKU with unique keys; $([ "${EV_READER:-1}" = 1 ] && echo "one long-poll reader during ON turns" || echo "no reader"); the database held $(psql "$DATABASE_URL" -Atc "SELECT count(*) FROM orders") orders and $(events_rows) event rows at the end (analyzed: $(psql "$DATABASE_URL" -Atc "SELECT coalesce(max(greatest(last_analyze, last_autoanalyze))::text, 'never') FROM pg_stat_user_tables WHERE relname IN ('orders', 'events')")); load average $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
   echo "| turn | orders/s | p50 ms | p99 ms | events written | feed lag median ms | feed lag max ms |"
   echo "| --- | --- | --- | --- | --- | --- | --- |"

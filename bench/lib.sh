@@ -59,3 +59,7 @@ bench_service_env() {
   REPLICAS="$STOCKGATE_REPLICA_URLS"
   URL="http://$STOCKGATE_LISTEN"
 }
+
+# median: the median of the numbers on stdin, one a line ("-" when there are none; other
+# lines are ignored)
+median() { grep -E '^-?[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }

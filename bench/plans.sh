@@ -94,7 +94,6 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
 base="$(awk '$1 == 0 { print $2 }' "$work/rows" | median)"
 {

@@ -175,27 +175,26 @@ fn status_of(row: &sqlx::postgres::PgRow) -> Result<WebhookStatus, sqlx::Error> 
     })
 }
 
-/// Registers a webhook that starts after the newest event a feed read could serve now: the
-/// newest whose transaction is below this statement's snapshot `xmin` (or before every event
-/// when there is none). Every transaction below that horizon has ended, so an event committed
-/// after this one has a larger transaction id and comes after the cursor in the feed: none is
-/// skipped. (Events of transactions still open now come after it too, and are delivered.)
+/// Registers a webhook that starts after the newest event a feed read could serve now
+/// ([`super::feed::newest`]: the newest whose transaction is below the snapshot's `xmin`, or
+/// before every event when there is none). Every transaction below that horizon has ended, so
+/// an event committed later has a larger transaction id and comes after the cursor in the
+/// feed: none is skipped. (Events of transactions still open come after it too.)
 pub async fn create(db: &Db, new: &NewWebhook) -> Result<Webhook, DbError> {
+    let pool = db.primary().pool()?;
+    let start = super::feed::newest(pool).await?;
     let row = sqlx::query(concat!(
-        "WITH newest AS (SELECT e.xid, e.n * 65536 + e.k AS pos FROM events e \
-                         WHERE e.xid < pg_snapshot_xmin(pg_current_snapshot()) \
-                         ORDER BY e.xid DESC, e.n DESC LIMIT 1) \
-         INSERT INTO webhooks (webhook_id, url, secret, types, delivered_xid, delivered_n) \
-         SELECT $1, $2, $3, $4, coalesce(newest.xid, '0'::xid8), coalesce(newest.pos, 0) \
-           FROM (VALUES (1)) one LEFT JOIN newest ON true \
-         RETURNING ",
+        "INSERT INTO webhooks (webhook_id, url, secret, types, delivered_xid, delivered_n) \
+         VALUES ($1, $2, $3, $4, $5::text::xid8, $6) RETURNING ",
         status_columns!()
     ))
     .bind(Uuid::now_v7())
     .bind(new.url.as_str())
     .bind(&new.secret.0)
     .bind(&new.types.0)
-    .fetch_one(db.primary().pool()?)
+    .bind(start.xid.to_string())
+    .bind(start.n)
+    .fetch_one(pool)
     .await?;
     Ok(status_of(&row)?.webhook)
 }

@@ -217,15 +217,10 @@ impl From<DbError> for ApiError {
                 "VALUE_OUT_OF_RANGE",
                 "the resulting value would be out of range",
             ),
-            DbError::Query(e) => ApiError::Internal(anyhow::Error::new(SharedError(e))),
+            DbError::Query(e) => ApiError::Internal(anyhow::Error::new(e)),
         }
     }
 }
-
-/// A driver error shared by the requests of a batch, as an error source.
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-struct SharedError(std::sync::Arc<sqlx::Error>);
 
 /// An error the database may have refused with a SQLSTATE.
 pub trait Sqlstate {
