@@ -511,15 +511,7 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
     let short = instance(Some("3000")).await;
     app.create_product("csv", 1, 100).await;
     // Far more rows than the buffers between the replica and the client hold (~40 MB).
-    sqlx::query(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, \
-         status, idempotency_key, request_fingerprint) \
-         SELECT gen_random_uuid(), 'csv', 'u' || i, 1, 100, 100, 'confirmed', 'k' || i, 'fp' \
-         FROM generate_series(1, 300000) i",
-    )
-    .execute(&app.primary)
-    .await
-    .unwrap();
+    app.insert_confirmed_orders("csv", 300_000).await;
     blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).unwrap();
     /// An export that streams from replica-1: sent again (the answer dropped unread) until
     /// the router sends it there, as it does once its monitor has seen replica-1 healthy.

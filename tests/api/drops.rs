@@ -36,14 +36,7 @@ async fn create(app: &TestApp, id: &str, stock: i64, extra: Value) -> (StatusCod
     if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
         b.extend(e.clone());
     }
-    let r = app
-        .client
-        .post(app.url("/v1/products"))
-        .bearer_auth(&app.admin)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_product(&body).await;
     (r.status(), r.json().await.unwrap_or(Value::Null))
 }
 

@@ -6,6 +6,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::Mutex;
 
@@ -150,6 +151,9 @@ async fn every_committed_change_is_one_event_and_every_live_reader_sees_a_prefix
             StatusCode::CREATED
         );
     }
+    // Whether the changes are still being made, and each reader's pages with an order's event
+    // served meanwhile: the readers must be live, not reading everything at the end.
+    let loading = Arc::new(AtomicBool::new(true));
     let readers: Vec<_> = [&a, &b]
         .into_iter()
         .map(|app| {
@@ -157,6 +161,8 @@ async fn every_committed_change_is_one_event_and_every_live_reader_sees_a_prefix
                 (app.client.clone(), app.url("/v1/events"), app.admin.clone());
             let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
             let out = seen.clone();
+            let live = Arc::new(AtomicUsize::new(0));
+            let (loading, live_out) = (loading.clone(), live.clone());
             let task = tokio::spawn(async move {
                 let mut after: Option<String> = None;
                 let marker = created("ev-marker");
@@ -171,10 +177,15 @@ async fn every_committed_change_is_one_event_and_every_live_reader_sees_a_prefix
                     let body: Value = req.send().await.unwrap().json().await.unwrap();
                     let events = body["events"].as_array().expect("a page").clone();
                     after = Some(body["next"].as_str().unwrap().to_owned());
+                    if loading.load(Ordering::SeqCst)
+                        && events.iter().any(|e| e["type"] == "order.confirmed")
+                    {
+                        live.fetch_add(1, Ordering::SeqCst);
+                    }
                     seen.lock().await.extend(events);
                 }
             });
-            (task, out)
+            (task, out, live_out)
         })
         .collect();
 
@@ -246,14 +257,19 @@ async fn every_committed_change_is_one_event_and_every_live_reader_sees_a_prefix
     for w in work {
         w.await.unwrap();
     }
+    loading.store(false, Ordering::SeqCst);
     // The last change: every change above committed before it took its place in the feed.
     assert_eq!(
         b.create_product("ev-marker", 1, 1).await.status(),
         StatusCode::CREATED
     );
     let feed = feed_through(&a, created("ev-marker")).await;
-    for (task, seen) in readers {
+    for (task, seen, live) in readers {
         task.await.unwrap();
+        assert!(
+            live.load(Ordering::SeqCst) > 0,
+            "precondition: a reader was served orders while they were being placed"
+        );
         let seen = cursors(&seen.lock().await);
         let unique: HashSet<&String> = seen.iter().collect();
         assert_eq!(
@@ -491,15 +507,7 @@ async fn a_statement_of_thousands_of_changes_writes_all_their_events_in_order() 
         app.create_product("bulk", 1, 100).await.status(),
         StatusCode::CREATED
     );
-    sqlx::query(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, \
-         status, idempotency_key, request_fingerprint) \
-         SELECT gen_random_uuid(), 'bulk', 'u' || i, 1, 100, 100, 'confirmed', 'k' || i, 'fp' \
-         FROM generate_series(1, 2500) i",
-    )
-    .execute(&app.primary)
-    .await
-    .unwrap();
+    app.insert_confirmed_orders("bulk", 2500).await;
     let rows: i64 =
         sqlx::query_scalar("SELECT count(*) FROM events WHERE 'order.confirmed' = ANY(types)")
             .fetch_one(&app.primary)

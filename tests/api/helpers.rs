@@ -228,13 +228,35 @@ impl TestApp {
     }
 
     pub async fn create_product(&self, id: &str, stock: i64, price: i64) -> Response {
+        self.post_product(&json!({"product_id": id, "name": format!("Product {id}"), "price_cents": price, "available_quantity": stock}))
+            .await
+    }
+
+    /// `POST /v1/products` with `body`, as the admin.
+    pub async fn post_product(&self, body: &Value) -> Response {
         self.client
             .post(self.url("/v1/products"))
             .bearer_auth(&self.admin)
-            .json(&json!({"product_id": id, "name": format!("Product {id}"), "price_cents": price, "available_quantity": stock}))
+            .json(body)
             .send()
             .await
             .unwrap()
+    }
+
+    /// `n` confirmed single-line orders of one unit of `product`, written in one statement
+    /// straight into the primary (an operator's bulk insert; no stock is taken).
+    pub async fn insert_confirmed_orders(&self, product: &str, n: i32) {
+        sqlx::query(
+            "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, \
+             status, idempotency_key, request_fingerprint) \
+             SELECT gen_random_uuid(), $1, 'u' || i, 1, 100, 100, 'confirmed', 'k' || i, 'fp' \
+             FROM generate_series(1, $2) i",
+        )
+        .bind(product)
+        .bind(n)
+        .execute(&self.primary)
+        .await
+        .unwrap();
     }
 
     pub async fn restock(&self, id: &str, quantity: i64) -> Response {

@@ -334,17 +334,12 @@ async fn the_shop_page_counts_down_to_a_drop_states_its_limit_and_its_end() {
             .await
             .unwrap();
     let r = app
-        .client
-        .post(app.url("/v1/products"))
-        .bearer_auth(&app.admin)
-        .json(
+        .post_product(
             &serde_json::json!({"product_id": product, "name": "Drop", "price_cents": 100,
             "available_quantity": 10, "max_per_customer": 1,
             "sale_starts_at": starts.to_rfc3339(), "sale_ends_at": ends.to_rfc3339()}),
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let patch = |rules: serde_json::Value| {
         let app = &app;

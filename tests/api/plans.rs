@@ -83,14 +83,7 @@ async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statist
     // Limited products: every batch, cart and hold on them counts its users' units
     // (`customer_units`), which must probe indexes too.
     let limited = json!({"product_id": "plan-lim", "name": "limited", "price_cents": 100, "available_quantity": 100_000, "max_per_customer": 2});
-    let r = app
-        .client
-        .post(app.url("/v1/products"))
-        .bearer_auth(&app.admin)
-        .json(&limited)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_product(&limited).await;
     assert_eq!(r.status(), StatusCode::CREATED);
     for i in 0..20 {
         let r = app

@@ -95,14 +95,7 @@ async fn create_products(app: &TestApp, lead: Duration) -> BTreeMap<String, i64>
         if p == WINDOWED {
             body["sale_starts_at"] = json!(starts.to_rfc3339());
         }
-        let r = app
-            .client
-            .post(app.url("/v1/products"))
-            .bearer_auth(&app.admin)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = app.post_product(&body).await;
         assert_eq!(r.status(), 201, "creating {p}");
         let made: Value = r.json().await.unwrap();
         assert_eq!(made["max_per_customer"], json!(limit), "{made}");
