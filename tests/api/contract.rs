@@ -510,8 +510,10 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
     let app = instance(None).await;
     let short = instance(Some("3000")).await;
     app.create_product("csv", 1, 100).await;
-    // Far more rows than the buffers between the replica and the client hold (~40 MB).
-    app.insert_confirmed_orders("csv", 300_000).await;
+    // Far more rows than the buffers between the replica and the client hold (~40 MB): an
+    // export of ~56 MB (300,000 rows, 28 MB, once streamed whole before a loaded machine's
+    // cut took effect).
+    app.insert_confirmed_orders("csv", 600_000).await;
     blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).unwrap();
     /// An export that streams from replica-1: sent again (the answer dropped unread) until
     /// the router sends it there, as it does once its monitor has seen replica-1 healthy.
