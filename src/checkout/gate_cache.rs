@@ -177,6 +177,18 @@ impl GateCache {
         }
     }
 
+    /// Whether this cache last saw `product` short of `quantity`, however long ago: a fresh
+    /// answer, or an expired one (kept until memory is bounded), that said fewer units. Not
+    /// for a product it never saw, saw with enough stock, or that was reopened since.
+    pub fn last_seen_short(&self, product: &ProductId, quantity: i32) -> bool {
+        self.maps()
+            .slots
+            .get(product)
+            .and_then(|s| s.get())
+            .and_then(|a| a.available)
+            .is_some_and(|available| available < quantity)
+    }
+
     /// Forgets `product` and pins its floor at `lsn` (its stock went up here, up to that
     /// position: the next gate read must see that).
     pub fn reopen(&self, product: &ProductId, lsn: Lsn) {
