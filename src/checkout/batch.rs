@@ -90,8 +90,9 @@ pub(super) async fn run(
 }
 
 /// Runs the batches of several products (each once) as one statement, one transaction, one
-/// commit: `take_order_batches_v1`, which runs `take_order_batch_v2` for each product in byte
-/// order. Every batch's answer, in `jobs`' order, or the statement's failure for all of them
+/// commit: `take_order_batches_v2`, which locks every product row in byte order, seats the
+/// products whose whole batch fits (no limit or window to judge) together, and runs
+/// `take_order_batch_v2` for the others. Every batch's answer, in `jobs`' order, or the statement's failure for all of them
 /// (an error anywhere rolls every batch back).
 pub(super) async fn run_many(
     db: &Db,
@@ -121,7 +122,7 @@ pub(super) async fn run_many(
         ends.push(i32::try_from(users.len()).unwrap_or(i32::MAX));
     }
     let ids: Vec<Uuid> = (0..total).map(|_| super::order::new_row_id()).collect();
-    let statement = sqlx::query("SELECT * FROM take_order_batches_v1($1, $2, $3, $4, $5, $6, $7)")
+    let statement = sqlx::query("SELECT * FROM take_order_batches_v2($1, $2, $3, $4, $5, $6, $7)")
         .bind(&products)
         .bind(&ends)
         .bind(&ids)

@@ -1,4 +1,5 @@
-//! The order batch's one statement, `take_order_batch_v2`, called directly on a real primary:
+//! The order batch's statements, `take_order_batch_v2` (one product) and
+//! `take_order_batches_v2` (several), called directly on a real primary:
 //! first-fit seats in arrival order, keys that already hold something, repeats inside a
 //! batch, and a key claimed by a concurrent transaction while the batch waits for it.
 
@@ -295,73 +296,167 @@ async fn a_batch_seats_each_users_requests_against_their_allowance_first_fit() {
     }
 }
 
-/// The batches of several products in one statement (`take_order_batches_v1`): each product's
-/// requests are seated against its own row exactly as its own batch would be, and they all
-/// commit together; products out of byte order are refused whole (nothing written), so no two
-/// such statements can lock rows in opposite orders. Mutation seen failing it: slicing each
-/// product's requests from 1 (every product got the first product's requests).
+/// Calls `take_order_batches_v2` as the service does: `batches` in the order given, each
+/// `(product, requests)`. Its rows as (product, n, status, the row's product, ours).
+async fn take_many<'e>(
+    exec: impl sqlx::PgExecutor<'e>,
+    batches: &[(&str, &[Req<'_>])],
+) -> Result<Vec<(String, i64, String, Option<String>, bool)>, sqlx::Error> {
+    let all: Vec<(&str, &Req)> = batches
+        .iter()
+        .flat_map(|(p, reqs)| reqs.iter().map(move |r| (*p, r)))
+        .collect();
+    let ids: Vec<Uuid> = all.iter().map(|_| Uuid::new_v4()).collect();
+    let products: Vec<&str> = batches.iter().map(|b| b.0).collect();
+    let ends: Vec<i32> = batches
+        .iter()
+        .scan(0, |end, b| {
+            *end += b.1.len() as i32;
+            Some(*end)
+        })
+        .collect();
+    let rows = sqlx::query("SELECT * FROM take_order_batches_v2($1, $2, $3, $4, $5, $6, $7)")
+        .bind(&products)
+        .bind(&ends)
+        .bind(&ids)
+        .bind(all.iter().map(|(_, r)| r.0).collect::<Vec<_>>())
+        .bind(all.iter().map(|(_, r)| r.1).collect::<Vec<_>>())
+        .bind(all.iter().map(|(_, r)| r.2).collect::<Vec<_>>())
+        .bind(
+            all.iter()
+                .map(|(p, r)| format!("{p}:{}", r.2))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(exec)
+        .await?;
+    let mut got: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            let product: String = r.get("batch_product");
+            let n: i64 = r.get("n");
+            let first = ends[products.iter().position(|p| *p == product).unwrap()] as usize
+                - batches.iter().find(|b| b.0 == product).unwrap().1.len();
+            let ours = r.get::<Option<Uuid>, _>("order_id") == Some(ids[first + n as usize - 1]);
+            (product, n, r.get("status"), r.get("product_id"), ours)
+        })
+        .collect();
+    got.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    Ok(got)
+}
+
+/// The batches of several products in one statement (`take_order_batches_v2`, the one the
+/// service calls): products whose whole batch fits and that have no limit or window to judge
+/// are seated together (one insert, one guarded update for all), the others by their own
+/// batch's first fit, all in one commit; a repeated key takes one seat, a key that holds an
+/// order already takes nothing, a missing product returns no rows; products out of byte
+/// order are refused whole (nothing written), so no two such statements lock rows in
+/// opposite orders. Mutations seen failing it: every product through the set-based path (A's
+/// second request confirmed past its stock: the guard raised); the guarded update taking each
+/// product's requested units rather than the rows inserted (c left 91, not 94).
 #[tokio::test(flavor = "multi_thread")]
 async fn batches_of_several_products_share_one_statement_and_keep_their_own_seats() {
     let pool = pool().await;
     product(&pool, "A", 1).await;
     product(&pool, "b", 2).await;
-    let ids: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
-    let users = ["u1", "u2", "u3", "u4", "u5"];
-    let keys = ["k"; 5];
-    let qty = [1; 5];
-    let fps = ["A:1", "A:1", "b:1", "b:1", "b:1"];
-    let call = |products: Vec<&'static str>, ends: Vec<i32>| {
-        sqlx::query("SELECT * FROM take_order_batches_v1($1, $2, $3, $4, $5, $6, $7)")
-            .bind(products)
-            .bind(ends)
-            .bind(ids.clone())
-            .bind(users)
-            .bind(keys)
-            .bind(qty)
-            .bind(fps)
-    };
+    product(&pool, "c", 100).await;
+    // An earlier order of u9's key "old" (a retry of it comes in the batch).
+    let earlier = take(&pool, "c", &[("u9", "old", 1)]).await.unwrap();
+    assert_eq!(earlier.held, vec![ours("confirmed", "c")]);
+    let a: &[Req] = &[("u1", "k", 1), ("u2", "k", 1)];
+    let b: &[Req] = &[("u3", "k", 1), ("u4", "k", 1), ("u5", "k", 1)];
+    let c: &[Req] = &[
+        ("u6", "k", 2),
+        ("u7", "k", 3),
+        ("u6", "k", 2),
+        ("u9", "old", 1),
+    ];
+    let gone: &[Req] = &[("u8", "k", 1)];
     // "b" before "A" is not byte order ("A" < "b"): refused, nothing written.
-    assert!(
-        call(vec!["b", "A"], vec![3, 5])
-            .fetch_all(&pool)
-            .await
-            .is_err()
-    );
+    assert!(take_many(&pool, &[("b", b), ("A", a)]).await.is_err());
     assert_eq!(rows_of(&pool, "u1").await + rows_of(&pool, "u3").await, 0);
-    let rows = call(vec!["A", "b"], vec![2, 5])
-        .fetch_all(&pool)
+
+    let got = take_many(&pool, &[("A", a), ("b", b), ("c", c), ("zz", gone)])
         .await
         .unwrap();
-    let got: Vec<(String, i64, String, Option<String>)> = rows
-        .iter()
-        .map(|r| {
-            (
-                r.get("batch_product"),
-                r.get("n"),
-                r.get("status"),
-                r.get("product_id"),
-            )
-        })
-        .collect();
-    let want = [
-        ("A", 1, "confirmed"),
-        ("A", 2, "refused"),
-        ("b", 1, "confirmed"),
-        ("b", 2, "confirmed"),
-        ("b", 3, "refused"),
-    ];
-    assert_eq!(got.len(), want.len(), "{got:?}");
-    for ((p, n, status, product), (wp, wn, ws)) in got.iter().zip(want) {
-        assert_eq!((p.as_str(), *n, status.as_str()), (wp, wn, ws), "{got:?}");
-        assert_eq!(
-            product.as_deref(),
-            Some(wp),
-            "each row is its own product's"
-        );
-    }
+    let row = |p: &str, n, status: &str, ours| {
+        (p.to_owned(), n, status.to_owned(), Some(p.to_owned()), ours)
+    };
     assert_eq!(
-        (stock_on(&pool, "A").await, stock_on(&pool, "b").await),
-        (0, 0)
+        got,
+        vec![
+            row("A", 1, "confirmed", true),
+            row("A", 2, "refused", true),
+            row("b", 1, "confirmed", true),
+            row("b", 2, "confirmed", true),
+            row("b", 3, "refused", true),
+            row("c", 1, "confirmed", true),
+            row("c", 2, "confirmed", true),
+            // The repeat of u6's key is answered from the row its first request wrote.
+            row("c", 3, "confirmed", false),
+            // The retry of u9's earlier order takes nothing and finds it.
+            row("c", 4, "confirmed", false),
+        ],
+        "no rows for the missing product zz"
+    );
+    assert_eq!(
+        (
+            stock_on(&pool, "A").await,
+            stock_on(&pool, "b").await,
+            stock_on(&pool, "c").await
+        ),
+        (0, 0, 100 - 1 - 5)
+    );
+}
+
+/// A key that another transaction claims while the set-based path's insert waits for it
+/// takes nothing: the guarded update takes the units of the rows the statement inserted, not
+/// of the requests it was given. Mutation seen failing: the update by the requests' total
+/// (c's stock 7, not 9, and two units sold that no order holds).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_claimed_while_the_set_based_batch_waits_takes_no_stock() {
+    let pool = pool().await;
+    product(&pool, "c", 10).await;
+    product(&pool, "d", 10).await;
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         VALUES ($1, 'c', 'a', 2, 0, 0, 'refused', '1', 'c:2')",
+    )
+    .bind(Uuid::new_v4())
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let batch = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let c: &[Req] = &[("a", "1", 2), ("b", "1", 1)];
+            let d: &[Req] = &[("e", "1", 1)];
+            take_many(&pool, &[("c", c), ("d", d)]).await
+        })
+    };
+    wait_for(
+        "the batch to wait on the claimed key",
+        Duration::from_secs(10),
+        || async { batches_waiting_on(&pool, "Lock").await == 1 },
+    )
+    .await;
+    other.commit().await.unwrap();
+    let got = batch.await.unwrap().unwrap();
+    let statuses: Vec<(&str, i64, &str, bool)> = got
+        .iter()
+        .map(|(p, n, s, _, ours)| (p.as_str(), *n, s.as_str(), *ours))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("c", 1, "refused", false),
+            ("c", 2, "confirmed", true),
+            ("d", 1, "confirmed", true)
+        ]
+    );
+    assert_eq!(
+        (stock_on(&pool, "c").await, stock_on(&pool, "d").await),
+        (9, 9)
     );
 }
 
@@ -373,7 +468,7 @@ async fn batches_of_several_products_share_one_statement_and_keep_their_own_seat
 async fn each_batch_function_returns_the_order_columns_in_their_order() {
     let pool = pool().await;
     let want: Vec<&str> = stockgate::checkout::ORDER_COLUMNS.split(", ").collect();
-    for function in ["take_order_batch_v2", "take_order_batches_v1"] {
+    for function in ["take_order_batch_v2", "take_order_batches_v2"] {
         let returned: Vec<String> = sqlx::query_scalar(
             "SELECT a.name FROM pg_proc p, \
                     unnest(p.proargnames, p.proargmodes) WITH ORDINALITY AS a(name, mode, i) \

@@ -1,0 +1,184 @@
+-- Order batches of several products, set-based (issue #31, a normal day's shape). Version 1
+-- (migration 20261202000006) ran `take_order_batch_v2` once per product: five statements, each
+-- with its executor start and its own insert (and events row), for what is one order in most
+-- batches when orders are spread over many products. Here every product whose whole batch can
+-- be seated without judgment — no per-customer limit, on sale now, and stock for every request
+-- of the batch — is seated by three statements for all of them together: one lock of every
+-- row, one INSERT of every order, one guarded UPDATE of every product. The other products (a
+-- limit to count, a window to judge, or stock short of the batch: first-fit seating in arrival
+-- order) still run `take_order_batch_v2`, one by one, in the same transaction.
+--
+-- Nothing about correctness changes:
+--  * every product row is locked first, in byte order (`COLLATE "C"`, the one lock order every
+--    transaction here shares), before anything is judged or written;
+--  * every key is claimed by the INSERT's `ON CONFLICT DO NOTHING` (keys in (user, key) byte
+--    order, as in every batch): a key that holds a row already, or that another transaction
+--    claims first, takes nothing, and its request is answered from what the key holds;
+--  * the stock is taken by ONE guarded `UPDATE … WHERE available_quantity >= total` per
+--    product, of exactly the units of the rows this statement inserted; a guard that changes
+--    no row raises, and nothing commits;
+--  * every product returns the rows version 1 returned, after its name, `n` counting within
+--    its own batch; a product that does not exist returns none.
+CREATE FUNCTION take_order_batches_v2(
+    p_products text[],
+    p_ends     integer[],
+    p_ids      uuid[],
+    p_users    text[],
+    p_keys     text[],
+    p_qty      integer[],
+    p_fps      text[]
+) RETURNS TABLE (
+    batch_product       text,
+    n                   bigint,
+    found               integer,
+    left_after          integer,
+    lock_wait_us        bigint,
+    starts_in_ms        bigint,
+    sale_starts_at      timestamptz,
+    sale_ends_at        timestamptz,
+    idempotency_key     text,
+    request_fingerprint text,
+    refusal             jsonb,
+    order_id            uuid,
+    product_id          text,
+    quantity            integer,
+    user_id             text,
+    status              text,
+    total_cents         bigint,
+    created_at          timestamptz,
+    cancelled_at        timestamptz,
+    unit_price_cents    integer
+)
+LANGUAGE plpgsql
+-- As take_order_batch_v2: plans that cannot scan `orders` or `products`, statistics or none.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    t0        timestamptz := clock_timestamp();
+    v_now     timestamptz;
+    v_wait    bigint;
+    -- Each product's first request (its last is p_ends[i]).
+    v_lo      integer[];
+    -- The rows found, in byte order, as locked.
+    v_locked  text[];
+    v_stock   integer[];
+    v_price   integer[];
+    v_starts  timestamptz[];
+    v_ends    timestamptz[];
+    -- Products seated here together, and products run through take_order_batch_v2.
+    v_whole   text[];
+    v_one     text[];
+    -- What the guarded UPDATE left, per product it changed.
+    v_took    integer;
+    v_changed integer;
+    v_left_of text[];
+    v_left    integer[];
+BEGIN
+    FOR i IN 2 .. cardinality(p_products) LOOP
+        IF (p_products[i - 1] COLLATE "C") >= (p_products[i] COLLATE "C") THEN
+            RAISE EXCEPTION 'products must come once each, in byte order'
+                USING ERRCODE = 'XX000';
+        END IF;
+    END LOOP;
+    v_lo := array_prepend(1, (SELECT array_agg(e + 1 ORDER BY i)
+                                FROM unnest(p_ends[1:cardinality(p_ends) - 1]) WITH ORDINALITY AS x(e, i)));
+
+    SELECT array_agg(l.product_id ORDER BY l.product_id COLLATE "C"),
+           array_agg(l.available_quantity ORDER BY l.product_id COLLATE "C"),
+           array_agg(l.price_cents ORDER BY l.product_id COLLATE "C"),
+           array_agg(l.sale_starts_at ORDER BY l.product_id COLLATE "C"),
+           array_agg(l.sale_ends_at ORDER BY l.product_id COLLATE "C"),
+           array_agg(l.product_id) FILTER (WHERE l.max_per_customer IS NULL
+                                             AND l.available_quantity >= l.wanted)
+      INTO v_locked, v_stock, v_price, v_starts, v_ends, v_whole
+      FROM (SELECT p.product_id, p.available_quantity, p.price_cents, p.sale_starts_at,
+                   p.sale_ends_at, p.max_per_customer,
+                   (SELECT sum(q) FROM unnest(p_qty[b.lo:b.hi]) AS q) AS wanted
+              FROM unnest(p_products, v_lo, p_ends) AS b(product, lo, hi)
+              JOIN products p ON p.product_id = b.product
+             ORDER BY p.product_id COLLATE "C"
+               FOR NO KEY UPDATE OF p) AS l;
+    IF v_locked IS NULL THEN
+        RETURN;
+    END IF;
+    v_now := clock_timestamp();
+    v_wait := (extract(epoch FROM v_now - t0) * 1e6)::bigint;
+    -- The window is judged after the lock, on this primary's clock.
+    SELECT array_agg(w.product_id) FILTER (WHERE (w.starts IS NULL OR v_now >= w.starts)
+                                            AND (w.ends IS NULL OR v_now < w.ends))
+      INTO v_whole
+      FROM unnest(v_locked, v_starts, v_ends) AS w(product_id, starts, ends)
+     WHERE w.product_id = ANY (v_whole);
+    SELECT array_agg(x) INTO v_one FROM unnest(v_locked) AS x
+     WHERE v_whole IS NULL OR NOT (x = ANY (v_whole));
+
+    IF v_whole IS NOT NULL THEN
+        WITH r AS (
+            SELECT DISTINCT ON (u.usr, u.key) u.id, b.product, u.usr, u.key, u.qty, u.fp
+              FROM unnest(p_products, v_lo, p_ends) AS b(product, lo, hi)
+             CROSS JOIN LATERAL unnest(p_ids[b.lo:b.hi], p_users[b.lo:b.hi], p_keys[b.lo:b.hi],
+                                       p_qty[b.lo:b.hi], p_fps[b.lo:b.hi])
+                   WITH ORDINALITY AS u(id, usr, key, qty, fp, n)
+             WHERE b.product = ANY (v_whole)
+             ORDER BY u.usr, u.key, b.lo, u.n
+        ), ins AS (
+            INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents,
+                                total_cents, status, idempotency_key, request_fingerprint)
+            SELECT r.id, r.product, r.usr, r.qty, l.price, l.price::bigint * r.qty, 'confirmed',
+                   r.key, r.fp
+              FROM r JOIN unnest(v_locked, v_price) AS l(product_id, price)
+                     ON l.product_id = r.product
+             ORDER BY r.usr COLLATE "C", r.key COLLATE "C"
+            ON CONFLICT ON CONSTRAINT orders_user_idempotency_key DO NOTHING
+            RETURNING orders.product_id AS product, orders.quantity AS q
+        ), t AS (
+            SELECT ins.product, sum(ins.q)::integer AS total FROM ins GROUP BY ins.product
+        ), upd AS (
+            UPDATE products p
+               SET available_quantity = p.available_quantity - t.total,
+                   updated_at = clock_timestamp()
+              FROM t
+             WHERE p.product_id = t.product AND p.available_quantity >= t.total
+            RETURNING p.product_id, p.available_quantity
+        )
+        SELECT (SELECT count(*) FROM t), count(*), array_agg(upd.product_id),
+               array_agg(upd.available_quantity)
+          INTO v_took, v_changed, v_left_of, v_left
+          FROM upd;
+        IF v_changed <> v_took THEN
+            RAISE EXCEPTION 'the guarded stock update changed no row; the batch was rolled back'
+                USING ERRCODE = 'XX000';
+        END IF;
+
+        RETURN QUERY
+            SELECT b.product, u.n, l.stock, coalesce(f.left_after, l.stock), v_wait,
+                   NULL::bigint, l.starts, l.ends, o.idempotency_key, o.request_fingerprint,
+                   o.refusal, o.order_id, o.product_id, o.quantity, o.user_id, o.status,
+                   o.total_cents, o.created_at, o.cancelled_at, o.unit_price_cents
+              FROM unnest(p_products, v_lo, p_ends) WITH ORDINALITY AS b(product, lo, hi, j)
+              JOIN unnest(v_locked, v_stock, v_starts, v_ends) AS l(product_id, stock, starts, ends)
+                ON l.product_id = b.product
+              LEFT JOIN unnest(v_left_of, v_left) AS f(product_id, left_after)
+                ON f.product_id = b.product
+             CROSS JOIN LATERAL unnest(p_users[b.lo:b.hi], p_keys[b.lo:b.hi])
+                   WITH ORDINALITY AS u(usr, key, n)
+              LEFT JOIN orders o ON o.user_id = u.usr AND o.idempotency_key = u.key
+             WHERE b.product = ANY (v_whole)
+             ORDER BY b.j, u.n;
+    END IF;
+
+    IF v_one IS NOT NULL THEN
+        FOR i IN 1 .. cardinality(p_products) LOOP
+            CONTINUE WHEN NOT (p_products[i] = ANY (v_one));
+            RETURN QUERY
+                SELECT p_products[i], t.*
+                  FROM take_order_batch_v2(p_products[i], p_ids[v_lo[i]:p_ends[i]],
+                                           p_users[v_lo[i]:p_ends[i]], p_keys[v_lo[i]:p_ends[i]],
+                                           p_qty[v_lo[i]:p_ends[i]], p_fps[v_lo[i]:p_ends[i]]) AS t;
+        END LOOP;
+    END IF;
+END
+$$;
