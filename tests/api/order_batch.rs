@@ -352,7 +352,7 @@ async fn take_many<'e>(
 /// order are refused whole (nothing written), so no two such statements lock rows in
 /// opposite orders. Mutations seen failing it: every product through the set-based path (A's
 /// second request confirmed past its stock: the guard raised); the guarded update taking each
-/// product's requested units rather than the rows inserted (c left 91, not 94).
+/// product's requested units rather than the rows inserted (c left 93, not 94).
 #[tokio::test(flavor = "multi_thread")]
 async fn batches_of_several_products_share_one_statement_and_keep_their_own_seats() {
     let pool = pool().await;
