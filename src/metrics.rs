@@ -101,6 +101,9 @@ metrics! {
     /// One batch's transaction on the primary, from sending it to its commit's answer.
     order_batch_seconds: Histogram("order_batch_seconds", "Time of one order batch's transaction on the primary (statement and commit)", buckets ORDER_STAGE_BUCKETS);
     order_transactions: IntCounter("order_transactions_total", "Primary transactions run to place orders");
+    /// Batches rerun after losing a lock race (a deadlock or a serialization failure): rare by
+    /// design, and never hidden.
+    order_batch_reruns: IntCounterVec("order_batch_reruns_total", "Order batches rerun after a deadlock or serialization failure (nothing of the first run was written)", ["sqlstate"]);
     order_queue_depth: IntGauge("order_queue_depth", "Orders waiting for their product's next batch");
     /// Holds taken, confirmed, released, expired.
     holds: IntCounterVec("holds_total", "Holds by event: taken, confirmed, released, expired", ["event"]);

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# bench/scale.sh — one hot product on a fresh deployment: one, two and four instances at the
+# same total connections, and pgbench's best on the same row, side by side in every round.
+#
+# Each round makes a database of its own on the dev cluster (./dev up, or the cluster up, must
+# have run), migrated and never analyzed (autovacuum off on its tables), with one product of
+# 10^8 units. Then, in an order that rotates from round to round:
+#   - pgbench -j2 at -c8, -c32, -c64 (best): the guarded UPDATE … WHERE available_quantity >= 1
+#     of that row, the order's INSERT, COMMIT;
+#   - 1, 2 and 4 `stockgate serve` instances (same binary, database and replicas), loaded by
+#     one `wrk -t1` per instance with 64 / N connections each (64 in total); every request a
+#     new buyer and key (bench/wrk/orders.lua).
+# Prints per round orders/s and p99 (the worst instance's) for each count, pgbench's best, and
+# the ratios 2 ÷ 1, 4 ÷ 1 and 1 ÷ pgbench; then medians with min–max; appends it all to
+# bench/results/scale-<date>.md.
+#
+# Environment: ROUNDS (3), BENCH_SECONDS (per run, 8), SCALE_PORT (first port, 18400),
+# STOCKGATE_BIN (target/release/stockgate), SCALE_NOTE (a line for the file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+
+ROUNDS="${ROUNDS:-3}"
+SECS="${BENCH_SECONDS:-8}"
+PORT="${SCALE_PORT:-18400}"
+BIN="${STOCKGATE_BIN:-target/release/stockgate}"
+command -v wrk >/dev/null || { echo "scale.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
+command -v pgbench >/dev/null || { echo "scale.sh: pgbench is missing (postgresql-contrib)" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "scale.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
+
+bench_service_env "$PORT"
+stamp="$(date -u +%H%M%S)"
+work="$(mktemp -d)"
+pids=()
+stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
+trap 'stop_all; rm -rf "$work"' EXIT
+
+cat >"$work/order.sql" <<'SQL'
+BEGIN;
+UPDATE products SET available_quantity = available_quantity - 1, updated_at = clock_timestamp()
+ WHERE product_id = 'hot' AND available_quantity >= 1;
+INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint)
+ VALUES (gen_random_uuid(), 'hot', 'pgb-' || :client_id, 1, 100, 100, 'confirmed', md5(random()::text), 'hot:1');
+COMMIT;
+SQL
+
+fresh() {
+  local db="scale_${stamp}_$1"
+  psql "$BASE_URL/postgres" -qc "CREATE DATABASE $db" >/dev/null
+  DATABASE_URL="$BASE_URL/$db" "$BIN" migrate >/dev/null
+  psql "$BASE_URL/$db" -q >/dev/null <<SQL
+DO \$\$ DECLARE t text; BEGIN
+  FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' LOOP
+    EXECUTE format('ALTER TABLE %I SET (autovacuum_enabled = off)', t);
+  END LOOP;
+END \$\$;
+INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
+  VALUES ('hot', 'the hot one', 100, 100000000, 100000000);
+SQL
+  echo "$db"
+}
+
+pgbench_best() {
+  local best=0 c tps
+  for c in 8 32 64; do
+    tps="$(pgbench -n -j2 -c"$c" -T"$SECS" -f "$work/order.sql" "$BASE_URL/$1" 2>/dev/null | awk '/^tps/ { print int($3) }')"
+    [ "${tps:-0}" -le "$best" ] || best="$tps"
+  done
+  echo "$best"
+}
+
+# instances DB N: orders/s of N instances at 64/N connections each, and the worst p99 (ms)
+instances() {
+  local db="$1" n="$2" i
+  for i in $(seq 0 $((n - 1))); do
+    DATABASE_URL="$BASE_URL/$db" STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$db")" \
+      STOCKGATE_LISTEN="127.0.0.1:$((PORT + i))" "$BIN" serve >"$work/serve-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in $(seq 0 $((n - 1))); do
+    wait_healthy "http://127.0.0.1:$((PORT + i))" || { cat "$work/serve-$i.log" >&2; exit 1; }
+  done
+  local loads=()
+  for i in $(seq 0 $((n - 1))); do
+    wrk -t1 -c$((64 / n)) -d"${SECS}s" --latency -s bench/wrk/orders.lua \
+      "http://127.0.0.1:$((PORT + i))" -- "$ADMIN" hot >"$work/wrk-$n-$i.txt" &
+    loads+=($!)
+  done
+  wait "${loads[@]}"
+  stop_all
+  local p99=0 f v
+  for f in "$work"/wrk-"$n"-*.txt; do
+    v="$(wrk_ms "$f" 99%)"
+    p99="$(LC_ALL=C awk -v a="$p99" -v b="$v" 'BEGIN { print (b > a ? b : a) }')"
+  done
+  cat "$work"/wrk-"$n"-*.txt | LC_ALL=C awk -v s="$SECS" -v p="$p99" '/^status 201:/ { ok += $3 } END { printf "%.0f %.2f\n", ok / s, p }'
+  rm -f "$work"/wrk-"$n"-*.txt
+}
+
+for r in $(seq "$ROUNDS"); do
+  db="$(fresh "$r")"
+  declare -A got=()
+  steps=(pgb 1 2 4)
+  for k in $(seq 0 3); do
+    s="${steps[$(( (k + r - 1) % 4 ))]}"
+    if [ "$s" = pgb ]; then got[pgb]="$(pgbench_best "$db")"; else got[$s]="$(instances "$db" "$s")"; fi
+  done
+  echo "$r ${got[1]} ${got[2]} ${got[4]} ${got[pgb]}" | LC_ALL=C awk '{
+      printf "%s %s %s %s %s %s %s %s %.2f %.2f %.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $4 / $2, $6 / $2, $2 / $8 }' \
+    | tee -a "$work/rows" >&2
+  psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
+done
+
+range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
+col() { awk -v c="$1" '{ print $c }' "$work/rows"; }
+{
+  echo
+  echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): $BIN, one hot product, a new never-analyzed database per round"
+  [ -z "${SCALE_NOTE:-}" ] || echo "$SCALE_NOTE"
+  echo
+  echo "64 connections in total (wrk -t1 per instance), pgbench -j2 at -c8/-c32/-c64 (best), ${SECS} s each, $ROUNDS rounds, order rotating; load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+  echo "| round | 1 instance orders/s | p99 ms | 2 instances | p99 ms | 4 instances | p99 ms | pgbench best tps | 2 ÷ 1 | 4 ÷ 1 | 1 ÷ pgbench |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  awk '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 }' "$work/rows"
+  echo
+  printf '**Median:** 1 instance %s orders/s (%s), p99 %s ms; 2 ÷ 1 %s (%s); 4 ÷ 1 %s (%s); 1 ÷ pgbench %s (%s).\n' \
+    "$(col 2 | median)" "$(col 2 | range)" "$(col 3 | median)" "$(col 9 | median)" "$(col 9 | range)" \
+    "$(col 10 | median)" "$(col 10 | range)" "$(col 11 | median)" "$(col 11 | range)"
+} | tee -a "bench/results/scale-$(date -u +%F).md"
