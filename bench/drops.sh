@@ -42,14 +42,8 @@ trap cleanup EXIT
 # fresh ROUND: a new database, migrated, never analyzed, with the three products
 fresh() {
   local db="drops_${stamp}_$1"
-  psql "$BASE_URL/postgres" -qc "CREATE DATABASE $db" >/dev/null
-  DATABASE_URL="$BASE_URL/$db" "$BIN" migrate >/dev/null
+  new_unanalyzed_db "$db"
   psql "$BASE_URL/$db" -q >/dev/null <<SQL
-DO \$\$ DECLARE t text; BEGIN
-  FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' LOOP
-    EXECUTE format('ALTER TABLE %I SET (autovacuum_enabled = off)', t);
-  END LOOP;
-END \$\$;
 INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer, sale_starts_at)
   VALUES ('drops-free', 'no rules', 100, 2000000000, 2000000000, NULL, NULL),
          ('drops-lim', 'limit 2', 100, 2000000000, 2000000000, 2, NULL),

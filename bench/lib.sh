@@ -63,3 +63,18 @@ bench_service_env() {
 # median: the median of the numbers on stdin, one a line ("-" when there are none; other
 # lines are ignored)
 median() { grep -E '^-?[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# new_unanalyzed_db DB: creates database DB on the dev cluster ($BASE_URL), migrates it with
+# $BIN, and turns autovacuum off on every table, so it stays as a new deployment's: never
+# analyzed (bench_service_env must have run)
+new_unanalyzed_db() {
+  psql "$BASE_URL/postgres" -qc "CREATE DATABASE $1" >/dev/null
+  DATABASE_URL="$BASE_URL/$1" "$BIN" migrate >/dev/null
+  psql "$BASE_URL/$1" -q >/dev/null <<'SQL'
+DO $$ DECLARE t text; BEGIN
+  FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' LOOP
+    EXECUTE format('ALTER TABLE %I SET (autovacuum_enabled = off)', t);
+  END LOOP;
+END $$;
+SQL
+}

@@ -47,14 +47,8 @@ db_of() { echo "plans_${stamp}_$1"; }
 # fresh SIZE ROUND: a new database for this size, migrated and filled, never analyzed
 fresh() {
   local db; db="$(db_of "$1")_$2"
-  psql "$BASE_URL/postgres" -qc "CREATE DATABASE $db" >/dev/null
-  DATABASE_URL="$BASE_URL/$db" "$BIN" migrate >/dev/null
+  new_unanalyzed_db "$db"
   psql "$BASE_URL/$db" -q >/dev/null <<SQL
-DO \$\$ DECLARE t text; BEGIN
-  FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' LOOP
-    EXECUTE format('ALTER TABLE %I SET (autovacuum_enabled = off)', t);
-  END LOOP;
-END \$\$;
 $( [ "${PLANS_RESET_FUNCTION:-}" = 1 ] && echo "ALTER FUNCTION take_order_batch(text, uuid[], text[], text[], integer[], text[]) RESET ALL;" )
 INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
   VALUES ('$HOT', 'hot', 100, 2000000000, 2000000000), ('plans-filler', 'filler', 100, 0, 0);

@@ -46,14 +46,8 @@ SQL
 
 fresh() {
   local db="scale_${stamp}_$1"
-  psql "$BASE_URL/postgres" -qc "CREATE DATABASE $db" >/dev/null
-  DATABASE_URL="$BASE_URL/$db" "$BIN" migrate >/dev/null
+  new_unanalyzed_db "$db"
   psql "$BASE_URL/$db" -q >/dev/null <<SQL
-DO \$\$ DECLARE t text; BEGIN
-  FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' LOOP
-    EXECUTE format('ALTER TABLE %I SET (autovacuum_enabled = off)', t);
-  END LOOP;
-END \$\$;
 INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
   VALUES ('hot', 'the hot one', 100, 100000000, 100000000);
 SQL

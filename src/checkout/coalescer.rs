@@ -363,7 +363,10 @@ impl Coalescer {
             attempt += 1;
             match &result {
                 Err(Failed::NothingWritten(DbError::Conflict(e))) if attempt < RERUNS => {
-                    let code = e.as_database_error().and_then(|d| d.code()).unwrap_or_default();
+                    let code = e
+                        .as_database_error()
+                        .and_then(|d| d.code())
+                        .unwrap_or_default();
                     self.metrics
                         .order_batch_reruns
                         .with_label_values(&[code.as_ref()])

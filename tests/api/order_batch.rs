@@ -178,21 +178,46 @@ async fn a_missing_product_writes_nothing_and_returns_no_rows() {
     assert_eq!(rows_of(&pool, "a").await, 0);
 }
 
+/// Claims user a's key "1" with a refusal (2 units of `product`) in a transaction left open:
+/// a batch that claims the same key waits for it.
+async fn claim_a1_uncommitted(
+    pool: &PgPool,
+    product: &str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         VALUES ($1, $2, 'a', 2, 0, 0, 'refused', '1', $2 || ':2')",
+    )
+    .bind(Uuid::new_v4())
+    .bind(product)
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    other
+}
+
+/// Commits `other` once a batch waits on a lock (the key `other` claimed).
+async fn commit_once_a_batch_waits(
+    pool: &PgPool,
+    other: sqlx::Transaction<'static, sqlx::Postgres>,
+) {
+    wait_for(
+        "the batch to wait on the claimed key",
+        Duration::from_secs(10),
+        || async { batches_waiting_on(pool, "Lock").await == 1 },
+    )
+    .await;
+    other.commit().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn units_of_a_seat_whose_key_was_claimed_meanwhile_go_to_the_refused_in_arrival_order() {
     let pool = pool().await;
     product(&pool, "p", 2).await;
     // Another transaction claims a's key (a refusal elsewhere) and has not committed: the
     // batch's seating cannot see it, so it seats a (2 units) and refuses b and c.
-    let mut other = pool.begin().await.unwrap();
-    sqlx::query(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-         VALUES ($1, 'p', 'a', 2, 0, 0, 'refused', '1', 'p:2')",
-    )
-    .bind(Uuid::new_v4())
-    .execute(&mut *other)
-    .await
-    .unwrap();
+    let other = claim_a1_uncommitted(&pool, "p").await;
     let batch = {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -200,13 +225,7 @@ async fn units_of_a_seat_whose_key_was_claimed_meanwhile_go_to_the_refused_in_ar
         })
     };
     // The batch's insert now waits for the other transaction's key.
-    wait_for(
-        "the batch to wait on the claimed key",
-        Duration::from_secs(10),
-        || async { batches_waiting_on(&pool, "Lock").await == 1 },
-    )
-    .await;
-    other.commit().await.unwrap();
+    commit_once_a_batch_waits(&pool, other).await;
     let out = batch.await.unwrap().unwrap();
     assert_eq!(
         out.held,
@@ -417,15 +436,7 @@ async fn a_key_claimed_while_the_set_based_batch_waits_takes_no_stock() {
     let pool = pool().await;
     product(&pool, "c", 10).await;
     product(&pool, "d", 10).await;
-    let mut other = pool.begin().await.unwrap();
-    sqlx::query(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-         VALUES ($1, 'c', 'a', 2, 0, 0, 'refused', '1', 'c:2')",
-    )
-    .bind(Uuid::new_v4())
-    .execute(&mut *other)
-    .await
-    .unwrap();
+    let other = claim_a1_uncommitted(&pool, "c").await;
     let batch = {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -434,13 +445,7 @@ async fn a_key_claimed_while_the_set_based_batch_waits_takes_no_stock() {
             take_many(&pool, &[("c", c), ("d", d)]).await
         })
     };
-    wait_for(
-        "the batch to wait on the claimed key",
-        Duration::from_secs(10),
-        || async { batches_waiting_on(&pool, "Lock").await == 1 },
-    )
-    .await;
-    other.commit().await.unwrap();
+    commit_once_a_batch_waits(&pool, other).await;
     let got = batch.await.unwrap().unwrap();
     let statuses: Vec<(&str, i64, &str, bool)> = got
         .iter()

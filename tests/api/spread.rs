@@ -64,3 +64,61 @@ async fn orders_over_many_products_commit_together_and_sell_exactly_the_stock() 
         "{batches} product batches ran in {statements} statements: none shared one"
     );
 }
+
+/// The stock gate is read only where it could say "no": 60 orders for a product with stock,
+/// 16 at a time, make no stock-gate read at all (each goes straight to its batch, which
+/// decides on the primary), while they all sell. Mutation seen failing it: `place_inner`
+/// reading the gate for every order (the gate's decisions grew by 60).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orders_for_a_product_with_stock_make_no_stock_gate_read() {
+    let app = spawn_app(shared_cluster()).await;
+    assert_eq!(
+        app.create_product("gateless", 1000, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let gate_reads = || async {
+        app.metrics_text()
+            .await
+            .lines()
+            .filter(|l| {
+                l.starts_with("stockgate_routing_decisions_total{")
+                    && l.contains("class=\"stock_gate\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = gate_reads().await;
+    let answers: Vec<StatusCode> = futures::stream::iter(0..60usize)
+        .map(|i| {
+            let app = &app;
+            async move {
+                app.order(&format!("gateless-{i}"), "k", "gateless", 1)
+                    .await
+                    .status()
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(
+        answers.iter().all(|s| *s == StatusCode::CREATED),
+        "{answers:?}"
+    );
+    assert_eq!(app.stock_on_primary("gateless").await, 940);
+    assert_eq!(
+        gate_reads().await - before,
+        0.0,
+        "stock-gate reads for orders"
+    );
+    // The counter does count gate reads: an availability check of a product this instance
+    // never saw reads the gate once.
+    app.create_product("gate-probe", 1, 100).await;
+    assert_eq!(
+        app.availability("gate-probe", 1).await.status(),
+        StatusCode::OK
+    );
+    assert!(
+        gate_reads().await - before >= 1.0,
+        "the gate read was not counted"
+    );
+}
