@@ -465,17 +465,11 @@ async fn an_outcome_unknown_retried_on_another_instance_while_in_doubt_finds_the
 }
 
 /// How an export ended for its client: the bytes it got, and whether the body ended cleanly.
-async fn read_export(mut resp: reqwest::Response, after_first: impl FnOnce()) -> (usize, bool) {
+async fn read_export(mut resp: reqwest::Response) -> (usize, bool) {
     let mut got = 0;
-    let mut after_first = Some(after_first);
     loop {
         match resp.chunk().await {
-            Ok(Some(bytes)) => {
-                got += bytes.len();
-                if let Some(f) = after_first.take() {
-                    f();
-                }
-            }
+            Ok(Some(bytes)) => got += bytes.len(),
             Ok(None) => return (got, true),
             Err(_) => return (got, false),
         }
@@ -510,10 +504,10 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
     let app = instance(None).await;
     let short = instance(Some("3000")).await;
     app.create_product("csv", 1, 100).await;
-    // Far more rows than the buffers between the replica and the client hold (~40 MB): an
-    // export of ~56 MB (300,000 rows, 28 MB, once streamed whole before a loaded machine's
-    // cut took effect).
-    app.insert_confirmed_orders("csv", 600_000).await;
+    // An export of ~14 MB; the proxy cuts it after its first megabyte left the replica (a
+    // cut "after the client's first chunk" once came after the whole export had left it:
+    // loopback socket buffers grow to 32 MB each).
+    app.insert_confirmed_orders("csv", 150_000).await;
     blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).unwrap();
     /// An export that streams from replica-1: sent again (the answer dropped unread) until
     /// the router sends it there, as it does once its monitor has seen replica-1 healthy.
@@ -539,10 +533,15 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
         }
     }
     // Precondition: whole, the export ends cleanly.
-    let (whole, clean) = read_export(export(&app).await, || {}).await;
+    let (whole, clean) = read_export(export(&app).await).await;
     assert!(clean, "an export with nothing cut failed");
+    assert!(
+        whole > 4 << 20,
+        "the export is {whole} bytes, not several megabytes"
+    );
     // Connections closed mid-stream.
-    let (got, clean) = read_export(export(&app).await, || proxy.sever()).await;
+    proxy.sever_after(1 << 20);
+    let (got, clean) = read_export(export(&app).await).await;
     assert!(
         got < whole,
         "the cut came after the whole export ({got} bytes)"
@@ -552,7 +551,8 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
         "a severed export ended as a clean 200 after {got} of {whole} bytes"
     );
     // The network silent mid-stream: the export's timeout ends it, as a failure.
-    let (got, clean) = read_export(export(&short).await, || proxy.cut()).await;
+    proxy.cut_after(1 << 20);
+    let (got, clean) = read_export(export(&short).await).await;
     proxy.heal();
     assert!(
         got < whole,

@@ -583,13 +583,27 @@ pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
 /// A TCP proxy the test controls, between the service and one database: when cut, it
 /// stops forwarding on every connection (open ones go silent mid-query, new ones are
 /// accepted and not answered) until healed, as a network partition would; `sever` closes
-/// every open connection at once.
+/// every open connection at once. `sever_after` / `cut_after` do either once the database
+/// has sent that many more bytes through it: mid-stream by construction, whatever the
+/// machine's socket buffers hold (on loopback they grow to 32 MB each, so "after the client's
+/// first chunk" could come after the whole answer had left the database).
 pub struct ChaosProxy {
     pub port: u16,
     cut: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
     /// The open connections' pumps, so `sever` can close them.
-    links: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    links: Links,
+    /// An armed fault: the bytes the database may still send, and the fault.
+    trip: Arc<std::sync::Mutex<Option<(usize, Fault)>>>,
+}
+
+type Links = Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>;
+
+/// What an armed [`ChaosProxy`] does once its bytes have passed.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Sever,
+    Cut,
 }
 
 impl ChaosProxy {
@@ -600,14 +614,37 @@ impl ChaosProxy {
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = cut.clone();
-        let links: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
-        let open = links.clone();
+        let links: Links = Arc::default();
+        let trip: Arc<std::sync::Mutex<Option<(usize, Fault)>>> = Arc::default();
+        let (open, armed) = (links.clone(), trip.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
                 let flag = flag.clone();
+                let flag_after = flag.clone();
+                let (all, armed) = (open.clone(), armed.clone());
+                // After `n` more bytes from the database: the armed fault, if any.
+                let passed = move |n: usize| {
+                    let mut trip = armed.lock().unwrap();
+                    let Some((left, fault)) = trip.as_mut() else {
+                        return;
+                    };
+                    if n < *left {
+                        *left -= n;
+                        return;
+                    }
+                    match *fault {
+                        Fault::Cut => flag_after.store(true, Ordering::SeqCst),
+                        Fault::Sever => {
+                            for link in all.lock().unwrap().drain(..) {
+                                link.abort();
+                            }
+                        }
+                    }
+                    *trip = None;
+                };
                 let link = tokio::spawn(async move {
                     let Ok(server) =
                         tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
@@ -619,13 +656,17 @@ impl ChaosProxy {
                     let pump =
                         |mut from: tokio::net::tcp::OwnedReadHalf,
                          mut to: tokio::net::tcp::OwnedWriteHalf,
-                         flag: Arc<std::sync::atomic::AtomicBool>| async move {
+                         flag: Arc<std::sync::atomic::AtomicBool>,
+                         passed: Option<Arc<dyn Fn(usize) + Send + Sync>>| async move {
                             let mut buf = vec![0u8; 16 * 1024];
                             loop {
                                 let n = match from.read(&mut buf).await {
                                     Ok(0) | Err(_) => return,
                                     Ok(n) => n,
                                 };
+                                if let Some(passed) = &passed {
+                                    passed(n);
+                                }
                                 // While cut, hold the bytes (and so stop reading: TCP
                                 // pushes back) until healed, as a partition does: nothing
                                 // is lost, the peer just hears nothing meanwhile.
@@ -638,7 +679,10 @@ impl ChaosProxy {
                             }
                         };
                     // Both directions in this task, so aborting it closes both sockets.
-                    tokio::join!(pump(cr, sw, flag.clone()), pump(sr, cw, flag));
+                    tokio::join!(
+                        pump(cr, sw, flag.clone(), None),
+                        pump(sr, cw, flag, Some(Arc::new(passed)))
+                    );
                 });
                 open.lock().unwrap().push(link.abort_handle());
             }
@@ -648,7 +692,19 @@ impl ChaosProxy {
             cut,
             task,
             links,
+            trip,
         }
+    }
+
+    /// Severs every open connection once the database has sent `bytes` more through the proxy.
+    pub fn sever_after(&self, bytes: usize) {
+        *self.trip.lock().unwrap() = Some((bytes, Fault::Sever));
+    }
+
+    /// Cuts (see [`ChaosProxy::cut`]) once the database has sent `bytes` more through the
+    /// proxy.
+    pub fn cut_after(&self, bytes: usize) {
+        *self.trip.lock().unwrap() = Some((bytes, Fault::Cut));
     }
 
     /// Closes every open connection at once (the peer sees the socket close, as when a
