@@ -87,7 +87,6 @@ for r in $(seq "$ROUNDS"); do
   psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
 done
 
-range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
 col() { awk -v p="$1" -v c="$2" '$1 == p { print $c }' "$work/rows"; }
 {
   echo

@@ -78,3 +78,18 @@ DO $$ DECLARE t text; BEGIN
 END $$;
 SQL
 }
+
+# pgbench_best DB SCRIPT SECONDS: pgbench -j2 running SCRIPT on database DB ($BASE_URL) at -c8,
+# -c32 and -c64 for SECONDS each; prints each count's tps to stderr and the best to stdout
+pgbench_best() {
+  local best=0 c tps
+  for c in 8 32 64; do
+    tps="$(pgbench -n -j2 -c"$c" -T"$3" -f "$2" "$BASE_URL/$1" 2>/dev/null | awk '/^tps/ { print int($3) }')"
+    echo "  pgbench -c$c: $tps tps" >&2
+    [ "${tps:-0}" -le "$best" ] || best="$tps"
+  done
+  echo "$best"
+}
+
+# range: the smallest and the largest of the numbers on stdin, as "lo–hi"
+range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }

@@ -88,7 +88,6 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
-range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
 base="$(awk '$1 == 0 { print $2 }' "$work/rows" | median)"
 {
   echo

@@ -54,14 +54,6 @@ SQL
   echo "$db"
 }
 
-pgbench_best() {
-  local best=0 c tps
-  for c in 8 32 64; do
-    tps="$(pgbench -n -j2 -c"$c" -T"$SECS" -f "$work/order.sql" "$BASE_URL/$1" 2>/dev/null | awk '/^tps/ { print int($3) }')"
-    [ "${tps:-0}" -le "$best" ] || best="$tps"
-  done
-  echo "$best"
-}
 
 # instances DB N: orders/s of N instances at 64/N connections each, and the worst p99 (ms)
 instances() {
@@ -97,7 +89,7 @@ for r in $(seq "$ROUNDS"); do
   steps=(pgb 1 2 4)
   for k in $(seq 0 3); do
     s="${steps[$(( (k + r - 1) % 4 ))]}"
-    if [ "$s" = pgb ]; then got[pgb]="$(pgbench_best "$db")"; else got[$s]="$(instances "$db" "$s")"; fi
+    if [ "$s" = pgb ]; then got[pgb]="$(pgbench_best "$db" "$work/order.sql" "$SECS")"; else got[$s]="$(instances "$db" "$s")"; fi
   done
   echo "$r ${got[1]} ${got[2]} ${got[4]} ${got[pgb]}" | LC_ALL=C awk '{
       printf "%s %s %s %s %s %s %s %s %.2f %.2f %.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $4 / $2, $6 / $2, $2 / $8 }' \
@@ -105,7 +97,6 @@ for r in $(seq "$ROUNDS"); do
   psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
 done
 
-range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
 col() { awk -v c="$1" '{ print $c }' "$work/rows"; }
 {
   echo

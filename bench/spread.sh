@@ -56,15 +56,6 @@ SQL
   echo "$db"
 }
 
-pgbench_best() {
-  local best=0 c tps
-  for c in 8 32 64; do
-    tps="$(pgbench -n -j2 -c"$c" -T"$SECS" -f "$work/order.sql" "$BASE_URL/$1" 2>/dev/null | awk '/^tps/ { print int($3) }')"
-    echo "  pgbench -c$c: $tps tps" >&2
-    [ "${tps:-0}" -le "$best" ] || best="$tps"
-  done
-  echo "$best"
-}
 
 service() {
   DATABASE_URL="$BASE_URL/$1" STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$1")" \
@@ -83,15 +74,14 @@ service() {
 for r in $(seq "$ROUNDS"); do
   db="$(fresh "$r")"
   if [ $((r % 2)) = 1 ]; then
-    svc="$(service "$db")"; best="$(pgbench_best "$db")"
+    svc="$(service "$db")"; best="$(pgbench_best "$db" "$work/order.sql" "$SECS")"
   else
-    best="$(pgbench_best "$db")"; svc="$(service "$db")"
+    best="$(pgbench_best "$db" "$work/order.sql" "$SECS")"; svc="$(service "$db")"
   fi
   echo "$r $svc $best" | awk '{ printf "%s %s %s %s %s %.2f\n", $1, $2, $3, $4, $5, ($5 > 0 ? $2 / $5 : 0) }' | tee -a "$work/rows" >&2
   psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
 done
 
-range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
 col() { awk -v c="$1" '{ print $c }' "$work/rows"; }
 {
   echo
