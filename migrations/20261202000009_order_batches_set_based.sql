@@ -106,14 +106,16 @@ BEGIN
     END IF;
     v_now := clock_timestamp();
     v_wait := (extract(epoch FROM v_now - t0) * 1e6)::bigint;
-    -- The window is judged after the lock, on this primary's clock.
-    SELECT array_agg(w.product_id) FILTER (WHERE (w.starts IS NULL OR v_now >= w.starts)
-                                            AND (w.ends IS NULL OR v_now < w.ends))
-      INTO v_whole
-      FROM unnest(v_locked, v_starts, v_ends) AS w(product_id, starts, ends)
-     WHERE w.product_id = ANY (v_whole);
-    SELECT array_agg(x) INTO v_one FROM unnest(v_locked) AS x
-     WHERE v_whole IS NULL OR NOT (x = ANY (v_whole));
+    -- The window is judged after the lock, on this primary's clock: a product that fits and is
+    -- on sale is seated here, every other one by its own batch.
+    SELECT array_agg(w.product_id) FILTER (WHERE w.whole),
+           array_agg(w.product_id) FILTER (WHERE NOT w.whole)
+      INTO v_whole, v_one
+      FROM (SELECT u.product_id,
+                   coalesce(u.product_id = ANY (v_whole), false)
+                   AND (u.starts IS NULL OR v_now >= u.starts)
+                   AND (u.ends IS NULL OR v_now < u.ends) AS whole
+              FROM unnest(v_locked, v_starts, v_ends) AS u(product_id, starts, ends)) AS w;
 
     IF v_whole IS NOT NULL THEN
         WITH r AS (
