@@ -976,3 +976,29 @@ fn assert_error_fails_on_another_status_another_code_or_a_body_not_in_the_contra
         "OUT_OF_STOCK"
     ));
 }
+
+/// `stockgate_routing_decisions_total` for one class, by (target, reason), read over HTTP.
+pub async fn decisions(
+    app: &TestApp,
+    class: stockgate::routing::policy::QueryClass,
+) -> std::collections::BTreeMap<(String, String), f64> {
+    let text = app.metrics_text().await;
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("stockgate_routing_decisions_total{") else {
+            continue;
+        };
+        let (labels, value) = rest.split_once("} ").unwrap();
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        if label("class") == class.name() {
+            out.insert((label("target"), label("reason")), value.parse().unwrap());
+        }
+    }
+    out
+}

@@ -173,29 +173,6 @@ struct Observed {
     source: &'static str,
 }
 
-/// `stockgate_routing_decisions_total` for one class, by (target, reason), read over HTTP.
-async fn decisions(app: &TestApp, class: QueryClass) -> BTreeMap<(String, String), f64> {
-    let text = app.metrics_text().await;
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("stockgate_routing_decisions_total{") else {
-            continue;
-        };
-        let (labels, value) = rest.split_once("} ").unwrap();
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
-        if label("class") == class.name() {
-            out.insert((label("target"), label("reason")), value.parse().unwrap());
-        }
-    }
-    out
-}
-
 /// The one HTTP request that reads through `class`. The mapping from class to endpoint is the
 /// only thing written down here; where each read goes is observed, not assumed.
 fn request_for(app: &TestApp, class: QueryClass, order_id: &str) -> reqwest::RequestBuilder {

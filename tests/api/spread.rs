@@ -5,6 +5,7 @@
 use crate::helpers::*;
 use futures::StreamExt;
 use reqwest::StatusCode;
+use stockgate::routing::policy::QueryClass;
 
 /// 900 orders over 60 products of 5 units each, 64 at a time, on two instances: every product
 /// sells exactly its 5 units, stock and orders add up, every answer is 201 or 409, and the
@@ -77,14 +78,9 @@ async fn orders_for_a_product_with_stock_make_no_stock_gate_read() {
         StatusCode::CREATED
     );
     let gate_reads = || async {
-        app.metrics_text()
+        decisions(&app, QueryClass::StockGate)
             .await
-            .lines()
-            .filter(|l| {
-                l.starts_with("stockgate_routing_decisions_total{")
-                    && l.contains("class=\"stock_gate\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .values()
             .sum::<f64>()
     };
     let before = gate_reads().await;
