@@ -371,7 +371,8 @@ async fn take_many<'e>(
 /// order are refused whole (nothing written), so no two such statements lock rows in
 /// opposite orders. Mutations seen failing it: every product through the set-based path (A's
 /// second request confirmed past its stock: the guard raised); the guarded update taking each
-/// product's requested units rather than the rows inserted (c left 93, not 94).
+/// product's requested units rather than the rows inserted (c left 93, not 94); every product
+/// through `take_order_batch_v2` (3 calls, not 2: the answers alone cannot tell).
 #[tokio::test(flavor = "multi_thread")]
 async fn batches_of_several_products_share_one_statement_and_keep_their_own_seats() {
     let pool = pool().await;
@@ -394,9 +395,28 @@ async fn batches_of_several_products_share_one_statement_and_keep_their_own_seat
     assert!(take_many(&pool, &[("b", b), ("A", a)]).await.is_err());
     assert_eq!(rows_of(&pool, "u1").await + rows_of(&pool, "u3").await, 0);
 
-    let got = take_many(&pool, &[("A", a), ("b", b), ("c", c), ("zz", gone)])
+    // In a transaction that counts its function calls: which products took the per-product
+    // path is observed, not assumed.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'")
+        .execute(&mut *tx)
         .await
         .unwrap();
+    let got = take_many(&mut *tx, &[("A", a), ("b", b), ("c", c), ("zz", gone)])
+        .await
+        .unwrap();
+    let per_product: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_xact_user_functions \
+         WHERE funcname = 'take_order_batch_v2'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        per_product, 2,
+        "A and b (short) by their own batch, c set-based"
+    );
     let row = |p: &str, n, status: &str, ours| {
         (p.to_owned(), n, status.to_owned(), Some(p.to_owned()), ours)
     };
