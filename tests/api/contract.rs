@@ -354,28 +354,44 @@ async fn stockgate_replicas_prints_each_replica_with_its_state_staleness_and_lag
     // a node that completes the handshake but never speaks is what a frozen host looks like.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let closed = silent.local_addr().unwrap().port();
-    let out = blocking(|| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_stockgate"))
-            .arg("replicas")
-            .env("DATABASE_URL", cluster.primary_url(&db))
-            .env(
-                "STOCKGATE_REPLICA_URLS",
-                format!(
-                    "{},postgres://postgres@127.0.0.1:{closed}/{db}?connect_timeout=1",
-                    cluster.replica_url(1, &db)
-                ),
-            )
-            .env("RUST_LOG", "error")
-            .current_dir(std::env::temp_dir())
-            .output()
-            .unwrap()
-    });
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let run = || {
+        blocking(|| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_stockgate"))
+                .arg("replicas")
+                .env("DATABASE_URL", cluster.primary_url(&db))
+                .env(
+                    "STOCKGATE_REPLICA_URLS",
+                    format!(
+                        "{},postgres://postgres@127.0.0.1:{closed}/{db}?connect_timeout=1",
+                        cluster.replica_url(1, &db)
+                    ),
+                )
+                .env("RUST_LOG", "error")
+                .current_dir(std::env::temp_dir())
+                .output()
+                .unwrap()
+        })
+    };
+    // replica-1 is the shared cluster's: other tests' bulk writes can put it megabytes behind
+    // for a moment, and then it is rightly `lagging`. Asked again until it has caught up.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let stdout = loop {
+        let out = run();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains(" healthy "))
+            || Instant::now() > deadline
+        {
+            break stdout;
+        }
+    };
     let lines: Vec<Vec<&str>> = stdout
         .lines()
         .map(|l| l.split_whitespace().collect())
