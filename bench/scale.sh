@@ -15,7 +15,9 @@
 # bench/results/scale-<date>.md.
 #
 # Environment: ROUNDS (3), BENCH_SECONDS (per run, 8), SCALE_PORT (first port, 18400),
-# STOCKGATE_BIN (target/release/stockgate), SCALE_NOTE (a line for the file).
+# STOCKGATE_BIN (target/release/stockgate), SCALE_PEERS (1: two and four instances are one
+# deployment's peers, STOCKGATE_PEERS on ports SCALE_PORT+50…; 0: each on its own), SCALE_NOTE
+# (a line for the file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -24,6 +26,7 @@ ROUNDS="${ROUNDS:-3}"
 SECS="${BENCH_SECONDS:-8}"
 PORT="${SCALE_PORT:-18400}"
 BIN="${STOCKGATE_BIN:-target/release/stockgate}"
+PEERS="${SCALE_PEERS:-1}"
 command -v wrk >/dev/null || { echo "scale.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 command -v pgbench >/dev/null || { echo "scale.sh: pgbench is missing (postgresql-contrib)" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "scale.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
@@ -58,8 +61,13 @@ SQL
 # instances DB N: orders/s of N instances at 64/N connections each, and the worst p99 (ms)
 instances() {
   local db="$1" n="$2" i
+  local peers=""
+  if [ "$n" -gt 1 ] && [ "$PEERS" = 1 ]; then
+    for i in $(seq 0 $((n - 1))); do peers="$peers${peers:+,}http://127.0.0.1:$((PORT + 50 + i))"; done
+  fi
   for i in $(seq 0 $((n - 1))); do
     DATABASE_URL="$BASE_URL/$db" STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$db")" \
+      STOCKGATE_PEERS="$peers" STOCKGATE_PEER_URL="${peers:+http://127.0.0.1:$((PORT + 50 + i))}" \
       STOCKGATE_LISTEN="127.0.0.1:$((PORT + i))" "$BIN" serve >"$work/serve-$i.log" 2>&1 &
     pids+=($!)
   done
@@ -103,6 +111,7 @@ col() { awk -v c="$1" '{ print $c }' "$work/rows"; }
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): $BIN, one hot product, a new never-analyzed database per round"
   [ -z "${SCALE_NOTE:-}" ] || echo "$SCALE_NOTE"
   echo
+  echo "Peers (STOCKGATE_PEERS): $([ "$PEERS" = 1 ] && echo yes || echo no)."
   echo "64 connections in total (wrk -t1 per instance), pgbench -j2 at -c8/-c32/-c64 (best), ${SECS} s each, $ROUNDS rounds, order rotating; load average $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
   echo "| round | 1 instance orders/s | p99 ms | 2 instances | p99 ms | 4 instances | p99 ms | pgbench best tps | 2 ÷ 1 | 4 ÷ 1 | 1 ÷ pgbench |"

@@ -27,6 +27,8 @@
 //! | `STOCKGATE_ORDER_BATCH_WINDOW_US` | how long a batch waits for more orders once the queue is empty | `0` |
 //! | `STOCKGATE_IDEMPOTENCY_WINDOW` | how long a key's answer is remembered at least (`30s`, `15m`, `24h`); refusals older than this are purged, so their keys may be used anew; confirmed orders never are | `24h` |
 //! | `STOCKGATE_EVENT_RETENTION` | how long events are kept at least (`12h`, `7d`); a cursor before the events purged since is 410 `CURSOR_EXPIRED` | `7d` |
+//! | `STOCKGATE_PEERS` | comma-separated peer URLs (`http://host:port`) of every instance of the deployment, the same list on each: a contended product's single-product orders go to one owner among them (docs/design/peers.md). Requires `STOCKGATE_REDIS_URL` and `STOCKGATE_PEER_URL` | empty: every instance places its own orders |
+//! | `STOCKGATE_PEER_URL` | this instance's own entry of `STOCKGATE_PEERS`; its peer listener binds that port (on that address if it is an IP, else on every interface) | none |
 //! | `RUST_LOG` | log filter, read by [`crate::telemetry`] from the real environment only (logging starts before `.env` is read) | `info,sqlx=warn,tower_http=info` for serve, `warn` for the other commands |
 
 use std::net::SocketAddr;
@@ -65,6 +67,8 @@ pub struct Config {
     pub order_batch_window: Duration,
     pub idempotency_window: Duration,
     pub event_retention: Duration,
+    pub peers: Vec<String>,
+    pub peer_url: Option<String>,
 }
 
 impl Config {
@@ -85,7 +89,7 @@ impl Config {
         };
         let count =
             |key: &str, default: u64, min: u64, max: u64| number(&get, key, default, min, max);
-        Ok(Config {
+        Config {
             database_url: one(&get, "DATABASE_URL", postgres_url)?,
             patroni_urls: list(&get, "STOCKGATE_PATRONI_URLS", patroni_url)?,
             replica_urls: list(&get, "STOCKGATE_REPLICA_URLS", postgres_url)?,
@@ -119,7 +123,53 @@ impl Config {
                 .unwrap_or(Duration::from_secs(24 * 3600)),
             event_retention: one(&get, "STOCKGATE_EVENT_RETENTION", window)?
                 .unwrap_or(Duration::from_secs(7 * 24 * 3600)),
-        })
+            peers: list(&get, "STOCKGATE_PEERS", peer_url)?,
+            peer_url: one(&get, "STOCKGATE_PEER_URL", peer_url)?,
+        }
+        .checked()
+    }
+
+    /// The rules between variables.
+    fn checked(self) -> Result<Config, ConfigError> {
+        match (&self.peer_url, self.peers.is_empty()) {
+            (None, true) => {}
+            (None, false) => {
+                return Err(ConfigError(
+                    "STOCKGATE_PEERS needs STOCKGATE_PEER_URL (this instance's own entry)".into(),
+                ));
+            }
+            (Some(_), true) => {
+                return Err(ConfigError(
+                    "STOCKGATE_PEER_URL needs STOCKGATE_PEERS (every instance's entry)".into(),
+                ));
+            }
+            (Some(me), false) => {
+                if !self.peers.contains(me) {
+                    return Err(ConfigError(format!(
+                        "STOCKGATE_PEER_URL ({me}) must be one of STOCKGATE_PEERS"
+                    )));
+                }
+                if self.redis_url.is_none() {
+                    return Err(ConfigError(
+                        "STOCKGATE_PEERS needs STOCKGATE_REDIS_URL: an order placed by a peer pins its user's reads there".into(),
+                    ));
+                }
+            }
+        }
+        Ok(self)
+    }
+
+    /// Where the peer listener binds: `STOCKGATE_PEER_URL`'s port, on its address if that
+    /// is an IP, else on every interface.
+    pub fn peer_listen(&self) -> Option<SocketAddr> {
+        let url = Url::parse(self.peer_url.as_deref()?).ok()?;
+        let port = url.port_or_known_default()?;
+        let ip = match url.host()? {
+            url::Host::Ipv4(ip) => ip.into(),
+            url::Host::Ipv6(ip) => ip.into(),
+            url::Host::Domain(_) => std::net::IpAddr::from([0, 0, 0, 0]),
+        };
+        Some(SocketAddr::new(ip, port))
     }
 
     pub fn require_database_url(&self) -> Result<&str, ConfigError> {
@@ -192,6 +242,20 @@ fn postgres_url(key: &str, value: &str) -> Result<String, ConfigError> {
         return Err(bad(key, value, "no host"));
     }
     Ok(value.to_string())
+}
+
+fn peer_url(key: &str, value: &str) -> Result<String, ConfigError> {
+    match Url::parse(value) {
+        Ok(p)
+            if p.scheme() == "http"
+                && p.host().is_some()
+                && p.port().is_some()
+                && matches!(p.path(), "" | "/") =>
+        {
+            Ok(value.trim_end_matches('/').to_string())
+        }
+        _ => Err(bad(key, value, "expected http://host:port")),
+    }
 }
 
 fn patroni_url(key: &str, value: &str) -> Result<String, ConfigError> {
@@ -280,6 +344,59 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn peers_need_their_own_entry_and_the_shared_store() {
+        let all = "http://10.0.0.1:9000, http://10.0.0.2:9000/";
+        let redis = ("STOCKGATE_REDIS_URL", "redis://127.0.0.1:6379");
+        let c = config(&[
+            ("STOCKGATE_PEERS", all),
+            ("STOCKGATE_PEER_URL", "http://10.0.0.2:9000"),
+            redis,
+        ])
+        .expect("a complete peer configuration");
+        assert_eq!(c.peers, ["http://10.0.0.1:9000", "http://10.0.0.2:9000"]);
+        assert_eq!(c.peer_listen(), Some("10.0.0.2:9000".parse().unwrap()));
+        let named = config(&[
+            ("STOCKGATE_PEERS", "http://sg-1:9000"),
+            ("STOCKGATE_PEER_URL", "http://sg-1:9000"),
+            redis,
+        ])
+        .unwrap();
+        assert_eq!(named.peer_listen(), Some("0.0.0.0:9000".parse().unwrap()));
+        for (pairs, says) in [
+            (
+                vec![("STOCKGATE_PEERS", all), redis],
+                "needs STOCKGATE_PEER_URL",
+            ),
+            (
+                vec![("STOCKGATE_PEER_URL", "http://10.0.0.2:9000"), redis],
+                "needs STOCKGATE_PEERS",
+            ),
+            (
+                vec![
+                    ("STOCKGATE_PEERS", all),
+                    ("STOCKGATE_PEER_URL", "http://10.0.0.3:9000"),
+                    redis,
+                ],
+                "must be one of",
+            ),
+            (
+                vec![
+                    ("STOCKGATE_PEERS", all),
+                    ("STOCKGATE_PEER_URL", "http://10.0.0.2:9000"),
+                ],
+                "needs STOCKGATE_REDIS_URL",
+            ),
+            (
+                vec![("STOCKGATE_PEERS", "http://10.0.0.1"), redis],
+                "expected http://host:port",
+            ),
+        ] {
+            let e = config(&pairs).expect_err(says).to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     #[test]

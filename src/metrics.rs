@@ -104,6 +104,8 @@ metrics! {
     /// Batches rerun after losing a lock race (a deadlock or a serialization failure): rare by
     /// design, and never hidden.
     order_batch_reruns: IntCounterVec("order_batch_reruns_total", "Order batches rerun after a deadlock or serialization failure (nothing of the first run was written)", ["sqlstate"]);
+    /// Single-product orders sent to their product's owner instance (src/peers.rs).
+    orders_forwarded: IntCounterVec("orders_forwarded_total", "Orders sent to the owner instance of their contended product, by outcome: answered, unreachable (placed here instead), unknown (the link failed after sending)", ["outcome"]);
     order_queue_depth: IntGauge("order_queue_depth", "Orders waiting for their product's next batch");
     /// Holds taken, confirmed, released, expired.
     holds: IntCounterVec("holds_total", "Holds by event: taken, confirmed, released, expired", ["event"]);

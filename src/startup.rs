@@ -34,6 +34,8 @@ use tokio::net::TcpListener;
 
 pub struct Application {
     listener: TcpListener,
+    /// Where peers send the orders of products this instance owns (`STOCKGATE_PEERS`).
+    peer_listener: Option<TcpListener>,
     http_threads: usize,
     router: axum::Router,
     state: AppState,
@@ -78,6 +80,14 @@ async fn build_state(
         clock,
     );
     let (feed, feed_guard) = Feed::start(db.clone(), metrics.clone(), config.event_retention);
+    let peers = config.peer_url.as_ref().map(|me| {
+        crate::peers::Peers::new(
+            me.clone(),
+            config.peers.clone(),
+            tokens.clone(),
+            metrics.clone(),
+        )
+    });
     let shared = http::Shared {
         db,
         tokens,
@@ -85,6 +95,7 @@ async fn build_state(
         checkout,
         imports,
         feed,
+        peers,
         rates: Default::default(),
     };
     Ok((AppState::from(shared), monitor, feed_guard))
@@ -192,8 +203,17 @@ impl Application {
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
+        let peer_listener = match config.peer_listen() {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the peer listener {addr}"))?,
+            ),
+            None => None,
+        };
         Ok(Application {
             listener,
+            peer_listener,
             http_threads: config.http_threads,
             router,
             _webhooks: crate::events::webhooks::start(state.db.clone(), state.metrics.clone()),
@@ -225,6 +245,19 @@ impl Application {
             .map(|i| ServingThread::start(i, local, self.router.clone(), stopped.clone()))
             .collect::<std::io::Result<Vec<_>>>()?;
         drop(self.router);
+        // The peer listener stops and drains with the public one: orders a peer sent are
+        // answered before this instance exits.
+        let peers = self.peer_listener.map(|listener| {
+            let router = http::peer_router(self.state.clone());
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    })
+                    .await
+            })
+        });
         let handing_out = tokio::spawn(hand_out(
             self.listener,
             threads.iter().map(|t| t.connections.clone()).collect(),
@@ -234,7 +267,13 @@ impl Application {
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop.send(true);
         let _ = handing_out.await;
-        let drained = futures::future::join_all(threads.iter_mut().map(|t| &mut t.served));
+        let drained = async {
+            let served = futures::future::join_all(threads.iter_mut().map(|t| &mut t.served)).await;
+            if let Some(peers) = peers {
+                let _ = peers.await;
+            }
+            served
+        };
         match tokio::time::timeout(self.drain_timeout, drained).await {
             Ok(results) => results.into_iter().try_for_each(|r| {
                 r.unwrap_or_else(|_| Err(std::io::Error::other("a serving thread died")))

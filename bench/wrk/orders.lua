@@ -9,14 +9,26 @@ function setup(thread)
   table.insert(threads, thread)
 end
 
+-- This wrk process's id: several wrk processes started in the same second (one per
+-- instance, bench/scale.sh) must not draw the same buyers and keys, or their "orders" are
+-- replays of each other's.
+local function pid()
+  local f = io.open("/proc/self/stat")
+  if not f then return 0 end
+  local p = tonumber(f:read("*l"):match("^(%d+)"))
+  f:close()
+  return p or 0
+end
+
 function init(args)
   token, product, spread, n, codes = args[1], args[2], tonumber(args[3]), 0, {}
-  math.randomseed(os.time() * 1000 + tid)
+  proc = pid()
+  math.randomseed(os.time() * 1000 + tid + proc * 7919)
 end
 
 function request()
   n = n + 1
-  local who = string.format("wrk-%d-%d-%d", tid, n, math.random(1000000000))
+  local who = string.format("wrk-%d-%d-%d-%d", proc, tid, n, math.random(1000000000))
   local p = spread and (product .. math.random(1, spread)) or product
   local body = string.format('{"product_id":"%s","quantity":1,"user_id":"%s"}', p, who)
   return wrk.format("POST", "/v1/orders", {

@@ -55,6 +55,11 @@ const IDLE: Duration = Duration::from_secs(5);
 /// The longest a contended product's batch gathers orders before it queues for the row.
 const MAX_WINDOW: Duration = Duration::from_millis(4);
 
+/// How long a product stays contended after a batch saw another writer's take. An instance
+/// that sends the product's orders to its owner runs no batches of its own, so it looks
+/// again (one local batch) once this has passed.
+const CONTENDED_FOR: Duration = Duration::from_secs(5);
+
 /// How many times a batch is rerun after a deadlock or serialization failure.
 const RERUNS: usize = 3;
 
@@ -89,6 +94,8 @@ pub struct Coalescer {
     max_batch: usize,
     window: Duration,
     queues: Mutex<HashMap<ProductId, mpsc::UnboundedSender<Pending>>>,
+    /// Products whose row another writer took between two of our batches, until when.
+    contended: Mutex<HashMap<ProductId, Instant>>,
     /// The products' batches, on their way to a shared statement ([`combiner`]).
     jobs: mpsc::UnboundedSender<Job>,
 }
@@ -223,8 +230,23 @@ impl Coalescer {
             max_batch: max_batch.max(1),
             window,
             queues: Mutex::default(),
+            contended: Mutex::default(),
             jobs,
         })
+    }
+
+    /// Whether another writer took `product`'s row between two of this instance's batches
+    /// within the last [`CONTENDED_FOR`].
+    pub fn contended(&self, product: &ProductId) -> bool {
+        let mut contended = self.contended.lock().unwrap_or_else(|p| p.into_inner());
+        match contended.get(product) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                contended.remove(product);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Queues an order for its product's next batch and waits for the answer. The batch
@@ -296,6 +318,14 @@ impl Coalescer {
                     .observe(taken.saturating_duration_since(p.queued).as_secs_f64());
             }
             let seen = self.process(&product, batch).await;
+            if let (Some(left), Some(seen)) = (last_left, seen)
+                && left != seen.row.found
+            {
+                self.contended
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(product.clone(), Instant::now() + CONTENDED_FOR);
+            }
             window = next_window(self.window, last_left, seen);
             last_left = seen.map(|s| s.row.left).or(last_left);
         }

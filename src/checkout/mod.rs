@@ -151,6 +151,12 @@ impl Checkout {
         outcome
     }
 
+    /// Whether another writer keeps taking `product`'s row between this instance's batches
+    /// (its orders then go to the product's owner, when there are peers: src/peers.rs).
+    pub fn contended(&self, product: &ProductId) -> bool {
+        self.coalescer.contended(product)
+    }
+
     /// Places a cart: all lines or none, in its own task (a client that hangs up leaves the
     /// whole cart or none).
     pub async fn place_cart(&self, req: cart::CartRequest) -> Result<Placed, CheckoutError> {

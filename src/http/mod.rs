@@ -10,6 +10,8 @@ mod imports;
 mod openapi;
 mod orders;
 mod overview;
+mod peer;
+pub use peer::router as peer_router;
 mod pages;
 mod products;
 mod reports;
@@ -63,6 +65,8 @@ pub struct Shared {
     pub imports: imports::Jobs,
     /// The event feed's watcher (long-polls wait on it).
     pub feed: crate::events::feed::Feed,
+    /// Other instances that own contended products' orders (`STOCKGATE_PEERS`), if any.
+    pub peers: Option<crate::peers::Peers>,
     /// The counter samples behind the overview's rates (`GET /v1/admin/overview`).
     pub rates: std::sync::Mutex<crate::rates::RateWindow>,
 }

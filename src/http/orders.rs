@@ -178,7 +178,7 @@ async fn place(
             // A one-line cart is an order for that product: the batched fast path.
             lines if lines.get().len() == 1 => {
                 let (product, quantity) = lines.get()[0].clone();
-                state.checkout.place(single(product, quantity)).await?
+                return place_single(&state, single(product, quantity)).await;
             }
             lines => {
                 let cart = CartRequest {
@@ -191,7 +191,7 @@ async fn place(
         },
         (None, Some(product), Some(quantity)) => {
             let req = single(ProductId::parse(product)?, Quantity::parse(quantity)?);
-            state.checkout.place(req).await?
+            return place_single(&state, req).await;
         }
         _ => {
             return Err(ApiError::invalid(
@@ -200,11 +200,25 @@ async fn place(
             ));
         }
     };
-    let (status, order) = match placed {
-        Placed::Created(o) => (StatusCode::CREATED, o),
-        Placed::Replayed(o) => (StatusCode::CREATED, o),
-    };
-    Ok((status, Json(order)).into_response())
+    Ok(created(placed))
+}
+
+fn created(placed: Placed) -> Response {
+    let (Placed::Created(order) | Placed::Replayed(order)) = placed;
+    (StatusCode::CREATED, Json(order)).into_response()
+}
+
+/// A single-product order: placed here, or, when its product is contended and another peer
+/// owns it, by that peer (src/peers.rs), whose answer is this answer.
+async fn place_single(state: &AppState, req: OrderRequest) -> Result<Response, ApiError> {
+    if let Some(peers) = &state.peers
+        && state.checkout.contended(&req.product)
+        && let Some(owner) = peers.owner_of(req.product.as_str())
+        && let Some(answer) = peers.place(owner, &req).await
+    {
+        return Ok(answer);
+    }
+    Ok(created(state.checkout.place(req).await?))
 }
 
 /// Loads an order the caller may see; someone else's order is a 403 (the contract's

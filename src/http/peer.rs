@@ -1,0 +1,81 @@
+//! The peer listener (`STOCKGATE_PEERS`): where other instances send the orders of products
+//! this instance owns ([`crate::peers`]). Not part of the public API: it listens on its own
+//! address and takes admin tokens only (peers sign them with the shared secret).
+
+use super::{ApiError, AppState, Json};
+use crate::auth::Caller;
+use crate::checkout::{OrderRequest, Placed};
+use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
+use crate::peers::{WireAnswer, WireOrder};
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(crate::peers::PATH, axum::routing::post(place))
+        .layer(DefaultBodyLimit::max(4 << 20))
+        .with_state(state)
+}
+
+/// Places every order as if its client had sent it here, all at once (they join this
+/// instance's batches), and answers each as `POST /v1/orders` would have.
+async fn place(
+    State(state): State<AppState>,
+    caller: Caller,
+    Json(orders): Json<Vec<WireOrder>>,
+) -> Result<Json<Vec<WireAnswer>>, ApiError> {
+    if !caller.is_admin() {
+        return Err(ApiError::Forbidden("peers sign admin tokens"));
+    }
+    let answers = futures::future::join_all(orders.into_iter().map(|o| {
+        let state = state.clone();
+        async move { answer(place_one(&state, o).await).await }
+    }))
+    .await;
+    Ok(Json(answers))
+}
+
+async fn place_one(state: &AppState, o: WireOrder) -> Response {
+    let req = (|| {
+        Ok::<_, ApiError>(OrderRequest {
+            user: UserId::parse(&o.user)?,
+            product: ProductId::parse(&o.product)?,
+            quantity: Quantity::parse(&o.quantity.into())?,
+            key: IdempotencyKey::parse(&o.key)?,
+        })
+    })();
+    match req {
+        Ok(req) => match state.checkout.place(req).await {
+            Ok(Placed::Created(order) | Placed::Replayed(order)) => {
+                (StatusCode::CREATED, Json(order)).into_response()
+            }
+            Err(e) => ApiError::from(e).into_response(),
+        },
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn answer(response: Response) -> WireAnswer {
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    // Every answer of this service is JSON; a body that could not be read says null.
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .ok()
+        .and_then(|b| String::from_utf8(b.to_vec()).ok())
+        .and_then(|s| serde_json::value::RawValue::from_string(s).ok())
+        .unwrap_or_else(|| {
+            serde_json::value::RawValue::from_string("null".into()).expect("null is JSON")
+        });
+    WireAnswer {
+        status,
+        retry_after,
+        body,
+    }
+}
