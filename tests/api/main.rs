@@ -21,6 +21,7 @@ mod order_batch;
 mod oversell;
 mod overview;
 mod pages;
+mod peers;
 mod plans;
 mod read_your_writes;
 mod reports;
