@@ -215,3 +215,62 @@ async fn an_owner_that_cannot_be_reached_is_passed_over_and_the_order_is_placed_
     assert_eq!(a.confirmed_orders(&product).await, (4, 4));
     assert_eq!(a.stock_on_primary(&product).await, 5);
 }
+
+/// An owner that takes the forwarded orders and then drops the link without answering: the
+/// orders' outcome is unknown (503 `OUTCOME_UNKNOWN`, with `Retry-After`), never a guess;
+/// the same key asked again, once that owner is gone for good, is placed here and tells the
+/// truth. Mutation seen failing: every failure after connecting taken as "nothing sent"
+/// (the order placed here at once, 201).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
+    use tokio::io::AsyncReadExt;
+    let cluster = shared_cluster();
+    let redis = devcluster::Redis::temporary().unwrap();
+    // The second peer reads the request and hangs up.
+    let owner = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let urls = vec![
+        format!("http://127.0.0.1:{}", free_ports(1)[0]),
+        format!("http://127.0.0.1:{}", owner.local_addr().unwrap().port()),
+    ];
+    let hang_up = tokio::spawn(async move {
+        let (mut link, _) = owner.accept().await.unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = link.read(&mut buf).await;
+        // Dropping the link and the listener: the owner is gone.
+    });
+    let a = peer(cluster, None, &redis, &urls, 0).await;
+    let product = owned_by(&a, &urls[1], "peer-cut");
+    assert!(
+        a.create_product(&product, 10, 500)
+            .await
+            .status()
+            .is_success()
+    );
+    order_ok(&a, "first", &product).await;
+    sqlx::query(
+        "UPDATE products SET available_quantity = available_quantity - 1 WHERE product_id = $1",
+    )
+    .bind(&product)
+    .execute(&a.primary)
+    .await
+    .unwrap();
+    order_ok(&a, "second", &product).await;
+    assert!(
+        a.state
+            .checkout
+            .contended(&ProductId::parse(&product).unwrap())
+    );
+
+    let sent = a.order("third", "third", &product, 1).await;
+    assert!(sent.headers().contains_key("retry-after"));
+    let unknown = answer(sent).await;
+    assert_error(&unknown, 503, "OUTCOME_UNKNOWN");
+    assert_eq!(forwarded(&a, "unknown").await, 1.0);
+    hang_up.await.unwrap();
+
+    // The owner is gone: the retry with the same key cannot reach it and is placed here.
+    let (status, body) = answer(a.order("third", "third", &product, 1).await).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(forwarded(&a, "unreachable").await, 1.0);
+    assert_eq!(a.confirmed_orders(&product).await, (3, 3));
+}
