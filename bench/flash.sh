@@ -258,8 +258,14 @@ start_instances() {
   for p in "${scale_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${scale_pids[@]}"; do wait "$p" 2>/dev/null || true; done
   scale_pids=()
+  # Several instances are one deployment's peers (docs/design/peers.md).
+  local peers="" i
+  if [ "$1" -gt 1 ]; then
+    for i in $(seq 0 $(( $1 - 1 ))); do peers="$peers${peers:+,}http://127.0.0.1:$(( SCALE_PORT + 50 + i ))"; done
+  fi
   for i in $(seq 0 $(( $1 - 1 ))); do
-    STOCKGATE_LISTEN="127.0.0.1:$(( SCALE_PORT + i ))" "$SG" serve >"$work/scale-$i.log" 2>&1 &
+    STOCKGATE_PEERS="$peers" STOCKGATE_PEER_URL="${peers:+http://127.0.0.1:$(( SCALE_PORT + 50 + i ))}" \
+      STOCKGATE_LISTEN="127.0.0.1:$(( SCALE_PORT + i ))" "$SG" serve >"$work/scale-$i.log" 2>&1 &
     scale_pids+=($!)
   done
   for i in $(seq 0 $(( $1 - 1 ))); do
