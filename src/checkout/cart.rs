@@ -102,63 +102,28 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
     Ok(Placed::Created(with_lines(&mut *conn, order).await?))
 }
 
-/// Claims the request's key with a confirmed order at the locked prices, inserts its lines
-/// and takes every line's units with one guarded UPDATE: one statement, so the rows locked
-/// before it are held for one round trip and the commit (they were held for four). `None`:
-/// another request claimed the key first (nothing written); the flag: every product's guard
-/// held (when it is false, nothing may commit).
+/// Claims the request's key with a confirmed order at the locked prices, its lines and its
+/// units: [`stock::claim_and_take`], one statement. `None`: another request claimed the key
+/// first; the flag: every product's guard held.
 async fn claim_and_take(
     tx: &mut Tx,
     req: &CartRequest,
     locked: &Locked,
 ) -> Result<Option<(Order, bool)>, sqlx::Error> {
-    use sqlx::{FromRow, Row};
-    let products: Vec<&str> = req.lines.get().iter().map(|(p, _)| p.as_str()).collect();
-    let qty: Vec<i32> = req.lines.get().iter().map(|(_, q)| q.get()).collect();
-    let prices: Vec<i32> = products.iter().map(|p| locked[*p].price).collect();
-    let units = req.lines.units();
-    let merged = stock::per_product(&units);
-    let (take_products, take_qty): (Vec<&str>, Vec<i32>) = merged.into_iter().unzip();
-    let row = sqlx::query(concat!(
-        "WITH claim AS ( \
-           INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-           VALUES ($1, NULL, $2, NULL, 0, $3, 'confirmed', $4, $5) \
-           ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
-        order_columns!(),
-        "), lines AS ( \
-           INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
-           SELECT claim.order_id, l.product_id, l.quantity, l.price \
-             FROM claim, UNNEST($6::text[], $7::int4[], $8::int4[]) AS l(product_id, quantity, price) \
-            ORDER BY l.product_id COLLATE \"C\" \
-         ), took AS ( \
-           UPDATE products p SET available_quantity = p.available_quantity - l.q, updated_at = clock_timestamp() \
-             FROM UNNEST($9::text[], $10::int4[]) AS l(product_id, q) \
-            WHERE p.product_id = l.product_id AND p.available_quantity >= l.q \
-              AND EXISTS (SELECT 1 FROM claim) \
-           RETURNING 1 \
-         ) \
-         SELECT claim.*, (SELECT count(*) FROM took) AS took FROM claim",
-    ))
-    .bind(super::order::new_row_id())
-    .bind(req.user.as_str())
-    .bind(total(req, locked))
-    .bind(req.key.as_str())
-    .bind(req.fingerprint())
-    .bind(&products)
-    .bind(&qty)
-    .bind(&prices)
-    .bind(&take_products)
-    .bind(&take_qty)
-    .fetch_optional(&mut **tx)
-    .await?;
-    let Some(row) = row else {
-        return Ok(None);
+    let lines: Vec<(&str, i32, i32)> = req
+        .lines
+        .get()
+        .iter()
+        .map(|(p, q)| (p.as_str(), q.get(), locked[p.as_str()].price))
+        .collect();
+    let claim = stock::CartClaim {
+        user: req.user.as_str(),
+        key: req.key.as_str(),
+        fingerprint: &req.fingerprint(),
+        total: total(req, locked),
+        lines: &lines,
     };
-    let took: i64 = row.try_get("took")?;
-    Ok(Some((
-        Order::from_row(&row)?,
-        took == take_products.len() as i64,
-    )))
+    stock::claim_and_take(tx, &claim).await
 }
 
 /// Claims the request's key with the order: `confirmed` at the locked prices when every line

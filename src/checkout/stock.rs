@@ -16,7 +16,7 @@
 //! here takes one on a product.
 
 use super::drops::{Rules, rule_columns};
-use super::order::new_row_id;
+use super::order::{Order, new_row_id, order_columns};
 use crate::domain::{IdempotencyKey, ProductId, Quantity};
 use std::collections::BTreeMap;
 
@@ -122,6 +122,69 @@ pub(crate) async fn take(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result<bool
 }
 
 /// Gives every line's units back (a cancel, a release, an expiry), locking in lock order.
+/// A cart's confirmed order, as [`claim_and_take`] writes it.
+pub(crate) struct CartClaim<'a> {
+    pub user: &'a str,
+    pub key: &'a str,
+    pub fingerprint: &'a str,
+    pub total: i64,
+    /// (product, quantity, locked price), each product once.
+    pub lines: &'a [(&'a str, i32, i32)],
+}
+
+/// Claims a cart's key with its confirmed order, inserts its lines and takes every line's
+/// units with one guarded UPDATE: one statement, so the rows the caller locked are held for
+/// one round trip and the commit (they were held for four). `None`: another request claimed
+/// the key first (nothing written); the flag: every product's guard held (when it is false,
+/// nothing may commit).
+pub(crate) async fn claim_and_take(
+    tx: &mut Tx,
+    cart: &CartClaim<'_>,
+) -> Result<Option<(Order, bool)>, sqlx::Error> {
+    use sqlx::{FromRow, Row};
+    let products: Vec<&str> = cart.lines.iter().map(|l| l.0).collect();
+    let qty: Vec<i32> = cart.lines.iter().map(|l| l.1).collect();
+    let prices: Vec<i32> = cart.lines.iter().map(|l| l.2).collect();
+    let row = sqlx::query(concat!(
+        "WITH claim AS ( \
+           INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+           VALUES ($1, NULL, $2, NULL, 0, $3, 'confirmed', $4, $5) \
+           ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
+        order_columns!(),
+        "), lines AS ( \
+           INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
+           SELECT claim.order_id, l.product_id, l.quantity, l.price \
+             FROM claim, UNNEST($6::text[], $7::int4[], $8::int4[]) AS l(product_id, quantity, price) \
+            ORDER BY l.product_id COLLATE \"C\" \
+         ), took AS ( \
+           UPDATE products p SET available_quantity = p.available_quantity - l.q, updated_at = clock_timestamp() \
+             FROM UNNEST($6::text[], $7::int4[]) AS l(product_id, q) \
+            WHERE p.product_id = l.product_id AND p.available_quantity >= l.q \
+              AND EXISTS (SELECT 1 FROM claim) \
+           RETURNING 1 \
+         ) \
+         SELECT claim.*, (SELECT count(*) FROM took) AS took FROM claim",
+    ))
+    .bind(new_row_id())
+    .bind(cart.user)
+    .bind(cart.total)
+    .bind(cart.key)
+    .bind(cart.fingerprint)
+    .bind(&products)
+    .bind(&qty)
+    .bind(&prices)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let took: i64 = row.try_get("took")?;
+    Ok(Some((
+        Order::from_row(&row)?,
+        took == products.len() as i64,
+    )))
+}
+
 pub(crate) async fn give_back(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result<(), sqlx::Error> {
     let merged = per_product(lines);
     let products: Vec<&str> = merged.keys().copied().collect();
