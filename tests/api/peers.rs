@@ -17,6 +17,15 @@ fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// A port held by a socket that is bound but never listens: a connection to it is refused at
+/// once, and no other test can take the port while the socket lives.
+fn refusing_port(port: u16) -> tokio::net::TcpSocket {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind(([127, 0, 0, 1], port).into()).unwrap();
+    socket
+}
+
 /// An instance of `database` (a new one if `None`) whose peers are `urls`, itself `urls[me]`.
 async fn peer(
     cluster: &devcluster::Cluster,
@@ -172,11 +181,12 @@ async fn a_contended_products_orders_go_to_its_owner_and_every_answer_is_the_tru
 async fn an_owner_that_cannot_be_reached_is_passed_over_and_the_order_is_placed_here() {
     let cluster = shared_cluster();
     let redis = devcluster::Redis::temporary().unwrap();
-    // The second peer never started: nothing listens there.
-    let urls: Vec<String> = free_ports(2)
-        .into_iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect();
+    // The second peer never started: its port refuses connections.
+    let dead = refusing_port(0);
+    let urls = vec![
+        format!("http://127.0.0.1:{}", free_ports(1)[0]),
+        format!("http://127.0.0.1:{}", dead.local_addr().unwrap().port()),
+    ];
     let a = peer(cluster, None, &redis, &urls, 0).await;
     let product = owned_by(&a, &urls[1], "peer-gone");
     assert!(
@@ -228,15 +238,20 @@ async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
     let redis = devcluster::Redis::temporary().unwrap();
     // The second peer reads the request and hangs up.
     let owner = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let owner_port = owner.local_addr().unwrap().port();
     let urls = vec![
         format!("http://127.0.0.1:{}", free_ports(1)[0]),
-        format!("http://127.0.0.1:{}", owner.local_addr().unwrap().port()),
+        format!("http://127.0.0.1:{owner_port}"),
     ];
     let hang_up = tokio::spawn(async move {
         let (mut link, _) = owner.accept().await.unwrap();
         let mut buf = [0u8; 4096];
         let _ = link.read(&mut buf).await;
-        // Dropping the link and the listener: the owner is gone.
+        // The owner is gone: its port refuses connections from now on (held, so that no
+        // other test's server can take it).
+        drop(link);
+        drop(owner);
+        refusing_port(owner_port)
     });
     let a = peer(cluster, None, &redis, &urls, 0).await;
     let product = owned_by(&a, &urls[1], "peer-cut");
@@ -266,7 +281,7 @@ async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
     let unknown = answer(sent).await;
     assert_error(&unknown, 503, "OUTCOME_UNKNOWN");
     assert_eq!(forwarded(&a, "unknown").await, 1.0);
-    hang_up.await.unwrap();
+    let _gone = hang_up.await.unwrap();
 
     // The owner is gone: the retry with the same key cannot reach it and is placed here.
     let (status, body) = answer(a.order("third", "third", &product, 1).await).await;
