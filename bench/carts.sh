@@ -10,7 +10,8 @@
 #     lock order every transaction of the service shares), one guarded UPDATE of the three,
 #     the cart's order row and its three lines, COMMIT;
 #   - a fresh `stockgate serve` under `wrk -t2 -c64`, each request a cart of three distinct
-#     random products, one unit each, by a fresh buyer and key (bench/wrk/carts.lua).
+#     random products, one unit each, by a fresh buyer and key (bench/wrk/orders.lua with
+#     LINES 3).
 # Prints per round the service's carts/s and p99, pgbench's best tps and their ratio; then the
 # medians with min–max; appends it all to bench/results/carts-<date>.md.
 #
@@ -72,7 +73,7 @@ service() {
     "$BIN" serve >"$work/serve.log" 2>&1 &
   pid=$!
   wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "carts.sh: the service did not start" >&2; exit 1; }
-  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/carts.lua "$URL" -- "$ADMIN" cart- 20 >"$work/wrk.txt"
+  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" cart- 20 3 >"$work/wrk.txt"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
   grep -E '^status' "$work/wrk.txt" >&2 || true
   LC_ALL=C awk -v s="$SECS" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" '

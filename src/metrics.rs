@@ -152,6 +152,9 @@ pub const HOLD_EVENTS: &[&str] = &["taken", "confirmed", "released", "expired"];
 pub const RYW_STEPS: &[&str] = &["get", "advance", "position"];
 /// The `step` labels of `post_commit_failures_total`.
 pub const POST_COMMIT_STEPS: &[&str] = &["reopen"];
+
+/// `stockgate_orders_forwarded_total`'s outcomes (src/peers.rs).
+pub const FORWARD_OUTCOMES: &[&str] = &["answered", "unreachable", "unknown"];
 /// The order route's statuses that the 5xx alert divides (`deploy/prometheus/alerts.yml`):
 /// the confirmations and the failures, so neither side of the ratio starts absent.
 const ORDER_ROUTE_STATUSES: &[&str] = &["201", "500", "503"];
@@ -180,6 +183,9 @@ impl Metrics {
         }
         self.writes_refused_read_only
             .with_label_values(&["connect"]);
+        for outcome in FORWARD_OUTCOMES {
+            self.orders_forwarded.with_label_values(&[outcome]);
+        }
     }
 
     pub fn render(&self) -> String {

@@ -1,7 +1,8 @@
 -- wrk script: every request is a new order by a new buyer (admin token acting for a fresh
 -- user_id, fresh Idempotency-Key) for one product, or with N for a product drawn at random
--- from PRODUCT_ID1 … PRODUCT_IDN; counts responses by status.
--- usage: wrk -s bench/wrk/orders.lua URL -- ADMIN_TOKEN PRODUCT_ID [N]
+-- from PRODUCT_ID1 … PRODUCT_IDN, or with N and LINES for a cart of LINES distinct products
+-- drawn from those, one unit each; counts responses by status.
+-- usage: wrk -s bench/wrk/orders.lua URL -- ADMIN_TOKEN PRODUCT_ID [N [LINES]]
 local threads = {}
 
 function setup(thread)
@@ -22,6 +23,7 @@ end
 
 function init(args)
   token, product, spread, n, codes = args[1], args[2], tonumber(args[3]), 0, {}
+  lines = tonumber(args[4]) or 1
   proc = pid()
   math.randomseed(os.time() * 1000 + tid + proc * 7919)
 end
@@ -29,8 +31,21 @@ end
 function request()
   n = n + 1
   local who = string.format("wrk-%d-%d-%d-%d", proc, tid, n, math.random(1000000000))
-  local p = spread and (product .. math.random(1, spread)) or product
-  local body = string.format('{"product_id":"%s","quantity":1,"user_id":"%s"}', p, who)
+  local body
+  if lines > 1 then
+    local picked, items = {}, {}
+    while #items < lines do
+      local i = math.random(1, spread)
+      if not picked[i] then
+        picked[i] = true
+        table.insert(items, string.format('{"product_id":"%s%d","quantity":1}', product, i))
+      end
+    end
+    body = string.format('{"lines":[%s],"user_id":"%s"}', table.concat(items, ","), who)
+  else
+    local p = spread and (product .. math.random(1, spread)) or product
+    body = string.format('{"product_id":"%s","quantity":1,"user_id":"%s"}', p, who)
+  end
   return wrk.format("POST", "/v1/orders", {
     ["Authorization"] = "Bearer " .. token,
     ["Content-Type"] = "application/json",

@@ -65,6 +65,25 @@ async fn forwarded(app: &TestApp, outcome: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Makes `product` contended on `app`: another writer (a plain UPDATE on the primary) takes
+/// a unit between two of `app`'s batches ("first" and "second" each order one).
+async fn contend(app: &TestApp, product: &str) {
+    order_ok(app, "first", product).await;
+    sqlx::query(
+        "UPDATE products SET available_quantity = available_quantity - 1 WHERE product_id = $1",
+    )
+    .bind(product)
+    .execute(&app.primary)
+    .await
+    .unwrap();
+    order_ok(app, "second", product).await;
+    assert!(
+        app.state
+            .checkout
+            .contended(&ProductId::parse(product).unwrap())
+    );
+}
+
 async fn order_ok(app: &TestApp, user: &str, product: &str) {
     let (status, body) = answer(app.order(user, user, product, 1).await).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -196,21 +215,7 @@ async fn an_owner_that_cannot_be_reached_is_passed_over_and_the_order_is_placed_
             .is_success()
     );
 
-    // Another writer takes a unit between two of a's batches: contended.
-    order_ok(&a, "first", &product).await;
-    sqlx::query(
-        "UPDATE products SET available_quantity = available_quantity - 1 WHERE product_id = $1",
-    )
-    .bind(&product)
-    .execute(&a.primary)
-    .await
-    .unwrap();
-    order_ok(&a, "second", &product).await;
-    assert!(
-        a.state
-            .checkout
-            .contended(&ProductId::parse(&product).unwrap())
-    );
+    contend(&a, &product).await;
 
     let (status, body): (StatusCode, Value) =
         answer(a.order("third", "third", &product, 1).await).await;
@@ -261,20 +266,7 @@ async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
             .status()
             .is_success()
     );
-    order_ok(&a, "first", &product).await;
-    sqlx::query(
-        "UPDATE products SET available_quantity = available_quantity - 1 WHERE product_id = $1",
-    )
-    .bind(&product)
-    .execute(&a.primary)
-    .await
-    .unwrap();
-    order_ok(&a, "second", &product).await;
-    assert!(
-        a.state
-            .checkout
-            .contended(&ProductId::parse(&product).unwrap())
-    );
+    contend(&a, &product).await;
 
     let sent = a.order("third", "third", &product, 1).await;
     assert!(sent.headers().contains_key("retry-after"));
