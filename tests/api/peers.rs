@@ -65,6 +65,20 @@ async fn forwarded(app: &TestApp, outcome: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A product of 10 units that `app`'s peers give to `owner`, made contended on `app` (two
+/// units sold: "first" through `app`, one by another writer).
+async fn contended_product(app: &TestApp, owner: &str, prefix: &str) -> String {
+    let product = owned_by(app, owner, prefix);
+    assert!(
+        app.create_product(&product, 10, 500)
+            .await
+            .status()
+            .is_success()
+    );
+    contend(app, &product).await;
+    product
+}
+
 /// Makes `product` contended on `app`: another writer (a plain UPDATE on the primary) takes
 /// a unit between two of `app`'s batches ("first" and "second" each order one).
 async fn contend(app: &TestApp, product: &str) {
@@ -207,15 +221,7 @@ async fn an_owner_that_cannot_be_reached_is_passed_over_and_the_order_is_placed_
         format!("http://127.0.0.1:{}", dead.local_addr().unwrap().port()),
     ];
     let a = peer(cluster, None, &redis, &urls, 0).await;
-    let product = owned_by(&a, &urls[1], "peer-gone");
-    assert!(
-        a.create_product(&product, 10, 500)
-            .await
-            .status()
-            .is_success()
-    );
-
-    contend(&a, &product).await;
+    let product = contended_product(&a, &urls[1], "peer-gone").await;
 
     let (status, body): (StatusCode, Value) =
         answer(a.order("third", "third", &product, 1).await).await;
@@ -259,14 +265,7 @@ async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
         refusing_port(owner_port)
     });
     let a = peer(cluster, None, &redis, &urls, 0).await;
-    let product = owned_by(&a, &urls[1], "peer-cut");
-    assert!(
-        a.create_product(&product, 10, 500)
-            .await
-            .status()
-            .is_success()
-    );
-    contend(&a, &product).await;
+    let product = contended_product(&a, &urls[1], "peer-cut").await;
 
     let sent = a.order("third", "third", &product, 1).await;
     assert!(sent.headers().contains_key("retry-after"));
