@@ -1,14 +1,15 @@
 //! One owner per contended product across instances (issue #31, part 2).
 //!
 //! Several instances selling one product each take its row for their own batches, and each
-//! batch is smaller (an instance gathers only the orders it holds): four instances took the
-//! row 1.7 times as often as one, for the same orders, and sold at 0.65–0.72 of one. Here a
+//! batch is smaller (an instance gathers only the orders it holds): four instances with 16
+//! connections each ran batches of 15.7 orders against one instance's 34.4, and sold 0.61×
+//! of one (bench/results/scale-2026-12-03.md). Here a
 //! product whose row another writer keeps taking between this instance's batches ("contended",
 //! [`crate::checkout::Checkout::contended`]) has its single-product orders sent to one owner,
 //! the same for every instance: the live peer that ranks the product highest (rendezvous
-//! hashing over `STOCKGATE_PEERS`). Orders travel in batches, one request per batch per owner
-//! (everything queued for that owner while the last one was out), and join the owner's own
-//! batches for the product: one row, one writer, batches as large as one instance's.
+//! hashing over `STOCKGATE_PEERS`). Orders travel in batches, each request carrying
+//! everything queued for that owner when it leaves (up to [`IN_FLIGHT`] out at once), and
+//! join the owner's own batches for the product: one row, one writer, larger batches.
 //!
 //! Nothing about correctness rests on this: the owner places each order exactly as if its
 //! client had sent it there (the same guarded UPDATE, key claim and answer), and two instances

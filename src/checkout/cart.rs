@@ -96,10 +96,7 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
         return Err(CheckoutError::OutcomeUnknown);
     }
     commit(tx).await?;
-    // The lines as stored (and as `GET /v1/orders/{id}` states them), read once the rows
-    // are no longer held.
-    let mut conn = db.primary().pool()?.acquire().await?;
-    Ok(Placed::Created(with_lines(&mut *conn, order).await?))
+    Ok(Placed::Created(order))
 }
 
 /// Claims the request's key with a confirmed order at the locked prices, its lines and its

@@ -16,7 +16,7 @@
 //! here takes one on a product.
 
 use super::drops::{Rules, rule_columns};
-use super::order::{Order, new_row_id, order_columns};
+use super::order::{Order, OrderLine, new_row_id, order_columns};
 use crate::domain::{IdempotencyKey, ProductId, Quantity};
 use std::collections::BTreeMap;
 
@@ -121,7 +121,6 @@ pub(crate) async fn take(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result<bool
     Ok(taken.rows_affected() == products.len() as u64)
 }
 
-/// Gives every line's units back (a cancel, a release, an expiry), locking in lock order.
 /// A cart's confirmed order, as [`claim_and_take`] writes it.
 pub(crate) struct CartClaim<'a> {
     pub user: &'a str,
@@ -134,14 +133,14 @@ pub(crate) struct CartClaim<'a> {
 
 /// Claims a cart's key with its confirmed order, inserts its lines and takes every line's
 /// units with one guarded UPDATE: one statement, so the rows the caller locked are held for
-/// one round trip and the commit (they were held for four). `None`: another request claimed
+/// one round trip and the commit (they were held for four). The order comes back with its
+/// lines as stored, in the order `with_lines` reads them. `None`: another request claimed
 /// the key first (nothing written); the flag: every product's guard held (when it is false,
 /// nothing may commit).
 pub(crate) async fn claim_and_take(
     tx: &mut Tx,
     cart: &CartClaim<'_>,
 ) -> Result<Option<(Order, bool)>, sqlx::Error> {
-    use sqlx::{FromRow, Row};
     let products: Vec<&str> = cart.lines.iter().map(|l| l.0).collect();
     let qty: Vec<i32> = cart.lines.iter().map(|l| l.1).collect();
     let prices: Vec<i32> = cart.lines.iter().map(|l| l.2).collect();
@@ -156,6 +155,7 @@ pub(crate) async fn claim_and_take(
            SELECT claim.order_id, l.product_id, l.quantity, l.price \
              FROM claim, UNNEST($6::text[], $7::int4[], $8::int4[]) AS l(product_id, quantity, price) \
             ORDER BY l.product_id COLLATE \"C\" \
+           RETURNING product_id, quantity, unit_price_cents \
          ), took AS ( \
            UPDATE products p SET available_quantity = p.available_quantity - l.q, updated_at = clock_timestamp() \
              FROM UNNEST($6::text[], $7::int4[]) AS l(product_id, q) \
@@ -163,7 +163,11 @@ pub(crate) async fn claim_and_take(
               AND EXISTS (SELECT 1 FROM claim) \
            RETURNING 1 \
          ) \
-         SELECT claim.*, (SELECT count(*) FROM took) AS took FROM claim",
+         SELECT claim.*, (SELECT count(*) FROM took) AS took, \
+                (SELECT array_agg(product_id ORDER BY product_id) FROM lines) AS line_products, \
+                (SELECT array_agg(quantity ORDER BY product_id) FROM lines) AS line_quantities, \
+                (SELECT array_agg(unit_price_cents ORDER BY product_id) FROM lines) AS line_prices \
+           FROM claim",
     ))
     .bind(new_row_id())
     .bind(cart.user)
@@ -178,13 +182,34 @@ pub(crate) async fn claim_and_take(
     let Some(row) = row else {
         return Ok(None);
     };
-    let took: i64 = row.try_get("took")?;
-    Ok(Some((
-        Order::from_row(&row)?,
-        took == products.len() as i64,
-    )))
+    let (order, took) = cart_order(&row)?;
+    Ok(Some((order, took == products.len() as i64)))
 }
 
+/// [`claim_and_take`]'s row: the order with its lines, and how many products' guards held.
+fn cart_order(row: &sqlx::postgres::PgRow) -> Result<(Order, i64), sqlx::Error> {
+    use sqlx::{FromRow, Row};
+    let products: Vec<String> = row.try_get("line_products")?;
+    let quantities: Vec<i32> = row.try_get("line_quantities")?;
+    let prices: Vec<i32> = row.try_get("line_prices")?;
+    let lines = products
+        .into_iter()
+        .zip(quantities)
+        .zip(prices)
+        .map(|((product_id, quantity), unit_price_cents)| OrderLine {
+            product_id,
+            quantity,
+            unit_price_cents,
+        })
+        .collect();
+    let order = Order {
+        lines,
+        ..Order::from_row(row)?
+    };
+    Ok((order, row.try_get("took")?))
+}
+
+/// Gives every line's units back (a cancel, a release, an expiry), locking in lock order.
 pub(crate) async fn give_back(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result<(), sqlx::Error> {
     let merged = per_product(lines);
     let products: Vec<&str> = merged.keys().copied().collect();

@@ -203,7 +203,8 @@ async fn place(
     Ok(created(placed))
 }
 
-fn created(placed: Placed) -> Response {
+/// A placed order's answer: 201 with the order (a replay too).
+pub(super) fn created(placed: Placed) -> Response {
     let (Placed::Created(order) | Placed::Replayed(order)) = placed;
     (StatusCode::CREATED, Json(order)).into_response()
 }

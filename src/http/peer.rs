@@ -4,12 +4,12 @@
 
 use super::{ApiError, AppState, Json};
 use crate::auth::Caller;
-use crate::checkout::{OrderRequest, Placed};
+use crate::checkout::OrderRequest;
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::peers::{WireAnswer, WireOrder};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 pub fn router(state: AppState) -> Router {
@@ -48,9 +48,7 @@ async fn place_one(state: &AppState, o: WireOrder) -> Response {
     })();
     match req {
         Ok(req) => match state.checkout.place(req).await {
-            Ok(Placed::Created(order) | Placed::Replayed(order)) => {
-                (StatusCode::CREATED, Json(order)).into_response()
-            }
+            Ok(placed) => super::orders::created(placed),
             Err(e) => ApiError::from(e).into_response(),
         },
         Err(e) => e.into_response(),
