@@ -11,14 +11,17 @@
 use super::drops::{self, Refusal};
 use super::error::CheckoutError;
 use super::idempotency::{existing_under, judge_held};
-use super::order::{Order, Placed, order_columns, with_lines};
-use super::status::OrderStatus;
+use super::order::{Placed, with_lines};
 use super::stock::{self, Short};
 use super::tx::commit;
-use crate::domain::{IdempotencyKey, Lines, UserId};
+use crate::domain::{IdempotencyKey, Lines, ProductId, UserId};
+use crate::metrics::Metrics;
 use crate::routing::Db;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
 
-use super::stock::{Locked, Tx};
+use super::stock::{CartClaim, Locked};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// A cart order as the boundary parsed it.
 #[derive(Debug, Clone)]
@@ -49,7 +52,7 @@ async fn held(
     }
 }
 
-/// Places a cart: all lines or none.
+/// Places a cart alone: all lines or none, in a transaction of its own.
 pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> {
     let mut tx = db.primary().begin().await?;
     match held(&mut tx, req).await {
@@ -72,13 +75,9 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
             return Err(not_started);
         }
     };
-    let claimed = match &refusal {
-        Some((r, _)) => claim(&mut tx, req, &locked, Some(r))
-            .await?
-            .map(|o| (o, true)),
-        None => claim_and_take(&mut tx, req, &locked).await?,
-    };
-    let Some((order, took)) = claimed else {
+    let claim = claim_of(req, &locked, refusal.as_ref().map(|(r, _)| r));
+    let claimed = stock::claim_carts(&mut tx, &[claim]).await?;
+    let Some(order) = claimed.orders.into_iter().next() else {
         // A concurrent request with this key committed first: answer as it did.
         tx.rollback().await?;
         let mut conn = db.primary().pool()?.acquire().await?;
@@ -86,71 +85,247 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
             .await?
             .ok_or(CheckoutError::OutcomeUnknown);
     };
-    if let Some((_, answer)) = refusal {
-        commit(tx).await?;
-        return Err(answer);
-    }
-    if !took {
+    if !claimed.guards_held {
         // Cannot happen while we hold the rows; if it did, nothing may commit.
         tx.rollback().await?;
         return Err(CheckoutError::OutcomeUnknown);
     }
     commit(tx).await?;
-    Ok(Placed::Created(order))
+    match refusal {
+        Some((_, answer)) => Err(answer),
+        None => Ok(Placed::Created(order)),
+    }
 }
 
-/// Claims the request's key with a confirmed order at the locked prices, its lines and its
-/// units: [`stock::claim_and_take`], one statement. `None`: another request claimed the key
-/// first; the flag: every product's guard held.
-async fn claim_and_take(
-    tx: &mut Tx,
-    req: &CartRequest,
+/// A cart's claim on its key: confirmed at the locked prices, or refused (no lines).
+fn claim_of<'a>(
+    req: &'a CartRequest,
     locked: &Locked,
-) -> Result<Option<(Order, bool)>, sqlx::Error> {
-    let lines: Vec<(&str, i32, i32)> = req
-        .lines
-        .get()
-        .iter()
-        .map(|(p, q)| (p.as_str(), q.get(), locked[p.as_str()].price))
-        .collect();
-    let claim = stock::CartClaim {
+    refusal: Option<&'a Refusal>,
+) -> CartClaim<'a> {
+    let lines = match refusal {
+        Some(_) => vec![],
+        None => req
+            .lines
+            .get()
+            .iter()
+            .map(|(p, q)| (p.as_str(), q.get(), locked[p.as_str()].price))
+            .collect(),
+    };
+    CartClaim {
+        order_id: super::order::new_row_id(),
         user: req.user.as_str(),
         key: req.key.as_str(),
-        fingerprint: &req.fingerprint(),
-        total: total(req, locked),
-        lines: &lines,
-    };
-    stock::claim_and_take(tx, &claim).await
+        fingerprint: req.fingerprint(),
+        refusal,
+        total: if refusal.is_some() { 0 } else { total(req, locked) },
+        lines,
+    }
 }
 
-/// Claims the request's key with the order: `confirmed` at the locked prices when every line
-/// fits, else `refused` (total 0) with its reason, so the 409 is final for the key. `None`:
-/// another request claimed the key first.
-async fn claim(
-    tx: &mut Tx,
-    req: &CartRequest,
-    locked: &Locked,
-    refusal: Option<&Refusal>,
-) -> Result<Option<Order>, sqlx::Error> {
-    let (status, total) = match refusal {
-        None => (OrderStatus::Confirmed, total(req, locked)),
-        Some(_) => (OrderStatus::Refused, 0),
-    };
-    sqlx::query_as(concat!(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
-         VALUES ($1, NULL, $2, NULL, 0, $3, $4, $5, $6, $7) \
-         ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
-        order_columns!()
-    ))
-    .bind(super::order::new_row_id())
-    .bind(req.user.as_str())
-    .bind(total)
-    .bind(status)
-    .bind(req.key.as_str())
-    .bind(req.fingerprint())
-    .bind(refusal.and_then(Refusal::to_stored))
-    .fetch_optional(&mut **tx)
+/// A cart's answer from a batch; `None`: it is placed alone after the batch ([`place`]).
+type Fate = Option<Result<Placed, CheckoutError>>;
+
+/// Places several carts (in arrival order) as one transaction with one commit ([`seat`]); the
+/// carts the batch leaves to themselves, and all of them if the batch fails before its commit
+/// (then nothing of it was written), are placed alone.
+pub async fn place_many(db: &Db, reqs: &[CartRequest]) -> Vec<Result<Placed, CheckoutError>> {
+    if let [req] = reqs {
+        return vec![place(db, req).await];
+    }
+    let fates = seat(db, reqs).await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, carts = reqs.len(), "a batch of carts failed before its commit (nothing written); placing them one by one");
+        reqs.iter().map(|_| None).collect()
+    });
+    futures::future::join_all(reqs.iter().zip(fates).map(|(req, fate)| async move {
+        match fate {
+            Some(fate) => fate,
+            None => place(db, req).await,
+        }
+    }))
     .await
+}
+
+/// One transaction for a batch of carts. It reads what their keys hold (one statement),
+/// locks every product they name in lock order (one statement), judges the carts in arrival
+/// order against what the earlier ones left (window, then stock: [`drops::judge_lines`]), and
+/// claims every key with its order or refusal, its lines and its units in one statement
+/// ([`stock::claim_carts`]), then commits once. Left to be placed alone (`None`): a repeat of
+/// an earlier cart's key in the batch (it is judged against what that cart wrote), a cart
+/// with a per-customer limit (its allowance counts the user's other orders, which this batch
+/// may be writing), and a cart whose key another request claimed first.
+async fn seat(db: &Db, reqs: &[CartRequest]) -> Result<Vec<Fate>, CheckoutError> {
+    let mut fates: Vec<Fate> = reqs.iter().map(|_| None).collect();
+    let mut tx = db.primary().begin().await?;
+    let (users, keys): (Vec<&str>, Vec<&str>) = reqs
+        .iter()
+        .map(|r| (r.user.as_str(), r.key.as_str()))
+        .unzip();
+    let found = existing_under(&mut *tx, &users, &keys).await?;
+    let mut first = HashSet::new();
+    let mut open = Vec::new();
+    for (i, r) in reqs.iter().enumerate() {
+        if !first.insert((users[i], keys[i])) {
+            continue;
+        }
+        let key = (users[i].to_string(), keys[i].to_string());
+        fates[i] = match judge_held(&r.fingerprint(), found.get(&key)) {
+            Ok(None) => {
+                open.push(i);
+                continue;
+            }
+            Ok(Some(order)) => Some(Ok(Placed::Replayed(with_lines(&mut *tx, order).await?))),
+            Err(answer) => Some(Err(answer)),
+        };
+    }
+    let products: BTreeSet<&str> = open
+        .iter()
+        .flat_map(|&i| reqs[i].lines.get().iter().map(|(p, _)| p.as_str()))
+        .collect();
+    if products.is_empty() {
+        tx.rollback().await?;
+        return Ok(fates);
+    }
+    let mut left = stock::lock(&mut tx, &products.into_iter().collect::<Vec<_>>()).await?;
+    let locked = left.clone();
+    let mut judged: Vec<(usize, Option<(Refusal, CheckoutError)>)> = Vec::new();
+    for i in open {
+        let (req, lines) = (&reqs[i], reqs[i].lines.get());
+        if lines.iter().any(|(p, _)| !left.contains_key(p.as_str())) {
+            fates[i] = Some(Err(CheckoutError::ProductNotFound));
+            continue;
+        }
+        if lines.iter().any(|(p, _)| left[p.as_str()].limit.is_some()) {
+            continue;
+        }
+        match drops::judge_lines(&mut tx, &req.user, lines, &left, false)
+            .await?
+            .refusal()
+        {
+            Err(not_started) => fates[i] = Some(Err(not_started)),
+            Ok(refusal) => {
+                if refusal.is_none() {
+                    for (p, q) in lines {
+                        if let Some(row) = left.get_mut(p.as_str()) {
+                            row.available -= q.get();
+                        }
+                    }
+                }
+                judged.push((i, refusal));
+            }
+        }
+    }
+    if judged.is_empty() {
+        tx.rollback().await?;
+        return Ok(fates);
+    }
+    let claims: Vec<CartClaim<'_>> = judged
+        .iter()
+        .map(|(i, refusal)| claim_of(&reqs[*i], &locked, refusal.as_ref().map(|(r, _)| r)))
+        .collect();
+    let claimed = stock::claim_carts(&mut tx, &claims).await?;
+    if !claimed.guards_held {
+        // Cannot happen while we hold the rows; if it did, nothing may commit.
+        tx.rollback().await?;
+        return Err(CheckoutError::OutcomeUnknown);
+    }
+    let mut orders: HashMap<_, _> = claimed
+        .orders
+        .into_iter()
+        .map(|o| (o.order_id, o))
+        .collect();
+    let committed = commit(tx).await;
+    for ((i, refusal), claim) in judged.iter().zip(&claims) {
+        let Some(order) = orders.remove(&claim.order_id) else {
+            continue;
+        };
+        fates[*i] = Some(match (&committed, refusal) {
+            (Err(unknown), _) => Err(unknown.clone()),
+            (Ok(()), Some((_, answer))) => Err(answer.clone()),
+            (Ok(()), None) => Ok(Placed::Created(order)),
+        });
+    }
+    Ok(fates)
+}
+
+/// What the cart queue does once a batch has committed: reopen the gate for the products
+/// its carts took (one read of the primary's position for the whole batch).
+pub(crate) type AfterCommit =
+    Arc<dyn Fn(Vec<ProductId>) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+type Queued = (CartRequest, oneshot::Sender<Result<Placed, CheckoutError>>);
+
+/// Cart transactions in flight at once. While they run, the carts that arrive queue for the
+/// next one; two let one batch read its keys while the other holds the rows.
+const STATEMENTS: usize = 2;
+
+/// The most carts one transaction carries.
+const MAX_CARTS: usize = 256;
+
+/// The carts waiting for the next batch. A queued cart belongs to its batch, not to the
+/// request that sent it: a client that hangs up leaves the whole cart or none.
+pub(crate) struct CartQueue {
+    tx: mpsc::UnboundedSender<Queued>,
+}
+
+impl CartQueue {
+    pub(crate) fn start(db: Db, metrics: Metrics, after: AfterCommit) -> CartQueue {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(dispatch(db, metrics, after, rx));
+        CartQueue { tx }
+    }
+
+    /// The cart's answer from the batch it joins. A batch whose task died may have committed:
+    /// that is [`CheckoutError::OutcomeUnknown`], and the same key tells.
+    pub(crate) async fn place(&self, req: CartRequest) -> Result<Placed, CheckoutError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send((req, reply))
+            .map_err(|_| CheckoutError::OutcomeUnknown)?;
+        answer.await.unwrap_or(Err(CheckoutError::OutcomeUnknown))
+    }
+}
+
+/// Takes every cart queued when a transaction slot is free (up to [`MAX_CARTS`]) as one batch
+/// ([`place_many`]).
+async fn dispatch(
+    db: Db,
+    metrics: Metrics,
+    after: AfterCommit,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(STATEMENTS));
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_CARTS {
+            match rx.try_recv() {
+                Ok(queued) => batch.push(queued),
+                Err(_) => break,
+            }
+        }
+        let (db, metrics, after) = (db.clone(), metrics.clone(), after.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            metrics.order_transactions.inc();
+            let (reqs, replies): (Vec<CartRequest>, Vec<_>) = batch.into_iter().unzip();
+            let fates = place_many(&db, &reqs).await;
+            let took: HashSet<ProductId> = fates
+                .iter()
+                .filter_map(|f| match f {
+                    Ok(Placed::Created(order)) => Some(order.products()),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            after(took.into_iter().collect()).await;
+            for (reply, fate) in replies.into_iter().zip(fates) {
+                let _ = reply.send(fate);
+            }
+        });
+    }
 }
 
 /// The cart's price: every line at its product's locked price.

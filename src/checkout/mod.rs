@@ -54,12 +54,44 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
+/// The one path every change of stock outside an order batch (restock, cancel, import,
+/// cart, hold and its ending) takes after its commit: this instance's gate forgets its
+/// cached answer and reads only where the change is. It cannot fail: if the primary's
+/// position cannot be read, the product is read from the primary alone until the entry ages
+/// out (fail safe), and that is counted. One read of the primary's position serves every
+/// product the write changed.
+async fn reopen(db: &Db, metrics: &Metrics, cache: &GateCache, products: &[ProductId]) {
+    if products.is_empty() {
+        return;
+    }
+    let lsn = match db.primary().current_lsn().await {
+        Ok(lsn) => lsn,
+        Err(e) => {
+            post_commit_failed(metrics, "reopen", &e);
+            // No replica ever replays this far: the gate reads the primary.
+            Lsn::MAX
+        }
+    };
+    for product in products {
+        cache.reopen(product, lsn);
+    }
+}
+
+fn post_commit_failed(metrics: &Metrics, step: &str, e: &dyn std::fmt::Display) {
+    metrics
+        .post_commit_failures
+        .with_label_values(&[step])
+        .inc();
+    tracing::warn!(step, error = %e, "a step after a committed write failed; failing safe");
+}
+
 #[derive(Clone)]
 pub struct Checkout {
     db: Db,
     metrics: Metrics,
     cache: Arc<GateCache>,
     coalescer: Arc<Coalescer>,
+    carts: Arc<cart::CartQueue>,
     /// Per-user token buckets (orders per second), when a limit is configured.
     limiter: Option<Arc<RateLimiter>>,
     refusals: refusals::Refusals,
@@ -101,44 +133,28 @@ impl Checkout {
         let limiter =
             (rate_per_user > 0).then(|| Arc::new(RateLimiter::with_clock(rate_per_user, clock)));
         let refusals = refusals::Refusals::start(db.clone(), metrics.clone());
+        let after: cart::AfterCommit = {
+            let (db, metrics, cache) = (db.clone(), metrics.clone(), cache.clone());
+            Arc::new(move |products| {
+                let (db, metrics, cache) = (db.clone(), metrics.clone(), cache.clone());
+                Box::pin(async move { reopen(&db, &metrics, &cache, &products).await })
+            })
+        };
+        let carts = Arc::new(cart::CartQueue::start(db.clone(), metrics.clone(), after));
         Checkout {
             db,
             metrics,
             cache,
             coalescer,
+            carts,
             limiter,
             refusals,
         }
     }
 
-    /// The one path every change of stock outside an order batch (restock, cancel, import,
-    /// cart, hold and its ending) takes after its commit: this instance's gate forgets its
-    /// cached answer and reads only where the change is. It cannot fail: if the primary's position cannot be read, the product is
-    /// read from the primary alone until the entry ages out (fail safe), and that is counted.
-    /// One read of the primary's position serves every product the write changed.
+    /// After a committed change of these products' stock: [`reopen`].
     pub async fn reopened(&self, products: &[ProductId]) {
-        if products.is_empty() {
-            return;
-        }
-        let lsn = match self.db.primary().current_lsn().await {
-            Ok(lsn) => lsn,
-            Err(e) => {
-                self.post_commit_failed("reopen", &e);
-                // No replica ever replays this far: the gate reads the primary.
-                Lsn::MAX
-            }
-        };
-        for product in products {
-            self.cache.reopen(product, lsn);
-        }
-    }
-
-    fn post_commit_failed(&self, step: &str, e: &dyn std::fmt::Display) {
-        self.metrics
-            .post_commit_failures
-            .with_label_values(&[step])
-            .inc();
-        tracing::warn!(step, error = %e, "a step after a committed write failed; failing safe");
+        reopen(&self.db, &self.metrics, &self.cache, products).await;
     }
 
     /// Places an order: the gate's early "no", or a seat in the product's next batch.
@@ -157,22 +173,12 @@ impl Checkout {
         self.coalescer.contended(product)
     }
 
-    /// Places a cart: all lines or none, in its own task (a client that hangs up leaves the
-    /// whole cart or none).
+    /// Places a cart: all lines or none, in the next batch of carts (a client that hangs up
+    /// leaves the whole cart or none).
     pub async fn place_cart(&self, req: cart::CartRequest) -> Result<Placed, CheckoutError> {
         let outcome = match &self.limiter {
             Some(l) if !l.allow(&req.user) => Err(CheckoutError::RateLimited),
-            _ => {
-                let this = self.clone();
-                whole_or_none(async move {
-                    let placed = cart::place(&this.db, &req).await?;
-                    if let Placed::Created(order) = &placed {
-                        this.reopened(&order.products()).await;
-                    }
-                    Ok(placed)
-                })
-                .await
-            }
+            _ => self.carts.place(req).await,
         };
         self.count(&outcome);
         outcome

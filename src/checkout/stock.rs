@@ -15,7 +15,8 @@
 //! foreign-key checks take `FOR KEY SHARE`, which only a `FOR UPDATE` would block, and nothing
 //! here takes one on a product.
 
-use super::drops::{Rules, rule_columns};
+use super::drops::{Refusal, Rules, rule_columns};
+use super::status::OrderStatus;
 use super::order::{Order, OrderLine, new_row_id, order_columns};
 use crate::domain::{IdempotencyKey, ProductId, Quantity};
 use std::collections::BTreeMap;
@@ -121,81 +122,138 @@ pub(crate) async fn take(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result<bool
     Ok(taken.rows_affected() == products.len() as u64)
 }
 
-/// A cart's confirmed order, as [`claim_and_take`] writes it.
+/// A cart's claim on its key, as [`claim_carts`] writes it: a confirmed order at the locked
+/// prices with its lines, or a refusal (no lines, total 0).
 pub(crate) struct CartClaim<'a> {
+    pub order_id: uuid::Uuid,
     pub user: &'a str,
     pub key: &'a str,
-    pub fingerprint: &'a str,
+    pub fingerprint: String,
+    /// `None`: confirmed. `Some`: refused, for this reason.
+    pub refusal: Option<&'a Refusal>,
     pub total: i64,
-    /// (product, quantity, locked price), each product once.
-    pub lines: &'a [(&'a str, i32, i32)],
+    /// (product, quantity, locked price), each product once; empty for a refusal.
+    pub lines: Vec<(&'a str, i32, i32)>,
 }
 
-/// Claims a cart's key with its confirmed order, inserts its lines and takes every line's
-/// units with one guarded UPDATE: one statement, so the rows the caller locked are held for
-/// one round trip and the commit (they were held for four). The order comes back with its
-/// lines as stored, in the order `with_lines` reads them. `None`: another request claimed
-/// the key first (nothing written); the flag: every product's guard held (when it is false,
-/// nothing may commit).
-pub(crate) async fn claim_and_take(
+/// What [`claim_carts`] wrote: the orders and refusals whose keys it claimed (a key another
+/// request claimed first is absent, and nothing of its cart was written), and whether every
+/// product's guard held (when it is false, nothing may commit).
+pub(crate) struct CartsClaimed {
+    pub orders: Vec<Order>,
+    pub guards_held: bool,
+}
+
+/// Claims the carts' keys, inserts the confirmed carts' lines and takes their units with ONE
+/// guarded UPDATE (each product's summed units, `… AND available_quantity >= q`): one
+/// statement for any number of carts, so the rows the caller locked are held for one round
+/// trip and the commit. Keys are claimed in (user, key) byte order, the order every batch and
+/// refusal claims keys in, so two claimers never wait on each other's keys in a circle; lines
+/// go in in lock order. Orders come back with their lines as stored, in the order
+/// `with_lines` reads them.
+pub(crate) async fn claim_carts(
     tx: &mut Tx,
-    cart: &CartClaim<'_>,
-) -> Result<Option<(Order, bool)>, sqlx::Error> {
-    let products: Vec<&str> = cart.lines.iter().map(|l| l.0).collect();
-    let qty: Vec<i32> = cart.lines.iter().map(|l| l.1).collect();
-    let prices: Vec<i32> = cart.lines.iter().map(|l| l.2).collect();
-    let row = sqlx::query(concat!(
+    claims: &[CartClaim<'_>],
+) -> Result<CartsClaimed, sqlx::Error> {
+    let mut sorted: Vec<&CartClaim<'_>> = claims.iter().collect();
+    sorted.sort_by(|a, b| (a.user, a.key).cmp(&(b.user, b.key)));
+    let ids: Vec<uuid::Uuid> = sorted.iter().map(|c| c.order_id).collect();
+    let users: Vec<&str> = sorted.iter().map(|c| c.user).collect();
+    let totals: Vec<i64> = sorted.iter().map(|c| c.total).collect();
+    let statuses: Vec<&str> = sorted
+        .iter()
+        .map(|c| match c.refusal {
+            None => OrderStatus::Confirmed.as_str(),
+            Some(_) => OrderStatus::Refused.as_str(),
+        })
+        .collect();
+    let keys: Vec<&str> = sorted.iter().map(|c| c.key).collect();
+    let fps: Vec<&str> = sorted.iter().map(|c| c.fingerprint.as_str()).collect();
+    let refusals = sorted
+        .iter()
+        .map(|c| {
+            c.refusal
+                .and_then(Refusal::to_stored)
+                .map(|j| serde_json::to_string(&j.0))
+                .transpose()
+        })
+        .collect::<Result<Vec<Option<String>>, _>>()
+        .map_err(|e| sqlx::Error::Encode(e.into()))?;
+    let (mut line_ids, mut line_products, mut line_qty, mut line_prices) =
+        (vec![], vec![], vec![], vec![]);
+    for c in &sorted {
+        for &(p, q, price) in &c.lines {
+            line_ids.push(c.order_id);
+            line_products.push(p);
+            line_qty.push(q);
+            line_prices.push(price);
+        }
+    }
+    let rows = sqlx::query(concat!(
         "WITH claim AS ( \
-           INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-           VALUES ($1, NULL, $2, NULL, 0, $3, 'confirmed', $4, $5) \
+           INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
+           SELECT c.order_id, NULL, c.user_id, NULL, 0, c.total, c.status, c.k, c.fp, c.refusal \
+             FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::text[]::jsonb[]) \
+                  AS c(order_id, user_id, total, status, k, fp, refusal) \
            ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
         order_columns!(),
-        "), lines AS ( \
+        "), want AS ( \
+           SELECT l.* FROM UNNEST($8::uuid[], $9::text[], $10::int4[], $11::int4[]) AS l(order_id, product_id, quantity, price) \
+             JOIN claim USING (order_id) \
+         ), lines AS ( \
            INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
-           SELECT claim.order_id, l.product_id, l.quantity, l.price \
-             FROM claim, UNNEST($6::text[], $7::int4[], $8::int4[]) AS l(product_id, quantity, price) \
-            ORDER BY l.product_id COLLATE \"C\" \
-           RETURNING product_id, quantity, unit_price_cents \
+           SELECT order_id, product_id, quantity, price FROM want ORDER BY product_id COLLATE \"C\", order_id \
+           RETURNING order_id, product_id, quantity, unit_price_cents \
+         ), need AS ( \
+           SELECT product_id, sum(quantity)::int4 AS q FROM want GROUP BY product_id \
          ), took AS ( \
-           UPDATE products p SET available_quantity = p.available_quantity - l.q, updated_at = clock_timestamp() \
-             FROM UNNEST($6::text[], $7::int4[]) AS l(product_id, q) \
-            WHERE p.product_id = l.product_id AND p.available_quantity >= l.q \
-              AND EXISTS (SELECT 1 FROM claim) \
+           UPDATE products p SET available_quantity = p.available_quantity - need.q, updated_at = clock_timestamp() \
+             FROM need WHERE p.product_id = need.product_id AND p.available_quantity >= need.q \
            RETURNING 1 \
          ) \
-         SELECT claim.*, (SELECT count(*) FROM took) AS took, \
-                (SELECT array_agg(product_id ORDER BY product_id) FROM lines) AS line_products, \
-                (SELECT array_agg(quantity ORDER BY product_id) FROM lines) AS line_quantities, \
-                (SELECT array_agg(unit_price_cents ORDER BY product_id) FROM lines) AS line_prices \
+         SELECT claim.*, (SELECT count(*) FROM took) = (SELECT count(*) FROM need) AS guards_held, \
+                (SELECT array_agg(product_id ORDER BY product_id) FROM lines WHERE lines.order_id = claim.order_id) AS line_products, \
+                (SELECT array_agg(quantity ORDER BY product_id) FROM lines WHERE lines.order_id = claim.order_id) AS line_quantities, \
+                (SELECT array_agg(unit_price_cents ORDER BY product_id) FROM lines WHERE lines.order_id = claim.order_id) AS line_prices \
            FROM claim",
     ))
-    .bind(new_row_id())
-    .bind(cart.user)
-    .bind(cart.total)
-    .bind(cart.key)
-    .bind(cart.fingerprint)
-    .bind(&products)
-    .bind(&qty)
-    .bind(&prices)
-    .fetch_optional(&mut **tx)
+    .bind(&ids)
+    .bind(&users)
+    .bind(&totals)
+    .bind(&statuses)
+    .bind(&keys)
+    .bind(&fps)
+    .bind(&refusals)
+    .bind(&line_ids)
+    .bind(&line_products)
+    .bind(&line_qty)
+    .bind(&line_prices)
+    .fetch_all(&mut **tx)
     .await?;
-    let Some(row) = row else {
-        return Ok(None);
+    let mut claimed = CartsClaimed {
+        orders: Vec::with_capacity(rows.len()),
+        guards_held: true,
     };
-    let (order, took) = cart_order(&row)?;
-    Ok(Some((order, took == products.len() as i64)))
+    for row in &rows {
+        let (order, held) = cart_order(row)?;
+        claimed.guards_held &= held;
+        claimed.orders.push(order);
+    }
+    Ok(claimed)
 }
 
-/// [`claim_and_take`]'s row: the order with its lines, and how many products' guards held.
-fn cart_order(row: &sqlx::postgres::PgRow) -> Result<(Order, i64), sqlx::Error> {
+/// [`claim_carts`]'s row: the order with its lines (none for a refusal), and whether every
+/// product's guard held.
+fn cart_order(row: &sqlx::postgres::PgRow) -> Result<(Order, bool), sqlx::Error> {
     use sqlx::{FromRow, Row};
-    let products: Vec<String> = row.try_get("line_products")?;
-    let quantities: Vec<i32> = row.try_get("line_quantities")?;
-    let prices: Vec<i32> = row.try_get("line_prices")?;
+    let products: Option<Vec<String>> = row.try_get("line_products")?;
+    let quantities: Option<Vec<i32>> = row.try_get("line_quantities")?;
+    let prices: Option<Vec<i32>> = row.try_get("line_prices")?;
     let lines = products
+        .unwrap_or_default()
         .into_iter()
-        .zip(quantities)
-        .zip(prices)
+        .zip(quantities.unwrap_or_default())
+        .zip(prices.unwrap_or_default())
         .map(|((product_id, quantity), unit_price_cents)| OrderLine {
             product_id,
             quantity,
@@ -206,7 +264,7 @@ fn cart_order(row: &sqlx::postgres::PgRow) -> Result<(Order, i64), sqlx::Error> 
         lines,
         ..Order::from_row(row)?
     };
-    Ok((order, row.try_get("took")?))
+    Ok((order, row.try_get("guards_held")?))
 }
 
 /// Gives every line's units back (a cancel, a release, an expiry), locking in lock order.
