@@ -118,7 +118,11 @@ fn claim_of<'a>(
         key: req.key.as_str(),
         fingerprint: req.fingerprint(),
         refusal,
-        total: if refusal.is_some() { 0 } else { total(req, locked) },
+        total: if refusal.is_some() {
+            0
+        } else {
+            total(req, locked)
+        },
         lines,
     }
 }

@@ -16,8 +16,8 @@
 //! here takes one on a product.
 
 use super::drops::{Refusal, Rules, rule_columns};
-use super::status::OrderStatus;
 use super::order::{Order, OrderLine, new_row_id, order_columns};
+use super::status::OrderStatus;
 use crate::domain::{IdempotencyKey, ProductId, Quantity};
 use std::collections::BTreeMap;
 

@@ -627,3 +627,141 @@ async fn a_restart_among_many_open_holds_loses_none_and_returns_none_twice() {
         "the two sweepers together ended each hold once"
     );
 }
+
+/// Carts that arrive together share a transaction (src/checkout/cart.rs), and each still gets
+/// exactly its own answer: 150 carts at once for two products of 30 units, five repeats of one
+/// key among them, and three carts of one user with a product limited to 2 per customer (and one with stock to spare).
+/// Asserted: 30 carts sold and every other got 409 naming a short line; each 201 is the
+/// confirmed order its key holds, each 409's key holds a refusal; the repeats all got the
+/// first one's answer; the limited user bought exactly 2; stock is conserved; and the
+/// confirmed and refused rows were written by fewer transactions than there were carts.
+/// Mutations seen failing it: a batch of at most one cart (`MAX_CARTS = 1`: as many
+/// transactions as carts); `seat` judging a limited cart in the batch instead of placing it
+/// alone (the user bought 3); `seat` not subtracting a seated cart's lines from what is left
+/// (more than 30 carts seated: the guarded take fails and every batch is placed alone, so
+/// the transactions count as many as carts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn carts_that_arrive_together_share_a_transaction_and_each_keeps_its_own_answer() {
+    let app = spawn_app(shared_cluster()).await;
+    for (p, stock) in [("tb-a", 30), ("tb-b", 30), ("tb-c", 100)] {
+        assert_eq!(
+            app.create_product(p, stock, 100).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let limited = json!({"product_id": "tb-l", "name": "tb-l", "price_cents": 100,
+                         "available_quantity": 100, "max_per_customer": 2});
+    assert_eq!(
+        app.post_product(&limited).await.status(),
+        StatusCode::CREATED
+    );
+    // (user, key, lines)
+    let mut carts: Vec<(String, String, Vec<(&str, i64)>)> = (0..142)
+        .map(|i| {
+            (
+                format!("tb-{i}"),
+                "k".to_string(),
+                vec![("tb-a", 1), ("tb-b", 1)],
+            )
+        })
+        .collect();
+    for _ in 0..5 {
+        carts.push(("tb-dup".into(), "k".into(), vec![("tb-a", 1), ("tb-b", 1)]));
+    }
+    for n in 0..3 {
+        carts.push((
+            "tb-lim".into(),
+            format!("k{n}"),
+            vec![("tb-l", 1), ("tb-c", 1)],
+        ));
+    }
+    // Interleave the repeats and the limited carts with the rest.
+    carts.rotate_left(70);
+    let answers = futures::future::join_all(
+        carts
+            .iter()
+            .map(|(user, key, lines)| cart_on(&app, user, key, lines)),
+    )
+    .await;
+    let mut sold_ab = 0;
+    for ((user, key, lines), (s, body)) in carts.iter().zip(&answers) {
+        let held: Option<(String, String)> = sqlx::query_as(
+            "SELECT order_id::text, status FROM orders WHERE user_id = $1 AND idempotency_key = $2",
+        )
+        .bind(user)
+        .bind(key)
+        .fetch_optional(&app.primary)
+        .await
+        .unwrap();
+        match *s {
+            StatusCode::CREATED => {
+                let (id, status) = held.expect("a 201's key holds its order");
+                assert_eq!(
+                    (body["order_id"].as_str(), status.as_str()),
+                    (Some(id.as_str()), "confirmed"),
+                    "{user}/{key}"
+                );
+                assert_eq!(body["lines"].as_array().map_or(0, Vec::len), lines.len());
+                if user != "tb-lim" && user != "tb-dup" {
+                    sold_ab += 1;
+                }
+            }
+            StatusCode::CONFLICT => {
+                assert_eq!(
+                    held.expect("a 409's key holds its refusal").1,
+                    "refused",
+                    "{user}/{key}"
+                );
+                if user != "tb-lim" && user != "tb-dup" {
+                    let short = body["error"]["lines"]
+                        .as_array()
+                        .unwrap_or_else(|| panic!("the short lines are named: {body}"));
+                    assert!(
+                        !short.is_empty()
+                            && short
+                                .iter()
+                                .all(|l| l["available"].as_i64() < l["requested"].as_i64()),
+                        "{body}"
+                    );
+                }
+            }
+            other => panic!("{user}/{key}: {other} {body}"),
+        }
+    }
+    // The repeats: one answer, the first one's.
+    let dup: Vec<&(StatusCode, Value)> = carts
+        .iter()
+        .zip(&answers)
+        .filter(|((u, _, _), _)| u == "tb-dup")
+        .map(|(_, a)| a)
+        .collect();
+    assert!(
+        dup.iter()
+            .all(|(s, b)| *s == dup[0].0 && b["order_id"] == dup[0].1["order_id"]),
+        "{dup:?}"
+    );
+    let lim_bought = carts
+        .iter()
+        .zip(&answers)
+        .filter(|((u, _, _), (s, _))| u == "tb-lim" && *s == StatusCode::CREATED)
+        .count();
+    assert_eq!(lim_bought, 2, "the limited user bought exactly the limit");
+    let dup_bought = usize::from(dup[0].0 == StatusCode::CREATED);
+    assert_eq!(sold_ab + dup_bought, 30, "30 units of tb-a sold");
+    conserved(
+        &app,
+        &[("tb-a", 30), ("tb-b", 30), ("tb-c", 100), ("tb-l", 100)],
+    )
+    .await;
+    let (rows, transactions): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT xmin::text) FROM orders WHERE user_id LIKE 'tb-%'",
+    )
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+    assert_eq!(rows, 142 + 1 + 3, "every distinct key holds one row");
+    assert!(
+        transactions * 2 < rows,
+        "{rows} carts' rows were written by {transactions} transactions"
+    );
+}
