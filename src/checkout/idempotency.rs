@@ -50,7 +50,9 @@ pub(crate) async fn existing_for<'e>(
     existing_under(exec, &users, &keys).await
 }
 
-/// What each (user, key) pair already holds, whatever the request's shape (order, cart).
+/// What each (user, key) pair already holds, whatever the request's shape (order, cart): the
+/// `keys_held` function (migration `20261203000001`), whose plan probes the key index whether
+/// or not `orders` has statistics.
 pub(crate) async fn existing_under<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     users: &[&str],
@@ -59,12 +61,12 @@ pub(crate) async fn existing_under<'e>(
     let found: Vec<Existing> = sqlx::query_as(concat!(
         "SELECT idempotency_key, request_fingerprint, refusal, ",
         order_columns!(),
-        " FROM orders WHERE (user_id, idempotency_key) IN (SELECT * FROM UNNEST($1::text[], $2::text[]))"
+        " FROM keys_held($1, $2)"
     ))
-        .bind(users)
-        .bind(keys)
-        .fetch_all(exec)
-        .await?;
+    .bind(users)
+    .bind(keys)
+    .fetch_all(exec)
+    .await?;
     Ok(found.into_iter().map(|e| (e.key(), e)).collect())
 }
 
