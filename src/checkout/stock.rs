@@ -144,6 +144,74 @@ pub(crate) struct CartsClaimed {
     pub guards_held: bool,
 }
 
+/// [`claim_carts`]'s parameters: the claims in (user, key) byte order, a column each, and
+/// their lines.
+struct ClaimArrays<'a> {
+    ids: Vec<uuid::Uuid>,
+    users: Vec<&'a str>,
+    totals: Vec<i64>,
+    statuses: Vec<&'static str>,
+    keys: Vec<&'a str>,
+    fps: Vec<&'a str>,
+    refusals: Vec<Option<String>>,
+    line_ids: Vec<uuid::Uuid>,
+    line_products: Vec<&'a str>,
+    line_qty: Vec<i32>,
+    line_prices: Vec<i32>,
+}
+
+impl<'a> ClaimArrays<'a> {
+    fn of(claims: &'a [CartClaim<'a>]) -> Result<Self, sqlx::Error> {
+        let mut sorted: Vec<&CartClaim<'_>> = claims.iter().collect();
+        sorted.sort_by(|a, b| (a.user, a.key).cmp(&(b.user, b.key)));
+        let ids: Vec<uuid::Uuid> = sorted.iter().map(|c| c.order_id).collect();
+        let users: Vec<&str> = sorted.iter().map(|c| c.user).collect();
+        let totals: Vec<i64> = sorted.iter().map(|c| c.total).collect();
+        let statuses: Vec<&str> = sorted
+            .iter()
+            .map(|c| match c.refusal {
+                None => OrderStatus::Confirmed.as_str(),
+                Some(_) => OrderStatus::Refused.as_str(),
+            })
+            .collect();
+        let keys: Vec<&str> = sorted.iter().map(|c| c.key).collect();
+        let fps: Vec<&str> = sorted.iter().map(|c| c.fingerprint.as_str()).collect();
+        let refusals = sorted
+            .iter()
+            .map(|c| {
+                c.refusal
+                    .and_then(Refusal::to_stored)
+                    .map(|j| serde_json::to_string(&j.0))
+                    .transpose()
+            })
+            .collect::<Result<Vec<Option<String>>, _>>()
+            .map_err(|e| sqlx::Error::Encode(e.into()))?;
+        let (mut line_ids, mut line_products, mut line_qty, mut line_prices) =
+            (vec![], vec![], vec![], vec![]);
+        for c in &sorted {
+            for &(p, q, price) in &c.lines {
+                line_ids.push(c.order_id);
+                line_products.push(p);
+                line_qty.push(q);
+                line_prices.push(price);
+            }
+        }
+        Ok(ClaimArrays {
+            ids,
+            users,
+            totals,
+            statuses,
+            keys,
+            fps,
+            refusals,
+            line_ids,
+            line_products,
+            line_qty,
+            line_prices,
+        })
+    }
+}
+
 /// Claims the carts' keys, inserts the confirmed carts' lines and takes their units with ONE
 /// guarded UPDATE (each product's summed units, `… AND available_quantity >= q`): one
 /// statement for any number of carts, so the rows the caller locked are held for one round
@@ -155,40 +223,7 @@ pub(crate) async fn claim_carts(
     tx: &mut Tx,
     claims: &[CartClaim<'_>],
 ) -> Result<CartsClaimed, sqlx::Error> {
-    let mut sorted: Vec<&CartClaim<'_>> = claims.iter().collect();
-    sorted.sort_by(|a, b| (a.user, a.key).cmp(&(b.user, b.key)));
-    let ids: Vec<uuid::Uuid> = sorted.iter().map(|c| c.order_id).collect();
-    let users: Vec<&str> = sorted.iter().map(|c| c.user).collect();
-    let totals: Vec<i64> = sorted.iter().map(|c| c.total).collect();
-    let statuses: Vec<&str> = sorted
-        .iter()
-        .map(|c| match c.refusal {
-            None => OrderStatus::Confirmed.as_str(),
-            Some(_) => OrderStatus::Refused.as_str(),
-        })
-        .collect();
-    let keys: Vec<&str> = sorted.iter().map(|c| c.key).collect();
-    let fps: Vec<&str> = sorted.iter().map(|c| c.fingerprint.as_str()).collect();
-    let refusals = sorted
-        .iter()
-        .map(|c| {
-            c.refusal
-                .and_then(Refusal::to_stored)
-                .map(|j| serde_json::to_string(&j.0))
-                .transpose()
-        })
-        .collect::<Result<Vec<Option<String>>, _>>()
-        .map_err(|e| sqlx::Error::Encode(e.into()))?;
-    let (mut line_ids, mut line_products, mut line_qty, mut line_prices) =
-        (vec![], vec![], vec![], vec![]);
-    for c in &sorted {
-        for &(p, q, price) in &c.lines {
-            line_ids.push(c.order_id);
-            line_products.push(p);
-            line_qty.push(q);
-            line_prices.push(price);
-        }
-    }
+    let a = ClaimArrays::of(claims)?;
     let rows = sqlx::query(concat!(
         "WITH claim AS ( \
            INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
@@ -212,22 +247,24 @@ pub(crate) async fn claim_carts(
            RETURNING 1 \
          ) \
          SELECT claim.*, (SELECT count(*) FROM took) = (SELECT count(*) FROM need) AS guards_held, \
-                (SELECT array_agg(product_id ORDER BY product_id) FROM lines WHERE lines.order_id = claim.order_id) AS line_products, \
-                (SELECT array_agg(quantity ORDER BY product_id) FROM lines WHERE lines.order_id = claim.order_id) AS line_quantities, \
-                (SELECT array_agg(unit_price_cents ORDER BY product_id) FROM lines WHERE lines.order_id = claim.order_id) AS line_prices \
-           FROM claim",
+                l.line_products, l.line_quantities, l.line_prices \
+           FROM claim LEFT JOIN ( \
+                SELECT order_id, array_agg(product_id ORDER BY product_id) AS line_products, \
+                       array_agg(quantity ORDER BY product_id) AS line_quantities, \
+                       array_agg(unit_price_cents ORDER BY product_id) AS line_prices \
+                  FROM lines GROUP BY order_id) l USING (order_id)",
     ))
-    .bind(&ids)
-    .bind(&users)
-    .bind(&totals)
-    .bind(&statuses)
-    .bind(&keys)
-    .bind(&fps)
-    .bind(&refusals)
-    .bind(&line_ids)
-    .bind(&line_products)
-    .bind(&line_qty)
-    .bind(&line_prices)
+    .bind(&a.ids)
+    .bind(&a.users)
+    .bind(&a.totals)
+    .bind(&a.statuses)
+    .bind(&a.keys)
+    .bind(&a.fps)
+    .bind(&a.refusals)
+    .bind(&a.line_ids)
+    .bind(&a.line_products)
+    .bind(&a.line_qty)
+    .bind(&a.line_prices)
     .fetch_all(&mut **tx)
     .await?;
     let mut claimed = CartsClaimed {

@@ -640,6 +640,9 @@ async fn a_restart_among_many_open_holds_loses_none_and_returns_none_twice() {
 /// alone (the user bought 3); `seat` not subtracting a seated cart's lines from what is left
 /// (more than 30 carts seated: the guarded take fails and every batch is placed alone, so
 /// the transactions count as many as carts).
+/// A buyer's cart: (user, key, lines).
+type Cart = (String, String, Vec<(&'static str, i64)>);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn carts_that_arrive_together_share_a_transaction_and_each_keeps_its_own_answer() {
     let app = spawn_app(shared_cluster()).await;
@@ -655,8 +658,7 @@ async fn carts_that_arrive_together_share_a_transaction_and_each_keeps_its_own_a
         app.post_product(&limited).await.status(),
         StatusCode::CREATED
     );
-    // (user, key, lines)
-    let mut carts: Vec<(String, String, Vec<(&str, i64)>)> = (0..142)
+    let mut carts: Vec<Cart> = (0..142)
         .map(|i| {
             (
                 format!("tb-{i}"),
