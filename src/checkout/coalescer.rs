@@ -109,8 +109,13 @@ struct Job {
 
 /// Order statements in flight at once; while they run, the batches that become ready queue
 /// for the next one, so a spread of orders over many products commits many products at a
-/// time. A hot product alone sends one batch at a time, which runs alone, as before.
-const STATEMENTS: usize = 4;
+/// time. A hot product alone sends one batch at a time, which runs alone, as before. Fewer in
+/// flight make larger statements and less contention for two cores: orders over 1,000
+/// products sold 3,047–3,715/s with p99 42–48 ms at 4, 3,791–4,593/s with p99 29–33 ms at 2,
+/// and about the same at 1 (four rounds side by side, `wrk -c64`, a new database each). Two,
+/// not one, so that a statement waiting on a row lock (an import's, another instance's) does
+/// not hold up every other product's orders.
+const STATEMENTS: usize = 2;
 
 /// The most requests one combined statement carries.
 const MAX_COMBINED: usize = 1024;
