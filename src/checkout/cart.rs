@@ -8,6 +8,7 @@
 //! same rule as single-product orders. A cart holds its rows only for its own few
 //! statements, so a hot product's batch waits at most that long.
 
+use super::coalescer::BATCH_LIMIT;
 use super::drops::{self, Refusal};
 use super::error::CheckoutError;
 use super::idempotency::{existing_under, judge_held};
@@ -341,7 +342,18 @@ async fn dispatch(
         tokio::spawn(async move {
             metrics.order_transactions.inc();
             let (reqs, replies): (Vec<CartRequest>, Vec<_>) = batch.into_iter().unzip();
-            let fates = place_many(&db, &reqs).await;
+            // A batch stuck on a silent link would hold up every cart behind it.
+            let fates = tokio::time::timeout(BATCH_LIMIT, place_many(&db, &reqs))
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::warn!(
+                        carts = reqs.len(),
+                        "a batch of carts got no answer in time; its outcome is unknown"
+                    );
+                    reqs.iter()
+                        .map(|_| Err(CheckoutError::OutcomeUnknown))
+                        .collect()
+                });
             let _ = placed.send(());
             let took: HashSet<ProductId> = fates
                 .iter()

@@ -63,10 +63,11 @@ const CONTENDED_FOR: Duration = Duration::from_secs(5);
 /// How many times a batch is rerun after a deadlock or serialization failure.
 const RERUNS: usize = 3;
 
-/// The longest a batch may take before its requests are told "unknown". The database's
-/// own timeouts (lock 10 s, statement 30 s) cannot fire when the link itself goes silent,
-/// and a worker stuck on a dead link would stall its product for good.
-const BATCH_LIMIT: Duration = Duration::from_secs(12);
+/// The longest a batch (of orders, or of carts: src/checkout/cart.rs) may take before its
+/// requests are told "unknown". The database's own timeouts (lock 10 s, statement 30 s)
+/// cannot fire when the link itself goes silent, and a worker stuck on a dead link would
+/// stall its product (or every cart) for good.
+pub(super) const BATCH_LIMIT: Duration = Duration::from_secs(12);
 
 /// What a committed batch saw of its product's row, and how long it waited for it.
 #[derive(Debug, Clone, Copy)]
