@@ -518,11 +518,12 @@ async fn holds_that_expire_under_load_and_confirms_racing_them_return_exactly_wh
                     ..
                 } = parse(&hold);
                 // Aim the confirm at the moment the hold runs out (its `expires_at`, on the
-                // database's clock, which is this machine's), from 300 ms before to 90 ms
-                // after: however long the hold's answer took on a loaded machine, some
-                // confirms land before the expiry and some after.
-                let aim = expires_at - chrono::Duration::milliseconds(300)
-                    + chrono::Duration::milliseconds((i as i64 % 20) * 20);
+                // database's clock, which is this machine's), from 800 ms before to 55 ms
+                // after: however long the hold's answer and the confirm took on a loaded
+                // machine (the whole suite on two cores once delayed every confirm aimed
+                // 300 ms early past the expiry), some confirms land before it and some after.
+                let aim = expires_at - chrono::Duration::milliseconds(800)
+                    + chrono::Duration::milliseconds((i as i64 % 20) * 45);
                 if let Ok(wait) = (aim - chrono::Utc::now()).to_std() {
                     tokio::time::sleep(wait).await;
                 }

@@ -228,7 +228,12 @@ async fn a_request_over_the_timeout_is_a_503_and_its_retry_tells_the_outcome() {
     app.create_product("slow", 10, 100).await;
     let lock = app.lock_rows(&["slow"]).await;
     let order = app.order("ada", "k", "slow", 1).await;
-    assert!(order.headers().contains_key("retry-after"));
+    assert!(
+        order.headers().contains_key("retry-after"),
+        "{} {:?}",
+        order.status(),
+        order.headers()
+    );
     assert_error(&answer(order).await, 503, "TIMEOUT");
     // Precondition: the answer came while the row was still held.
     assert_eq!(batches_waiting_on(&app.primary, "Lock").await, 1);
