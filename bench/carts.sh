@@ -21,21 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
-ROUNDS="${ROUNDS:-3}"
-SECS="${BENCH_SECONDS:-8}"
-PORT="${CARTS_PORT:-18397}"
-BIN="${STOCKGATE_BIN:-target/release/stockgate}"
-command -v wrk >/dev/null || { echo "carts.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
-command -v pgbench >/dev/null || { echo "carts.sh: pgbench is missing (postgresql-contrib)" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "carts.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
-
-bench_service_env "$PORT"
-stamp="$(date -u +%H%M%S)"
-
-work="$(mktemp -d)"
-pid=""
-cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_setup carts "${CARTS_PORT:-18397}" pgbench
 
 cat >"$work/cart.sql" <<'SQL'
 BEGIN;

@@ -24,20 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
-ROUNDS="${ROUNDS:-3}"
-SECS="${BENCH_SECONDS:-8}"
-PORT="${DROPS_PORT:-18390}"
-BIN="${STOCKGATE_BIN:-target/release/stockgate}"
-command -v wrk >/dev/null || { echo "drops.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "drops.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
-
-bench_service_env "$PORT"
-stamp="$(date -u +%H%M%S)"
-
-work="$(mktemp -d)"
-pid=""
-cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_setup drops "${DROPS_PORT:-18390}"
 
 # fresh ROUND: a new database, migrated, never analyzed, with the three products
 fresh() {

@@ -18,20 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
-ROUNDS="${ROUNDS:-3}"
-SECS="${BENCH_SECONDS:-8}"
-PORT="${MIX_PORT:-18398}"
-BIN="${STOCKGATE_BIN:-target/release/stockgate}"
-command -v wrk >/dev/null || { echo "mix.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "mix.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
-
-bench_service_env "$PORT"
-stamp="$(date -u +%H%M%S)"
-
-work="$(mktemp -d)"
-pid=""
-cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_setup mix "${MIX_PORT:-18398}"
 
 fresh() {
   local db="mix_${stamp}_$1"

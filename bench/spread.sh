@@ -20,21 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
-ROUNDS="${ROUNDS:-3}"
-SECS="${BENCH_SECONDS:-8}"
-PORT="${SPREAD_PORT:-18396}"
-BIN="${STOCKGATE_BIN:-target/release/stockgate}"
-command -v wrk >/dev/null || { echo "spread.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
-command -v pgbench >/dev/null || { echo "spread.sh: pgbench is missing (postgresql-contrib)" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "spread.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
-
-bench_service_env "$PORT"
-stamp="$(date -u +%H%M%S)"
-
-work="$(mktemp -d)"
-pid=""
-cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+bench_setup spread "${SPREAD_PORT:-18396}" pgbench
 
 cat >"$work/order.sql" <<'SQL'
 \set p random(1, 1000)
