@@ -1,16 +1,19 @@
-//! Carts: several products, all or nothing, in one primary transaction.
+//! Carts: several products, all or nothing, placed in batches.
 //!
-//! The cart locks its products' rows in `product_id` order (the lock order every
-//! transaction here shares), so carts never deadlock with each other or with the
-//! single-product batches, which lock one row. If every line fits, ONE guarded UPDATE takes
-//! them all and the order and its lines are inserted; if any line is short nothing is
-//! taken and the key is claimed by a `refused` row, so the 409 is final for the key — the
-//! same rule as single-product orders. A cart holds its rows only for its own few
-//! statements, so a hot product's batch waits at most that long.
+//! The carts that arrive while a batch runs form the next one (`CartQueue`): one primary
+//! transaction and one commit for all of them (`seat`). It locks the carts' products' rows
+//! in `product_id` order (the lock order every transaction here shares), so carts never
+//! deadlock with each other or with the single-product batches. Each product's units are
+//! taken by ONE guarded UPDATE for the carts that fit; a cart with a short line takes nothing
+//! and its key is claimed by a `refused` row, so the 409 is final for the key — the same rule
+//! as single-product orders. The rows are held only for the batch's claim statement and its
+//! commit, so a hot product's batch waits at most that long. Some carts are placed alone
+//! ([`place`]), in a transaction of their own, with the same statement.
 
 use super::coalescer::BATCH_LIMIT;
 use super::drops::{self, Refusal};
 use super::error::CheckoutError;
+use super::gate_cache::GateCache;
 use super::idempotency::{existing_under, judge_held};
 use super::order::{Placed, with_lines};
 use super::stock::{self, Short};
@@ -281,11 +284,6 @@ async fn judge(
     Ok((locked, judged))
 }
 
-/// What the cart queue does once a batch has committed: reopen the gate for the products
-/// its carts took (one read of the primary's position for the whole batch).
-pub(crate) type AfterCommit =
-    Arc<dyn Fn(Vec<ProductId>) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
-
 type Queued = (CartRequest, oneshot::Sender<Result<Placed, CheckoutError>>);
 
 /// The most carts one transaction carries.
@@ -298,9 +296,9 @@ pub(crate) struct CartQueue {
 }
 
 impl CartQueue {
-    pub(crate) fn start(db: Db, metrics: Metrics, after: AfterCommit) -> CartQueue {
+    pub(crate) fn start(db: Db, metrics: Metrics, cache: Arc<GateCache>) -> CartQueue {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(db, metrics, after, rx));
+        tokio::spawn(dispatch(db, metrics, cache, rx));
         CartQueue { tx }
     }
 
@@ -326,7 +324,7 @@ impl CartQueue {
 async fn dispatch(
     db: Db,
     metrics: Metrics,
-    after: AfterCommit,
+    cache: Arc<GateCache>,
     mut rx: mpsc::UnboundedReceiver<Queued>,
 ) {
     while let Some(first) = rx.recv().await {
@@ -337,7 +335,7 @@ async fn dispatch(
                 Err(_) => break,
             }
         }
-        let (db, metrics, after) = (db.clone(), metrics.clone(), after.clone());
+        let (db, metrics, cache) = (db.clone(), metrics.clone(), cache.clone());
         let (placed, done) = oneshot::channel::<()>();
         tokio::spawn(async move {
             metrics.order_transactions.inc();
@@ -355,6 +353,8 @@ async fn dispatch(
                         .collect()
                 });
             let _ = placed.send(());
+            // The gate forgets what it knew of the products the batch took: one read of the
+            // primary's position for the whole batch, before any cart is answered.
             let took: HashSet<ProductId> = fates
                 .iter()
                 .filter_map(|f| match f {
@@ -363,7 +363,7 @@ async fn dispatch(
                 })
                 .flatten()
                 .collect();
-            after(took.into_iter().collect()).await;
+            super::reopen(&db, &metrics, &cache, &took.into_iter().collect::<Vec<_>>()).await;
             for (reply, fate) in replies.into_iter().zip(fates) {
                 let _ = reply.send(fate);
             }

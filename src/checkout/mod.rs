@@ -133,14 +133,11 @@ impl Checkout {
         let limiter =
             (rate_per_user > 0).then(|| Arc::new(RateLimiter::with_clock(rate_per_user, clock)));
         let refusals = refusals::Refusals::start(db.clone(), metrics.clone());
-        let after: cart::AfterCommit = {
-            let (db, metrics, cache) = (db.clone(), metrics.clone(), cache.clone());
-            Arc::new(move |products| {
-                let (db, metrics, cache) = (db.clone(), metrics.clone(), cache.clone());
-                Box::pin(async move { reopen(&db, &metrics, &cache, &products).await })
-            })
-        };
-        let carts = Arc::new(cart::CartQueue::start(db.clone(), metrics.clone(), after));
+        let carts = Arc::new(cart::CartQueue::start(
+            db.clone(),
+            metrics.clone(),
+            cache.clone(),
+        ));
         Checkout {
             db,
             metrics,
