@@ -274,6 +274,19 @@ async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statist
     }
     drop(app);
     let after = scans(&pool).await;
+    // Precondition: the first carts really were placed in batches (many carts' rows per
+    // transaction), which is what the plans had to hold for. (Read after the scans are
+    // counted: this count is itself a scan.)
+    let (rows, transactions): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT xmin::text) FROM orders WHERE user_id LIKE 'f%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        transactions * 2 < rows,
+        "{rows} carts written by {transactions} transactions"
+    );
 
     let analyzed: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_user_tables WHERE relname = ANY($1) \
