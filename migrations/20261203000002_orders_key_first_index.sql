@@ -1,0 +1,18 @@
+-- no-transaction
+-- The key claim's unique index, key first (the constraint moves onto it in migration
+-- 20261203000004). Every sale's refusals stay in `orders` for the idempotency window, so the
+-- table grows by a row per rejected buyer, and every claim inserts into and probes this
+-- index. Led by `user_id`, the index put each new key beside that user's older keys: buyers
+-- who come back sale after sale scatter every sale's inserts over the whole index, which
+-- outgrows memory (on a 3.5 M-row table: 58 k index blocks read from outside shared buffers
+-- and 10 k full-page images in five sales, where a new table read 1.1 k and wrote none).
+-- Led by the key, a client's time-ordered or per-session keys (UUID v7, ULIDs, a prefix per
+-- sale or checkout) land side by side on the index's newest pages, as they do on a new
+-- table; random keys (UUID v4) land at random, as they did before. Lookups are always by
+-- the (user, key) pair, which either column order serves.
+--
+-- Built CONCURRENTLY, so a deployment with millions of rows keeps selling while it builds
+-- (its own file: CONCURRENTLY cannot run inside a transaction or beside another statement).
+-- If the build fails it leaves an INVALID index of this name: drop it
+-- (`DROP INDEX CONCURRENTLY orders_key_user`) and migrate again.
+CREATE UNIQUE INDEX CONCURRENTLY orders_key_user ON orders (idempotency_key, user_id);
