@@ -9,7 +9,7 @@
 //! never confirms anything.
 //!
 //! **Every answer is final for its key.** Idempotency keys are unique per user
-//! (`UNIQUE (user_id, idempotency_key)` on `orders`), and both outcomes claim the key on the
+//! (`orders_user_idempotency_key` on `orders`), and both outcomes claim the key on the
 //! primary: a confirmed order by its row, a refusal by a `refused` row ([`refusals`] for the
 //! gate's early "no", the batch for its own losers). Whichever commits first owns the key, so
 //! a retry — on this instance or another, while its original is still queued or after — gets
