@@ -11,11 +11,14 @@
 #
 # Per minute (by each sale's start): the sales, order requests per second over their
 # durations, the median and the worst of their order p99s, and the rows in `orders` at the
-# minute's end; then the last minute ÷ the first. Appends it all to
-# bench/results/soak-<date>.md.
+# minute's end; then the last minute ÷ the first, and the median of the last five minutes ÷
+# that of the first five. Appends it all to bench/results/soak-<date>.md.
 #
 # Environment: SOAK_MINUTES (20), SOAK_STOCK (500), SOAK_BUYERS (10000), SOAK_PORT (18397),
-# STOCKGATE_BIN (target/release/stockgate), LOADTEST_BIN (target/release/loadtest).
+# STOCKGATE_BIN (target/release/stockgate), LOADTEST_BIN (target/release/loadtest),
+# SOAK_USER_FIRST (1: after migrating, the key claim's unique index is rebuilt user first, as
+# it was before migration 20261203000002, for the side by side), SOAK_NOTE (a line for the
+# file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -46,6 +49,12 @@ trap cleanup EXIT
 
 psql "$BASE_URL/postgres" -qc "CREATE DATABASE $DB" >/dev/null
 "$BIN" migrate >/dev/null
+if [ "${SOAK_USER_FIRST:-0}" = 1 ]; then
+  psql "$DATABASE_URL" -q >/dev/null <<'SQL'
+ALTER TABLE orders DROP CONSTRAINT orders_user_idempotency_key,
+  ADD CONSTRAINT orders_user_idempotency_key UNIQUE (user_id, idempotency_key);
+SQL
+fi
 "$BIN" serve >"$work/serve.log" 2>&1 &
 pid=$!
 wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "soak.sh: the service did not start" >&2; exit 1; }
@@ -94,11 +103,17 @@ for m in sorted(by):
 first, last = min(rate), max(rate)
 print()
 print(f"Last minute ÷ first: {rate[last] / rate[first]:.2f} (goal: within 20 %, 0.80–1.20).")
+ms = sorted(rate)
+if len(ms) >= 10:
+    head, tail = statistics.median(rate[m] for m in ms[:5]), statistics.median(rate[m] for m in ms[-5:])
+    print(f"Median of the last five minutes ÷ that of the first five: {tail / head:.2f}.")
 PY
 {
   echo
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): $BIN, $MINUTES minutes of back-to-back flash sales on a new deployment"
+  [ -z "${SOAK_NOTE:-}" ] || echo "$SOAK_NOTE"
   echo
+  echo "The key claim's unique index: $(psql "$DATABASE_URL" -Atc "SELECT pg_get_indexdef('orders_user_idempotency_key'::regclass)")."
   echo "Each sale: a fresh product of $STOCK units, $BUYERS buyers, 64 at a time, 2 availability pollers (loadtest flash-sale); $n sales, all passed; \`orders\` ended with $rows rows, last analyzed: $analyzed; load average $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
   cat "$work/table"

@@ -57,6 +57,11 @@ pub struct GateCache {
 #[derive(Default)]
 struct Maps {
     slots: HashMap<ProductId, Slot>,
+    /// What each product's latest answer said of its stock. A slot is empty while its next
+    /// read is in flight, and `last_seen_short` must not forget a sold-out product meanwhile:
+    /// its orders would go to a batch each, instead of to the gate (issue #31's suite run: 5
+    /// batches for 500 orders after a sell-out, all while the gate's answer was refreshed).
+    seen: HashMap<ProductId, Option<i32>>,
     /// Each product whose stock went up here lately (restock, cancel, import, a cart or hold
     /// ending): the primary's position after the commit, which a read must have replayed, so
     /// a stale "sold out" never outlives a restock here; and when (no answer from before is
@@ -119,7 +124,10 @@ impl GateCache {
                         s.get()
                             .is_none_or(|a| now.saturating_duration_since(a.as_of()) <= budget)
                     });
+                    let Maps { slots, seen, .. } = &mut *maps;
+                    seen.retain(|p, _| slots.contains_key(p));
                 }
+                let slots = &mut maps.slots;
                 let cached = slots.get(product).and_then(|s| s.get());
                 if let Some(answer) = cached.filter(|a| usable(a)) {
                     // Judged usable at `now`, and stated at that same `now`.
@@ -144,6 +152,9 @@ impl GateCache {
                 })
                 .await?;
             let now = Self::now();
+            if ours {
+                self.maps().seen.insert(product.clone(), answer.available);
+            }
             if ours || within(answer, now) || round == ROUNDS {
                 return Ok(answer.restated(now));
             }
@@ -173,19 +184,21 @@ impl GateCache {
             .and_then(|s| s.get())
             .is_some_and(|a| a.as_of() > answer.as_of());
         if !newer {
-            slots.insert(product.clone(), Arc::new(OnceCell::new_with(Some(answer))));
+            maps.seen.insert(product.clone(), answer.available);
+            maps.slots
+                .insert(product.clone(), Arc::new(OnceCell::new_with(Some(answer))));
         }
     }
 
-    /// Whether this cache last saw `product` short of `quantity`, however long ago: a fresh
-    /// answer, or an expired one (kept until memory is bounded), that said fewer units. Not
-    /// for a product it never saw, saw with enough stock, or that was reopened since.
+    /// Whether this cache last saw `product` short of `quantity`, however long ago: its latest
+    /// answer (kept while the next read is in flight, and until memory is bounded) said fewer
+    /// units. Not for a product it never saw, saw with enough stock, or that was reopened since.
     pub fn last_seen_short(&self, product: &ProductId, quantity: i32) -> bool {
         self.maps()
-            .slots
+            .seen
             .get(product)
-            .and_then(|s| s.get())
-            .and_then(|a| a.available)
+            .copied()
+            .flatten()
             .is_some_and(|available| available < quantity)
     }
 
@@ -199,6 +212,7 @@ impl GateCache {
         let floor = maps.floors.entry(product.clone()).or_insert((lsn, now));
         *floor = (floor.0.max(lsn), now);
         maps.slots.remove(product);
+        maps.seen.remove(product);
     }
 }
 
@@ -297,6 +311,51 @@ mod tests {
             "within the budget: {stated:?}"
         );
         assert_eq!(reads.load(Ordering::SeqCst), 2, "read again");
+    }
+
+    /// A sold-out product's expired answer is being refreshed: its orders must still be
+    /// sent to the gate (which waits for the read), not to a batch each.
+    #[tokio::test(start_paused = true)]
+    async fn a_product_seen_sold_out_stays_short_while_its_answer_is_refreshed() {
+        let cache = Arc::new(GateCache::default());
+        let id = ProductId::parse("p").expect("valid");
+        cache.put(&id, answer(0, GateCache::now()));
+        assert!(cache.last_seen_short(&id, 1));
+        tokio::time::advance(Duration::from_millis(300)).await;
+        let (started, release) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let refresh = tokio::spawn({
+            let (cache, id, started, release) =
+                (cache.clone(), id.clone(), started.clone(), release.clone());
+            async move {
+                cache
+                    .get_or_fetch(&id, |_| {
+                        let (started, release) = (started.clone(), release.clone());
+                        async move {
+                            started.notify_one();
+                            release.notified().await;
+                            Ok::<_, ()>(answer(5, GateCache::now()))
+                        }
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        assert!(
+            cache.last_seen_short(&id, 1),
+            "short while the read is in flight"
+        );
+        release.notify_one();
+        refresh.await.expect("joined").expect("read");
+        assert!(!cache.last_seen_short(&id, 1), "the new answer says 5");
+        assert!(cache.last_seen_short(&id, 6));
+        cache.reopen(&id, Lsn::MAX);
+        assert!(
+            !cache.last_seen_short(&id, 6),
+            "a reopened product is not short"
+        );
     }
 
     #[tokio::test]
