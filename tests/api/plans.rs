@@ -11,25 +11,28 @@ use std::collections::BTreeMap;
 /// The tables the order paths write and look up by key.
 const TABLES: [&str; 4] = ["orders", "holds", "order_lines", "restocks"];
 
-/// Per table: (sequential scans, index entries read), every backend of the database but this
-/// one ended first so their pending statistics are flushed.
-async fn scans(pool: &sqlx::PgPool) -> BTreeMap<String, (i64, i64)> {
+/// Per table: (sequential scans, index entries read, index blocks touched), every backend of
+/// the database but this one ended first so their pending statistics are flushed.
+async fn scans(pool: &sqlx::PgPool) -> BTreeMap<String, (i64, i64, i64)> {
     flush_other_backends(pool).await;
     let mut conn = pool.acquire().await.unwrap();
     sqlx::query("SELECT pg_stat_clear_snapshot()")
         .execute(&mut *conn)
         .await
         .unwrap();
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
         "SELECT t.relname::text, coalesce(t.seq_scan, 0), \
-                coalesce((SELECT sum(i.idx_tup_read) FROM pg_stat_user_indexes i WHERE i.relid = t.relid), 0)::int8 \
+                coalesce((SELECT sum(i.idx_tup_read) FROM pg_stat_user_indexes i WHERE i.relid = t.relid), 0)::int8, \
+                coalesce((SELECT sum(i.idx_blks_hit + i.idx_blks_read) FROM pg_statio_user_indexes i WHERE i.relid = t.relid), 0)::int8 \
          FROM pg_stat_user_tables t WHERE t.relname = ANY($1)",
     )
     .bind(&TABLES[..])
     .fetch_all(&mut *conn)
     .await
     .unwrap();
-    rows.into_iter().map(|(t, s, i)| (t, (s, i))).collect()
+    rows.into_iter()
+        .map(|(t, s, i, b)| (t, (s, i, b)))
+        .collect()
 }
 
 async fn send(
@@ -304,18 +307,19 @@ async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statist
     assert!(total >= 3000, "{total} rows in orders");
     let mut report = Vec::new();
     for t in TABLES {
-        let (s0, i0) = before.get(t).copied().unwrap_or_default();
-        let (s1, i1) = after.get(t).copied().unwrap_or_default();
+        let (s0, i0, b0) = before.get(t).copied().unwrap_or_default();
+        let (s1, i1, b1) = after.get(t).copied().unwrap_or_default();
         report.push(format!(
-            "{t}: {} seq scans, {} index entries read",
+            "{t}: {} seq scans, {} index entries read, {} index blocks touched",
             s1 - s0,
-            i1 - i0
+            i1 - i0,
+            b1 - b0
         ));
     }
     println!("{} requests; {}", requests, report.join("; "));
     for t in TABLES {
-        let (s0, i0) = before.get(t).copied().unwrap_or_default();
-        let (s1, i1) = after.get(t).copied().unwrap_or_default();
+        let (s0, i0, _) = before.get(t).copied().unwrap_or_default();
+        let (s1, i1, _) = after.get(t).copied().unwrap_or_default();
         assert_eq!(s1 - s0, 0, "sequential scans of {t}: {report:?}");
         let per_request = (i1 - i0) as f64 / requests as f64;
         assert!(
@@ -373,4 +377,81 @@ async fn the_purge_reads_only_refusals_past_the_window() {
         per_scan < 100,
         "each purge read {per_scan} entries of the refusals' index (20,000 younger than the window)"
     );
+}
+
+/// A per-customer allowance (`customer_units`) reads the buyer's own confirmed orders, and
+/// nothing else, on a table that has grown: 100,000 refusals of other buyers, and 2,000 of
+/// each buyer here, all in the idempotency window (never analyzed). Limited orders then touch
+/// a few of `orders`' index blocks each (a normal run: 10.5 entries and 21 blocks per order).
+/// Mutations seen failing it: the allowance's read without `status = 'confirmed'` inside its
+/// fence (no index leads with `user_id` for it then; it walked the whole key-first index:
+/// 2,010 entries and 895 blocks per order); the schema before migrations 20261203000002–4
+/// (the user-first index, each buyer's refusals read too: 2,010 entries per order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowance_reads_the_buyers_confirmed_orders_only_on_a_grown_table() {
+    let cluster = shared_cluster();
+    let db = fresh_database(cluster).await;
+    let pool = sqlx::PgPool::connect(&cluster.primary_url(&db))
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE orders SET (autovacuum_enabled = off); \
+         ALTER TABLE order_lines SET (autovacuum_enabled = off); \
+         ALTER TABLE products SET (autovacuum_enabled = off); \
+         INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer) \
+           VALUES ('allow-old', 'sold out', 100, 0, 0, NULL), ('allow-lim', 'limited', 100, 100000, 100000, 1000); \
+         INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+           SELECT gen_random_uuid(), 'allow-old', 'other' || g, 1, 100, 0, 'refused', 'old' || g, 'allow-old:1' \
+             FROM generate_series(1, 100000) g \
+           UNION ALL \
+           SELECT gen_random_uuid(), 'allow-old', 'buyer' || (g % 10), 1, 100, 0, 'refused', 'old' || g, 'allow-old:1' \
+             FROM generate_series(1, 20000) g;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let before = scans(&pool).await;
+    let app = spawn_app_with(AppOptions {
+        database: Some(db.clone()),
+        ..AppOptions::new(cluster)
+    })
+    .await;
+    let requests = 200;
+    let answers: Vec<(StatusCode, Value)> = futures::stream::iter(0..requests)
+        .map(|i| {
+            let app = &app;
+            async move {
+                send(
+                    app,
+                    reqwest::Method::POST,
+                    "/v1/orders",
+                    &format!("buyer{}", i % 10),
+                    Some(format!("new{i}")),
+                    json!({"product_id": "allow-lim", "quantity": 1}),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    assert!(
+        answers.iter().all(|(s, _)| *s == StatusCode::CREATED),
+        "{:?}",
+        answers.iter().find(|(s, _)| *s != StatusCode::CREATED)
+    );
+    drop(app);
+    let after = scans(&pool).await;
+    let (s0, i0, b0) = before["orders"];
+    let (s1, i1, b1) = after["orders"];
+    let report = format!(
+        "{requests} limited orders: {} seq scans, {} index entries read, {} index blocks touched",
+        s1 - s0,
+        i1 - i0,
+        b1 - b0
+    );
+    println!("{report}");
+    assert_eq!(s1 - s0, 0, "{report}");
+    assert!((i1 - i0) / requests <= 50, "{report}");
+    assert!((b1 - b0) / requests <= 60, "{report}");
 }
