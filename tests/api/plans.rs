@@ -35,6 +35,37 @@ async fn scans(pool: &sqlx::PgPool) -> BTreeMap<String, (i64, i64, i64)> {
         .collect()
 }
 
+/// A fresh database on the shared cluster, with autovacuum off on the order paths' tables so
+/// that nothing analyzes them, and a pool on it; then a service on it with [`app_on`].
+async fn unanalyzed_database() -> (String, sqlx::PgPool) {
+    let cluster = shared_cluster();
+    let db = fresh_database(cluster).await;
+    let pool = sqlx::PgPool::connect(&cluster.primary_url(&db))
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE orders SET (autovacuum_enabled = off); \
+         ALTER TABLE holds SET (autovacuum_enabled = off); \
+         ALTER TABLE order_lines SET (autovacuum_enabled = off); \
+         ALTER TABLE restocks SET (autovacuum_enabled = off); \
+         ALTER TABLE hold_lines SET (autovacuum_enabled = off); \
+         ALTER TABLE products SET (autovacuum_enabled = off);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    (db, pool)
+}
+
+async fn app_on(db: &str) -> TestApp {
+    let cluster = shared_cluster();
+    spawn_app_with(AppOptions {
+        database: Some(db.to_string()),
+        ..AppOptions::new(cluster)
+    })
+    .await
+}
+
 async fn send(
     app: &TestApp,
     method: reqwest::Method,
@@ -58,28 +89,9 @@ async fn send(
 /// `order_lines` do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statistics() {
-    let cluster = shared_cluster();
-    let db = fresh_database(cluster).await;
-    let pool = sqlx::PgPool::connect(&cluster.primary_url(&db))
-        .await
-        .unwrap();
-    sqlx::raw_sql(
-        "ALTER TABLE orders SET (autovacuum_enabled = off); \
-         ALTER TABLE holds SET (autovacuum_enabled = off); \
-         ALTER TABLE order_lines SET (autovacuum_enabled = off); \
-         ALTER TABLE restocks SET (autovacuum_enabled = off); \
-         ALTER TABLE hold_lines SET (autovacuum_enabled = off); \
-         ALTER TABLE products SET (autovacuum_enabled = off);",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    let (db, pool) = unanalyzed_database().await;
     let before = scans(&pool).await;
-    let app = spawn_app_with(AppOptions {
-        database: Some(db.clone()),
-        ..AppOptions::new(cluster)
-    })
-    .await;
+    let app = app_on(&db).await;
     app.create_product("plan-hot", 100_000, 100).await;
     app.create_product("plan-gone", 0, 100).await;
     for i in 0..20 {
@@ -389,16 +401,9 @@ async fn the_purge_reads_only_refusals_past_the_window() {
 /// (the user-first index, each buyer's refusals read too: 2,010 entries per order).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowance_reads_the_buyers_confirmed_orders_only_on_a_grown_table() {
-    let cluster = shared_cluster();
-    let db = fresh_database(cluster).await;
-    let pool = sqlx::PgPool::connect(&cluster.primary_url(&db))
-        .await
-        .unwrap();
+    let (db, pool) = unanalyzed_database().await;
     sqlx::raw_sql(
-        "ALTER TABLE orders SET (autovacuum_enabled = off); \
-         ALTER TABLE order_lines SET (autovacuum_enabled = off); \
-         ALTER TABLE products SET (autovacuum_enabled = off); \
-         INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer) \
+        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer) \
            VALUES ('allow-old', 'sold out', 100, 0, 0, NULL), ('allow-lim', 'limited', 100, 100000, 100000, 1000); \
          INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
            SELECT gen_random_uuid(), 'allow-old', 'other' || g, 1, 100, 0, 'refused', 'old' || g, 'allow-old:1' \
@@ -411,11 +416,7 @@ async fn an_allowance_reads_the_buyers_confirmed_orders_only_on_a_grown_table() 
     .await
     .unwrap();
     let before = scans(&pool).await;
-    let app = spawn_app_with(AppOptions {
-        database: Some(db.clone()),
-        ..AppOptions::new(cluster)
-    })
-    .await;
+    let app = app_on(&db).await;
     let requests = 200;
     let answers: Vec<(StatusCode, Value)> = futures::stream::iter(0..requests)
         .map(|i| {
