@@ -45,6 +45,23 @@ impl Answer {
 
 type Slot = Arc<OnceCell<Answer>>;
 
+/// A product's slot, and what the answer it replaced said of the stock. A slot is empty while
+/// its read is in flight, and `last_seen_short` must not forget a sold-out product meanwhile:
+/// its orders would go to a batch each, instead of to the gate (issue #31's suite run: 5
+/// batches for 500 orders after a sell-out, all while the gate's answer was refreshed).
+struct Entry {
+    slot: Slot,
+    before: Option<i32>,
+}
+
+impl Entry {
+    /// The stock this product's latest answer stated: the slot's, or while it is being
+    /// read, the one it replaced.
+    fn said(&self) -> Option<i32> {
+        self.slot.get().map_or(self.before, |a| a.available)
+    }
+}
+
 pub struct GateCache {
     budget: Duration,
     /// How long a reopening's floor is kept.
@@ -56,12 +73,7 @@ pub struct GateCache {
 
 #[derive(Default)]
 struct Maps {
-    slots: HashMap<ProductId, Slot>,
-    /// What each product's latest answer said of its stock. A slot is empty while its next
-    /// read is in flight, and `last_seen_short` must not forget a sold-out product meanwhile:
-    /// its orders would go to a batch each, instead of to the gate (issue #31's suite run: 5
-    /// batches for 500 orders after a sell-out, all while the gate's answer was refreshed).
-    seen: HashMap<ProductId, Option<i32>>,
+    slots: HashMap<ProductId, Entry>,
     /// Each product whose stock went up here lately (restock, cancel, import, a cart or hold
     /// ending): the primary's position after the commit, which a read must have replayed, so
     /// a stale "sold out" never outlives a restock here; and when (no answer from before is
@@ -120,25 +132,28 @@ impl GateCache {
                 if slots.len() > 50_000 {
                     // Bounded memory: forget expired answers.
                     let budget = self.budget;
-                    slots.retain(|_, s| {
-                        s.get()
+                    slots.retain(|_, e| {
+                        e.slot
+                            .get()
                             .is_none_or(|a| now.saturating_duration_since(a.as_of()) <= budget)
                     });
-                    let Maps { slots, seen, .. } = &mut *maps;
-                    seen.retain(|p, _| slots.contains_key(p));
                 }
-                let slots = &mut maps.slots;
-                let cached = slots.get(product).and_then(|s| s.get());
+                let cached = slots.get(product).and_then(|e| e.slot.get());
                 if let Some(answer) = cached.filter(|a| usable(a)) {
                     // Judged usable at `now`, and stated at that same `now`.
                     return Ok(answer.restated(now));
                 }
                 let slot = match slots.get(product) {
                     // A read in flight: wait for it.
-                    Some(s) if s.get().is_none() => s.clone(),
-                    _ => {
+                    Some(e) if e.slot.get().is_none() => e.slot.clone(),
+                    old => {
+                        let before = old.and_then(Entry::said);
                         let slot: Slot = Arc::default();
-                        slots.insert(product.clone(), slot.clone());
+                        let entry = Entry {
+                            slot: slot.clone(),
+                            before,
+                        };
+                        slots.insert(product.clone(), entry);
                         slot
                     }
                 };
@@ -152,9 +167,6 @@ impl GateCache {
                 })
                 .await?;
             let now = Self::now();
-            if ours {
-                self.maps().seen.insert(product.clone(), answer.available);
-            }
             if ours || within(answer, now) || round == ROUNDS {
                 return Ok(answer.restated(now));
             }
@@ -181,12 +193,14 @@ impl GateCache {
         let slots = &mut maps.slots;
         let newer = slots
             .get(product)
-            .and_then(|s| s.get())
+            .and_then(|e| e.slot.get())
             .is_some_and(|a| a.as_of() > answer.as_of());
         if !newer {
-            maps.seen.insert(product.clone(), answer.available);
-            maps.slots
-                .insert(product.clone(), Arc::new(OnceCell::new_with(Some(answer))));
+            let entry = Entry {
+                slot: Arc::new(OnceCell::new_with(Some(answer))),
+                before: None,
+            };
+            slots.insert(product.clone(), entry);
         }
     }
 
@@ -195,10 +209,9 @@ impl GateCache {
     /// units. Not for a product it never saw, saw with enough stock, or that was reopened since.
     pub fn last_seen_short(&self, product: &ProductId, quantity: i32) -> bool {
         self.maps()
-            .seen
+            .slots
             .get(product)
-            .copied()
-            .flatten()
+            .and_then(Entry::said)
             .is_some_and(|available| available < quantity)
     }
 
@@ -212,7 +225,6 @@ impl GateCache {
         let floor = maps.floors.entry(product.clone()).or_insert((lsn, now));
         *floor = (floor.0.max(lsn), now);
         maps.slots.remove(product);
-        maps.seen.remove(product);
     }
 }
 
