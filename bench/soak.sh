@@ -100,10 +100,10 @@ for m in sorted(by):
     rows_file = os.path.join(work, f"rows-{m + 1}")
     rows = open(rows_file).read().strip() if os.path.exists(rows_file) else "-"
     print(f"| {m} | {len(s)} | {rate[m]:.0f} | {statistics.median(p99s):.1f} | {max(p99s):.1f} | {rows} |")
-first, last = min(rate), max(rate)
+ms = sorted(rate)
+first, last = ms[0], ms[-1]
 print()
 print(f"Last minute ÷ first: {rate[last] / rate[first]:.2f} (goal: within 20 %, 0.80–1.20).")
-ms = sorted(rate)
 if len(ms) >= 10:
     head, tail = statistics.median(rate[m] for m in ms[:5]), statistics.median(rate[m] for m in ms[-5:])
     print(f"Median of the last five minutes ÷ that of the first five: {tail / head:.2f}.")
