@@ -394,17 +394,19 @@ async fn the_purge_reads_only_refusals_past_the_window() {
 /// A per-customer allowance (`customer_units`) reads the buyer's own confirmed orders, and
 /// nothing else, on a table that has grown: 100,000 refusals of other buyers, and 2,000 of
 /// each buyer here, all in the idempotency window (never analyzed). Limited orders then touch
-/// a few of `orders`' index blocks each (a normal run: 10.5 entries and 21 blocks per order).
+/// a few of `orders`' index blocks each (a normal run: 11 entries and 21 blocks per order).
+/// Precondition, asserted: the allowance really counted each buyer's 20 orders (the 21st is
+/// refused at the limit) and none of its refusals (all 20 were sold).
 /// Mutations seen failing it: the allowance's read without `status = 'confirmed'` inside its
 /// fence (no index leads with `user_id` for it then; it walked the whole key-first index:
-/// 2,010 entries and 895 blocks per order); the schema before migrations 20261203000002–4
-/// (the user-first index, each buyer's refusals read too: 2,010 entries per order).
+/// 2,011 entries and 895 blocks per order); the schema before migrations 20261203000002–4
+/// (the user-first index, each buyer's refusals read too: 2,011 entries per order).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowance_reads_the_buyers_confirmed_orders_only_on_a_grown_table() {
     let (db, pool) = unanalyzed_database().await;
     sqlx::raw_sql(
         "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer) \
-           VALUES ('allow-old', 'sold out', 100, 0, 0, NULL), ('allow-lim', 'limited', 100, 100000, 100000, 1000); \
+           VALUES ('allow-old', 'sold out', 100, 0, 0, NULL), ('allow-lim', 'limited', 100, 100000, 100000, 20); \
          INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
            SELECT gen_random_uuid(), 'allow-old', 'other' || g, 1, 100, 0, 'refused', 'old' || g, 'allow-old:1' \
              FROM generate_series(1, 100000) g \
@@ -417,8 +419,8 @@ async fn an_allowance_reads_the_buyers_confirmed_orders_only_on_a_grown_table() 
     .unwrap();
     let before = scans(&pool).await;
     let app = app_on(&db).await;
-    let requests = 200;
-    let answers: Vec<(StatusCode, Value)> = futures::stream::iter(0..requests)
+    let buyers = 10;
+    let answers: Vec<(StatusCode, Value)> = futures::stream::iter(0..buyers * 21)
         .map(|i| {
             let app = &app;
             async move {
@@ -426,21 +428,29 @@ async fn an_allowance_reads_the_buyers_confirmed_orders_only_on_a_grown_table() 
                     app,
                     reqwest::Method::POST,
                     "/v1/orders",
-                    &format!("buyer{}", i % 10),
+                    &format!("buyer{}", i % buyers),
                     Some(format!("new{i}")),
                     json!({"product_id": "allow-lim", "quantity": 1}),
                 )
                 .await
             }
         })
-        .buffer_unordered(8)
+        .buffered(8)
         .collect()
         .await;
+    let (sold, over) = answers.split_at(buyers * 20);
     assert!(
-        answers.iter().all(|(s, _)| *s == StatusCode::CREATED),
+        sold.iter().all(|(s, _)| *s == StatusCode::CREATED),
         "{:?}",
-        answers.iter().find(|(s, _)| *s != StatusCode::CREATED)
+        sold.iter().find(|(s, _)| *s != StatusCode::CREATED)
     );
+    assert!(
+        over.iter().all(|(s, b)| *s == StatusCode::CONFLICT
+            && b["error"]["code"] == "LIMIT_EXCEEDED"
+            && b["error"]["already"] == 20),
+        "{over:?}"
+    );
+    let requests = answers.len() as i64;
     drop(app);
     let after = scans(&pool).await;
     let (s0, i0, b0) = before["orders"];
