@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use stockgate::config::Config;
 use stockgate::startup::Application;
-use tokio::sync::oneshot;
 
 fn ha() -> &'static HaCluster {
     static HA: OnceLock<HaCluster> = OnceLock::new();
@@ -69,10 +68,7 @@ async fn spawn_ha_app(c: &HaCluster, db: &str, redis_url: Option<String>) -> Tes
     let app = Application::build(&config).await.expect("build app");
     let port = app.port();
     let state = app.state().clone();
-    let (tx, rx) = oneshot::channel::<()>();
-    tokio::spawn(app.run_until(async move {
-        let _ = rx.await;
-    }));
+    let (tx, running) = run_in_background(app);
     let tokens = stockgate::auth::Tokens::new(SECRET);
     let admin = tokens
         .issue(&stockgate::auth::Caller::Admin, Duration::from_secs(3600))
@@ -90,6 +86,7 @@ async fn spawn_ha_app(c: &HaCluster, db: &str, redis_url: Option<String>) -> Tes
         primary: leader_pool(c, db).await,
         state,
         shutdown: Some(tx),
+        running: Some(running),
     };
     let leader = c.name(leader(c));
     app.wait_for("both replicas healthy", Duration::from_secs(20), || async {
@@ -623,11 +620,7 @@ async fn an_instance_told_that_a_replica_leads_writes_nothing_there_and_answers_
     let app = Application::build(&config).await.expect("build app");
     let db_handle = app.state().db.clone();
     let port = app.port();
-    let (tx, rx) = oneshot::channel::<()>();
-    tokio::spawn(app.run_until(async move {
-        let _ = rx.await;
-    }));
-    let _stop = tx;
+    let (_stop, _running) = run_in_background(app);
     let truth = leader_pool(c, &db).await;
     sqlx::query("INSERT INTO products (product_id, name, price_cents, available_quantity) VALUES ('p', 'P', 100, 10)")
         .execute(&truth)

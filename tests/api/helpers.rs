@@ -83,6 +83,23 @@ pub struct TestApp {
     pub primary: sqlx::PgPool,
     pub state: stockgate::http::AppState,
     pub shutdown: Option<oneshot::Sender<()>>,
+    /// The application's task: over once it has stopped serving and its background work
+    /// (the sweeper) has been dropped.
+    pub running: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Runs `app` on a task of its own until the returned sender is used (or dropped); the task
+/// ends once the application has.
+pub fn run_in_background(app: Application) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        let _ = app
+            .run_until(async move {
+                let _ = rx.await;
+            })
+            .await;
+    });
+    (tx, running)
 }
 
 pub async fn spawn_app(cluster: &Cluster) -> TestApp {
@@ -116,10 +133,7 @@ pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
         .expect("build app");
     let port = app.port();
     let state = app.state().clone();
-    let (tx, rx) = oneshot::channel::<()>();
-    tokio::spawn(app.run_until(async move {
-        let _ = rx.await;
-    }));
+    let (tx, running) = run_in_background(app);
     let primary = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .connect(&cluster.primary_url(&database))
@@ -143,6 +157,7 @@ pub async fn spawn_app_with(opts: AppOptions<'_>) -> TestApp {
         primary,
         state,
         shutdown: Some(tx),
+        running: Some(running),
     };
     // Wait until the monitor has seen every replica answer, so tests start from a known state.
     if opts.replicas {
@@ -371,6 +386,19 @@ impl TestApp {
             .fetch_one(&self.primary)
             .await
             .unwrap()
+    }
+}
+
+impl TestApp {
+    /// Stops the application and waits until it has ended, background work included (dropping
+    /// a `TestApp` only asks it to stop).
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(running) = self.running.take() {
+            let _ = running.await;
+        }
     }
 }
 
