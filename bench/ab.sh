@@ -9,11 +9,19 @@
 # and reads, besides wrk's figures, from the binary's own /metrics: the mean batch, and the p99 of an
 # order's wait in its product's queue and of one batch's transaction on the primary.
 #
+# With AB_FRESH=1 every turn runs as a new deployment would: on a database of its own, migrated
+# by that turn's binary and never analyzed (autovacuum off on its tables), dropped after the
+# turn; so two binaries whose migrations differ are each measured on their own schema. Its
+# load is AB_LOAD: `hot` (one product, as above), `spread` (1,000 products, each request one
+# at random: bench/spread.sh's shape) or `carts` (three-line carts over 20 products:
+# bench/carts.sh's shape).
+#
 # Prints a table (one row a turn, then the medians of each side) and appends it to
 # bench/results/ab-<YYYY-MM-DD>.md.
 #
 # Environment: PAIRS (default 3), BENCH_SECONDS (per turn, default 6), AB_PORT (default
-# 18280), STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (as for ./dev), AB_NOTE (a line for the file).
+# 18280), STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (as for ./dev), AB_FRESH, AB_LOAD (hot),
+# AB_NOTE (a line for the file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -30,14 +38,27 @@ dev_cluster_env
 export STOCKGATE_TOKEN_SECRET="${STOCKGATE_TOKEN_SECRET:-$(cat .dev/token-secret)}"
 export STOCKGATE_LISTEN="127.0.0.1:$PORT"
 ADMIN="$(./dev token --admin)"
-HOT=ab-hot
-psql "$DATABASE_URL" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity)
+BASE_URL="${DATABASE_URL%/*}" REPLICAS="$STOCKGATE_REPLICA_URLS"
+LOAD="${AB_LOAD:-hot}"
+case "$LOAD" in
+  hot) HOT=ab-hot; args=("$HOT"); products="SELECT '$HOT', 'ab hot row', 100, 2000000000, 2000000000" ;;
+  spread) args=(spread- 1000); products="SELECT 'spread-' || g, 'product ' || g, 100, 100000000, 100000000 FROM generate_series(1, 1000) g" ;;
+  carts) args=(cart- 20 3); products="SELECT 'cart-' || g, 'product ' || g, 100, 100000000, 100000000 FROM generate_series(1, 20) g" ;;
+  *) echo "ab.sh: AB_LOAD is hot, spread or carts" >&2; exit 2 ;;
+esac
+[ -n "${AB_FRESH:-}" ] || [ "$LOAD" = hot ] || { echo "ab.sh: AB_LOAD=$LOAD needs AB_FRESH=1" >&2; exit 2; }
+[ -n "${AB_FRESH:-}" ] || psql "$DATABASE_URL" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity)
   VALUES ('$HOT', 'ab hot row', 100, 2000000000)
   ON CONFLICT (product_id) DO UPDATE SET available_quantity = 2000000000"
 
 work="$(mktemp -d)"
 pid=""
-cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
+db=""
+cleanup() {
+  [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+  [ -z "$db" ] || psql "$BASE_URL/postgres" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
 trap cleanup EXIT
 
 URL="http://$STOCKGATE_LISTEN"
@@ -45,14 +66,22 @@ URL="http://$STOCKGATE_LISTEN"
 # turn SIDE BINARY: one measured run; appends "side orders/s p50 p99 batch queue-p99
 # batch-p99" to $work/rows (the last two "-" for a binary without those histograms)
 turn() {
-  "$2" serve >"$work/serve.log" 2>&1 &
+  local env=()
+  if [ -n "${AB_FRESH:-}" ]; then
+    db="ab_$(date -u +%H%M%S)_${1,,}"
+    BIN="$2" new_unanalyzed_db "$db"
+    psql "$BASE_URL/$db" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) $products"
+    env=(DATABASE_URL="$BASE_URL/$db" STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$db")")
+  fi
+  env "${env[@]}" "$2" serve >"$work/serve.log" 2>&1 &
   pid=$!
   wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "ab.sh: $2 did not start" >&2; exit 1; }
-  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "$HOT" >"$work/wrk.txt"
+  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "${args[@]}" >"$work/wrk.txt"
   local sum count queue batch
   sum="$(metric_at "$URL" stockgate_order_batch_size_sum)" count="$(metric_at "$URL" stockgate_order_batch_size_count)"
   queue="$(quantile_ms "$URL" stockgate_order_queue_seconds 0.99)" batch="$(quantile_ms "$URL" stockgate_order_batch_seconds 0.99)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+  if [ -n "$db" ]; then psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null; db=""; fi
   LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" -v queue="$queue" -v batch="$batch" \
     -v p50="$(wrk_ms "$work/wrk.txt" 50%)" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" \
     '/^status 201:/ { ok += $3 } END { printf "%s %.0f %.2f %.2f %.1f %s %s\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0), queue, batch }' \
@@ -71,7 +100,7 @@ done
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): A = $A, B = $B"
   [ -z "${AB_NOTE:-}" ] || echo "$AB_NOTE"
   echo
-  echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, hot SKU with unique keys; load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, load $LOAD with unique keys$([ -z "${AB_FRESH:-}" ] || echo ", a new never-analyzed database a turn, migrated by its binary"); load average $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
   echo "| turn | orders/s | p50 ms | p99 ms | mean batch | p99 ms in the queue | p99 ms of a batch's transaction |"
   echo "| --- | --- | --- | --- | --- | --- | --- |"

@@ -245,3 +245,101 @@ async fn health_readiness_metrics_and_routing_are_served() {
     assert_eq!(gate["target"], "replica");
     assert_eq!(gate["staleness_budget_ms"], 250);
 }
+
+fn sqlstate(e: &sqlx::Error) -> String {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
+        .unwrap_or_else(|| format!("not a database error: {e}"))
+}
+
+/// Orders and order lines name products that exist, and such a product is never deleted or
+/// re-keyed: the foreign keys' guarantee, checked once per statement and product (migration
+/// 20261203000005). Mutations seen failing it: without `FOR KEY SHARE` in the insert
+/// trigger, the delete does not wait for the uncommitted order; without the products' delete
+/// trigger, the product with an order is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_names_a_product_that_exists_and_keeps_it() {
+    let app = spawn_app(shared_cluster()).await;
+    let db = &app.primary;
+    for id in ["kept", "raced"] {
+        assert_eq!(app.create_product(id, 10, 100).await.status(), 201);
+    }
+    let insert = "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, \
+                  total_cents, status, idempotency_key, request_fingerprint) \
+                  SELECT gen_random_uuid(), p, 'u', 1, 100, 100, 'confirmed', 'key-' || p, 'f' \
+                  FROM unnest($1::text[]) p";
+    let orders = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM orders")
+            .fetch_one(db)
+            .await
+            .unwrap()
+    };
+
+    // One row of the statement names no product: nothing of it is written.
+    let err = sqlx::query(insert)
+        .bind(vec!["kept", "missing"])
+        .execute(db)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "23503", "{err}");
+    assert_eq!(orders().await, 0);
+    // A cart's line likewise.
+    let err = sqlx::query(
+        "WITH o AS (INSERT INTO orders (order_id, user_id, unit_price_cents, total_cents, status, \
+                    idempotency_key, request_fingerprint) \
+                    VALUES (gen_random_uuid(), 'u', 0, 100, 'confirmed', 'cart', 'f') RETURNING order_id) \
+         INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
+         SELECT order_id, 'missing', 1, 100 FROM o",
+    )
+    .execute(db)
+    .await
+    .unwrap_err();
+    assert_eq!(sqlstate(&err), "23503", "{err}");
+    assert_eq!(orders().await, 0);
+
+    // A product with an order is neither deleted nor re-keyed.
+    sqlx::query(insert)
+        .bind(vec!["kept"])
+        .execute(db)
+        .await
+        .unwrap();
+    for statement in [
+        "DELETE FROM products WHERE product_id = 'kept'",
+        "UPDATE products SET product_id = 'rekeyed' WHERE product_id = 'kept'",
+    ] {
+        let err = sqlx::query(statement).execute(db).await.unwrap_err();
+        assert_eq!(sqlstate(&err), "23503", "{statement}: {err}");
+    }
+
+    // An order not yet committed holds its product: the delete waits for it, then finds it.
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query(insert)
+        .bind(vec!["raced"])
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let deleting = {
+        let db = db.clone();
+        tokio::spawn(async move {
+            sqlx::query("DELETE FROM products WHERE product_id = 'raced'")
+                .execute(&db)
+                .await
+        })
+    };
+    wait_for(
+        "the delete waits on the uncommitted order's lock",
+        Duration::from_secs(10),
+        || async { sessions_waiting(db, "Lock", "DELETE FROM products%").await == 1 },
+    )
+    .await;
+    tx.commit().await.unwrap();
+    let err = deleting.await.unwrap().unwrap_err();
+    assert_eq!(sqlstate(&err), "23503", "{err}");
+    assert_eq!(
+        stock_on(db, "raced").await,
+        10,
+        "the product is still there"
+    );
+    assert_eq!(orders().await, 2);
+}

@@ -18,10 +18,12 @@ fn free_ports(n: usize) -> Vec<u16> {
 }
 
 /// A port held by a socket that is bound but never listens: a connection to it is refused at
-/// once, and no other test can take the port while the socket lives.
+/// once, and no other test can take the port while the socket lives. `SO_REUSEPORT`: it may
+/// be bound beside a listener made here, which then leaves the port to it with no gap.
 fn refusing_port(port: u16) -> tokio::net::TcpSocket {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_reuseaddr(true).unwrap();
+    socket.set_reuseport(true).unwrap();
     socket.bind(([127, 0, 0, 1], port).into()).unwrap();
     socket
 }
@@ -248,7 +250,7 @@ async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
     let cluster = shared_cluster();
     let redis = devcluster::Redis::temporary().unwrap();
     // The second peer reads the request and hangs up.
-    let owner = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let owner = refusing_port(0).listen(16).unwrap();
     let owner_port = owner.local_addr().unwrap().port();
     let urls = vec![
         format!("http://127.0.0.1:{}", free_ports(1)[0]),
@@ -259,10 +261,12 @@ async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
         let mut buf = [0u8; 4096];
         let _ = link.read(&mut buf).await;
         // The owner is gone: its port refuses connections from now on (held, so that no
-        // other test's server can take it).
+        // other test's server can take it; bound before the listener goes, since binding it
+        // after once met the closing link's socket: "address in use").
+        let refusing = refusing_port(owner_port);
         drop(link);
         drop(owner);
-        refusing_port(owner_port)
+        refusing
     });
     let a = peer(cluster, None, &redis, &urls, 0).await;
     let product = contended_product(&a, &urls[1], "peer-cut").await;
