@@ -12,6 +12,7 @@
 --    raises `foreign_key_violation` (23503, a row-level error, as before) if one is missing.
 --    KEY SHARE conflicts only with deleting the row or changing its key, never with the order
 --    paths' `FOR NO KEY UPDATE` or their stock updates, so no wait and no lock order is added.
+--  * changing an order's (or line's) product: a row trigger checks and locks the new one;
 --  * deleting a product, or changing its `product_id`: a row trigger raises 23503 while an
 --    order or order line names it. It runs after the row's lock is granted, so it sees every
 --    order whose statement locked the product before it and has committed since.
@@ -51,6 +52,30 @@ CREATE TRIGGER orders_products_exist AFTER INSERT ON orders
 CREATE TRIGGER order_lines_products_exist AFTER INSERT ON order_lines
     REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
     EXECUTE FUNCTION order_products_exist();
+
+-- An order or order line whose product_id an UPDATE changes: the same check for the new
+-- product, row by row (nothing in the service changes an order's product; a column trigger,
+-- so no other update fires it).
+CREATE FUNCTION order_product_exists() RETURNS trigger
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+BEGIN
+    PERFORM 1 FROM products p WHERE p.product_id = NEW.product_id FOR KEY SHARE OF p;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'insert or update on table "%" violates its product reference', TG_TABLE_NAME
+            USING ERRCODE = 'foreign_key_violation',
+                  DETAIL = format('Key (product_id)=(%s) is not present in table "products".', NEW.product_id);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER orders_product_exists_on_change AFTER UPDATE OF product_id ON orders
+    FOR EACH ROW WHEN (NEW.product_id IS NOT NULL AND NEW.product_id IS DISTINCT FROM OLD.product_id)
+    EXECUTE FUNCTION order_product_exists();
+CREATE TRIGGER order_lines_product_exists_on_change AFTER UPDATE OF product_id ON order_lines
+    FOR EACH ROW WHEN (NEW.product_id IS DISTINCT FROM OLD.product_id)
+    EXECUTE FUNCTION order_product_exists();
 
 -- Only an UPDATE that sets product_id reaches the update trigger (stock updates never do).
 CREATE FUNCTION products_keep_their_orders() RETURNS trigger

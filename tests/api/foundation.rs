@@ -257,7 +257,8 @@ fn sqlstate(e: &sqlx::Error) -> String {
 /// re-keyed: the foreign keys' guarantee, checked once per statement and product (migration
 /// 20261203000005). Mutations seen failing it: without `FOR KEY SHARE` in the insert
 /// trigger, the delete does not wait for the uncommitted order; without the products' delete
-/// trigger, the product with an order is deleted.
+/// trigger, the product with an order is deleted; without the orders' update trigger, an
+/// order's product becomes one that does not exist.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_names_a_product_that_exists_and_keeps_it() {
     let app = spawn_app(shared_cluster()).await;
@@ -298,12 +299,18 @@ async fn an_order_names_a_product_that_exists_and_keeps_it() {
     assert_eq!(sqlstate(&err), "23503", "{err}");
     assert_eq!(orders().await, 0);
 
-    // A product with an order is neither deleted nor re-keyed.
+    // A product with an order is neither deleted nor re-keyed, and an order's product
+    // changes only to one that exists.
     sqlx::query(insert)
         .bind(vec!["kept"])
         .execute(db)
         .await
         .unwrap();
+    let err = sqlx::query("UPDATE orders SET product_id = 'missing' WHERE product_id = 'kept'")
+        .execute(db)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "23503", "{err}");
     for statement in [
         "DELETE FROM products WHERE product_id = 'kept'",
         "UPDATE products SET product_id = 'rekeyed' WHERE product_id = 'kept'",
