@@ -3,7 +3,7 @@
 -- The foreign keys `orders.product_id` and `order_lines.product_id` → `products` ran one
 -- `SELECT … FOR KEY SHARE` per inserted row: 37 per batch of 37 orders, all on the one hot row,
 -- inside the batch that holds that row's lock. Side by side on fresh databases (one hot
--- product, `wrk -c64`), the per-statement check below sold more in 8 of 9 pairs, 5–18 %,
+-- product, `wrk -c64`), the per-statement check below sold more in 8 of 9 pairs, by 2–18 %,
 -- with p99 lower (bench/results/ab-2026-12-03.md).
 --
 -- The same guarantee, per statement:
@@ -19,6 +19,10 @@
 -- Nothing in the service deletes a product or changes its key; these stay as the schema's
 -- guarantee. `hold_lines` and `restocks` keep their foreign keys: they are not on the hot
 -- path.
+-- Dropping a foreign key locks both its tables for a moment. Under load, a lock request
+-- queued behind a long transaction would hold up every order behind it: wait at most 5 s,
+-- else fail (nothing changed) and run `stockgate migrate` again.
+SET LOCAL lock_timeout = '5s';
 ALTER TABLE orders DROP CONSTRAINT orders_product_id_fkey;
 ALTER TABLE order_lines DROP CONSTRAINT order_lines_product_id_fkey;
 
