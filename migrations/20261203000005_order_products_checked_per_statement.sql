@@ -26,7 +26,9 @@ SET LOCAL lock_timeout = '5s';
 ALTER TABLE orders DROP CONSTRAINT orders_product_id_fkey;
 ALTER TABLE order_lines DROP CONSTRAINT order_lines_product_id_fkey;
 
--- Plans that cannot scan `products`, statistics or none (the batch functions' settings).
+-- One check for both triggers below: a statement's new rows (inserts), or one row whose
+-- product an UPDATE changed. Plans that cannot scan `products`, statistics or none (the batch
+-- functions' settings).
 CREATE FUNCTION order_products_exist() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -36,13 +38,20 @@ AS $$
 DECLARE
     v_missing text;
 BEGIN
-    SELECT n.product_id INTO v_missing
-      FROM (SELECT DISTINCT r.product_id FROM new_rows r WHERE r.product_id IS NOT NULL) n
-      LEFT JOIN LATERAL (SELECT true AS found FROM products p
-                          WHERE p.product_id = n.product_id FOR KEY SHARE OF p) l ON true
-     WHERE l.found IS NULL
-     LIMIT 1;
-    IF FOUND THEN
+    IF TG_LEVEL = 'STATEMENT' THEN
+        SELECT n.product_id INTO v_missing
+          FROM (SELECT DISTINCT r.product_id FROM new_rows r WHERE r.product_id IS NOT NULL) n
+          LEFT JOIN LATERAL (SELECT true AS found FROM products p
+                              WHERE p.product_id = n.product_id FOR KEY SHARE OF p) l ON true
+         WHERE l.found IS NULL
+         LIMIT 1;
+    ELSE
+        PERFORM 1 FROM products p WHERE p.product_id = NEW.product_id FOR KEY SHARE OF p;
+        IF NOT FOUND THEN
+            v_missing := NEW.product_id;
+        END IF;
+    END IF;
+    IF v_missing IS NOT NULL THEN
         RAISE EXCEPTION 'insert or update on table "%" violates its product reference', TG_TABLE_NAME
             USING ERRCODE = 'foreign_key_violation',
                   DETAIL = format('Key (product_id)=(%s) is not present in table "products".', v_missing);
@@ -56,30 +65,14 @@ CREATE TRIGGER orders_products_exist AFTER INSERT ON orders
 CREATE TRIGGER order_lines_products_exist AFTER INSERT ON order_lines
     REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
     EXECUTE FUNCTION order_products_exist();
-
--- An order or order line whose product_id an UPDATE changes: the same check for the new
--- product, row by row (nothing in the service changes an order's product; a column trigger,
--- so no other update fires it).
-CREATE FUNCTION order_product_exists() RETURNS trigger
-LANGUAGE plpgsql
-SET enable_seqscan = off
-AS $$
-BEGIN
-    PERFORM 1 FROM products p WHERE p.product_id = NEW.product_id FOR KEY SHARE OF p;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'insert or update on table "%" violates its product reference', TG_TABLE_NAME
-            USING ERRCODE = 'foreign_key_violation',
-                  DETAIL = format('Key (product_id)=(%s) is not present in table "products".', NEW.product_id);
-    END IF;
-    RETURN NULL;
-END $$;
-
+-- Nothing in the service changes an order's product; a column trigger, so no other update
+-- fires these.
 CREATE TRIGGER orders_product_exists_on_change AFTER UPDATE OF product_id ON orders
     FOR EACH ROW WHEN (NEW.product_id IS NOT NULL AND NEW.product_id IS DISTINCT FROM OLD.product_id)
-    EXECUTE FUNCTION order_product_exists();
+    EXECUTE FUNCTION order_products_exist();
 CREATE TRIGGER order_lines_product_exists_on_change AFTER UPDATE OF product_id ON order_lines
     FOR EACH ROW WHEN (NEW.product_id IS DISTINCT FROM OLD.product_id)
-    EXECUTE FUNCTION order_product_exists();
+    EXECUTE FUNCTION order_products_exist();
 
 -- Only an UPDATE that sets product_id reaches the update trigger (stock updates never do).
 CREATE FUNCTION products_keep_their_orders() RETURNS trigger
