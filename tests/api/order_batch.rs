@@ -1,5 +1,6 @@
-//! The order batch's statements, `take_order_batch_v2` (one product) and
-//! `take_order_batches_v2` (several), called directly on a real primary:
+//! The order batch's statements, `take_order_batches_v3` (the one the service calls, for one
+//! product or several) and `take_order_batch_v2` (one product, which it calls for a product
+//! with a limit or window to judge or too little stock), called directly on a real primary:
 //! first-fit seats in arrival order, keys that already hold something, repeats inside a
 //! batch, and a key claimed by a concurrent transaction while the batch waits for it.
 
@@ -315,7 +316,7 @@ async fn a_batch_seats_each_users_requests_against_their_allowance_first_fit() {
     }
 }
 
-/// Calls `take_order_batches_v2` as the service does: `batches` in the order given, each
+/// Calls `take_order_batches_v3` as the service does: `batches` in the order given, each
 /// `(product, requests)`. Its rows as (product, n, status, the row's product, ours).
 async fn take_many<'e>(
     exec: impl sqlx::PgExecutor<'e>,
@@ -334,7 +335,7 @@ async fn take_many<'e>(
             Some(*end)
         })
         .collect();
-    let rows = sqlx::query("SELECT * FROM take_order_batches_v2($1, $2, $3, $4, $5, $6, $7)")
+    let rows = sqlx::query("SELECT * FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7)")
         .bind(&products)
         .bind(&ends)
         .bind(&ids)
@@ -363,7 +364,7 @@ async fn take_many<'e>(
     Ok(got)
 }
 
-/// The batches of several products in one statement (`take_order_batches_v2`, the one the
+/// The batches of several products in one statement (`take_order_batches_v3`, the one the
 /// service calls): products whose whole batch fits and that have no limit or window to judge
 /// are seated together (one insert, one guarded update for all), the others by their own
 /// batch's first fit, all in one commit; a repeated key takes one seat, a key that holds an
@@ -493,7 +494,7 @@ async fn a_key_claimed_while_the_set_based_batch_waits_takes_no_stock() {
 async fn each_batch_function_returns_the_order_columns_in_their_order() {
     let pool = pool().await;
     let want: Vec<&str> = stockgate::checkout::ORDER_COLUMNS.split(", ").collect();
-    for function in ["take_order_batch_v2", "take_order_batches_v2"] {
+    for function in ["take_order_batch_v2", "take_order_batches_v3"] {
         let returned: Vec<String> = sqlx::query_scalar(
             "SELECT a.name FROM pg_proc p, \
                     unnest(p.proargnames, p.proargmodes) WITH ORDINALITY AS a(name, mode, i) \
@@ -507,4 +508,81 @@ async fn each_batch_function_returns_the_order_columns_in_their_order() {
         let tail = &returned[returned.len().saturating_sub(want.len())..];
         assert_eq!(tail, want.as_slice(), "{function} returns {returned:?}");
     }
+}
+
+/// When every request of the products seated together writes its own row (no key twice,
+/// none held already), `take_order_batches_v3` answers from what its INSERT returned instead
+/// of reading every key back; its answers must still be the rows the table holds, column for
+/// column, one product alone or several, `created_at` included (each row's own, found by the
+/// order ids' rank). Mutations seen failing it: `created_at` by arrival order (`v_at[x.n]`)
+/// instead of by rank; a unit price of 0 in the answers; the fast path taken whatever was
+/// written (`IF true`: the repeated key and the key held already in
+/// `batches_of_several_products_share_one_statement_and_keep_their_own_seats` answered as
+/// new orders).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
+    let pool = pool().await;
+    product(&pool, "m", 1000).await;
+    product(&pool, "n", 1000).await;
+    let alone: Vec<(String, String, i32)> = (0..40)
+        .map(|i| (format!("solo{i}"), format!("k{i}"), 1 + i % 3))
+        .collect();
+    let m: Vec<(String, String, i32)> = (0..25)
+        .map(|i| (format!("m{i}"), format!("k{i}"), 2))
+        .collect();
+    let n: Vec<(String, String, i32)> = (0..15)
+        .map(|i| (format!("n{i}"), "same-key".to_owned(), 1 + i % 2))
+        .collect();
+    let reqs = |v: &[(String, String, i32)]| -> Vec<(String, String, i32)> { v.to_vec() };
+    for batches in [vec![("m", reqs(&alone))], vec![("m", reqs(&m)), ("n", reqs(&n))]] {
+        let all: Vec<(&str, &(String, String, i32))> = batches
+            .iter()
+            .flat_map(|(p, rs)| rs.iter().map(move |r| (*p, r)))
+            .collect();
+        let ends: Vec<i32> = batches
+            .iter()
+            .scan(0, |end, b| {
+                *end += b.1.len() as i32;
+                Some(*end)
+            })
+            .collect();
+        let ids: Vec<Uuid> = all.iter().map(|_| Uuid::new_v4()).collect();
+        let answered: Vec<String> = sqlx::query_scalar(
+            "SELECT row(t.order_id, t.product_id, t.quantity, t.user_id, t.status, t.total_cents, \
+                        t.created_at, t.cancelled_at, t.unit_price_cents, t.idempotency_key, \
+                        t.request_fingerprint, t.refusal)::text \
+               FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7) t",
+        )
+        .bind(batches.iter().map(|b| b.0).collect::<Vec<_>>())
+        .bind(&ends)
+        .bind(&ids)
+        .bind(all.iter().map(|(_, r)| r.0.as_str()).collect::<Vec<_>>())
+        .bind(all.iter().map(|(_, r)| r.1.as_str()).collect::<Vec<_>>())
+        .bind(all.iter().map(|(_, r)| r.2).collect::<Vec<_>>())
+        .bind(
+            all.iter()
+                .map(|(p, r)| format!("{p}:{}", r.2))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let stored: Vec<String> = sqlx::query_scalar(
+            "SELECT row(o.order_id, o.product_id, o.quantity, o.user_id, o.status, o.total_cents, \
+                        o.created_at, o.cancelled_at, o.unit_price_cents, o.idempotency_key, \
+                        o.request_fingerprint, o.refusal)::text \
+               FROM unnest($1::uuid[]) WITH ORDINALITY AS i(id, at) JOIN orders o ON o.order_id = i.id \
+              ORDER BY i.at",
+        )
+        .bind(&ids)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(stored.len(), all.len(), "every request wrote its own row");
+        assert_eq!(answered, stored);
+    }
+    assert_eq!(
+        (stock_on(&pool, "m").await, stock_on(&pool, "n").await),
+        (1000 - 79 - 50, 1000 - 22)
+    );
 }
