@@ -517,8 +517,9 @@ async fn each_batch_function_returns_the_order_columns_in_their_order() {
 /// order ids' rank). Mutations seen failing it: `created_at` by arrival order (`v_at[x.n]`)
 /// instead of by rank; a unit price of 0 in the answers; the fast path taken whatever was
 /// written (`IF true`: the repeated key and the key held already in
-/// `batches_of_several_products_share_one_statement_and_keep_their_own_seats` answered as
-/// new orders).
+/// `batches_of_several_products_share_one_statement_and_keep_their_own_seats`, and the key
+/// claimed concurrently in `a_key_claimed_while_the_set_based_batch_waits_takes_no_stock`,
+/// answered as new orders).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
     let pool = pool().await;
@@ -533,8 +534,7 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
     let n: Vec<(String, String, i32)> = (0..15)
         .map(|i| (format!("n{i}"), "same-key".to_owned(), 1 + i % 2))
         .collect();
-    let reqs = |v: &[(String, String, i32)]| -> Vec<(String, String, i32)> { v.to_vec() };
-    for batches in [vec![("m", reqs(&alone))], vec![("m", reqs(&m)), ("n", reqs(&n))]] {
+    for batches in [vec![("m", alone)], vec![("m", m), ("n", n)]] {
         let all: Vec<(&str, &(String, String, i32))> = batches
             .iter()
             .flat_map(|(p, rs)| rs.iter().map(move |r| (*p, r)))
