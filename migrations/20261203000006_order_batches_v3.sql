@@ -1,24 +1,164 @@
--- Order batches, version 3 (`take_order_batches_v3`): take_order_batches_v2 (migration
--- 20261202000009) with two changes, and now the one statement every order batch runs, a single
--- product's included (src/checkout/coalescer.rs).
+-- Order batches, version 3: `take_order_batch_v3` (one product) and `take_order_batches_v3`
+-- (several), the statements every order batch now runs (src/checkout/batch.rs). Both run
+-- while their product rows are locked, so every microsecond saved is one that every other
+-- writer of a hot row stops waiting for. Two costs go, for a product that needs no judgment
+-- (no limit, on sale, stock for the whole batch: a flash sale's hot product until its last
+-- units, and most products on a normal day):
 --
---  * The answers are not read back when they need not be. Version 2 ended by looking up every
---    request's key in `orders` (one index probe and heap fetch per request) to return what
---    the key holds. When every request of the products seated together wrote its own row —
---    no key twice in the batch, none held already, the common case by far — what each key
---    holds is the row it offered, and the INSERT's own RETURNING gives the one value the
---    function did not choose (`created_at`). Any other case reads back as version 2 did.
---  * A single product's batch took `take_order_batch_v2` directly; its seating loop looks up
---    every key before the INSERT claims it, a second probe per request. A product that needs
---    no judgment (no limit, on sale, stock for the whole batch) is now seated by the set-based
---    path whether it comes alone or with others; one that does still runs
---    `take_order_batch_v2`, called from here.
+--  * The look-up of every key before the INSERT claims it. take_order_batch_v2 seats each
+--    request in a PL/pgSQL loop over the keys it looked up first (one index probe each), so
+--    that a held or repeated key takes no seat. With stock for the whole batch nothing needs
+--    seating: every request is written as a confirmed order, the INSERT's `ON CONFLICT DO
+--    NOTHING` skips a key that holds a row already or is claimed concurrently (a repeat of a
+--    key in the batch is dropped before, the first in arrival order kept), and the guarded
+--    UPDATE takes the units of the rows it inserted. This is what take_order_batches_v2
+--    (migration 20261202000009) already did for several products; a product alone now does
+--    it too, in fewer statements.
+--  * The read-back of every key after it. When every request wrote its own row — no key
+--    twice, none held already, the common case by far — what each key holds is the row it
+--    offered, and the INSERT's RETURNING gives the one value the function did not choose
+--    (`created_at`). Any other case reads every key back, as version 2 did.
 --
--- Both run while the product rows are locked, so every microsecond saved is one every other
--- writer of a hot row stops waiting for. Nothing about correctness changes: the rows locked,
--- the lock order, the key claims and the guarded UPDATE are version 2's, statement for
--- statement; the answers are the same rows. Version 2 stays for binaries that still call it
--- (a rolling deploy never mixes bodies) and is dropped by a later migration.
+-- A product with a limit or a window to judge, or too little stock for its whole batch,
+-- still runs take_order_batch_v2, called from here once its row is locked. Nothing about
+-- correctness changes: the rows locked and their order, the key claims in (user, key) order
+-- and the guarded UPDATE are version 2's; the answers are the same rows. Version 2 of both
+-- stays for binaries that still call it (a rolling deploy never mixes bodies) and is dropped
+-- by a later migration; take_order_batch_v2 stays as the judged path.
+--
+-- Measured in the primary with pgbench (one hot product, batches of 37, a never-analyzed
+-- table): bench/results/ab-2026-12-03.md.
+
+CREATE FUNCTION take_order_batch_v3(
+    p_product text,
+    p_ids     uuid[],
+    p_users   text[],
+    p_keys    text[],
+    p_qty     integer[],
+    p_fps     text[]
+) RETURNS TABLE (
+    n                   bigint,
+    found               integer,
+    left_after          integer,
+    lock_wait_us        bigint,
+    starts_in_ms        bigint,
+    sale_starts_at      timestamptz,
+    sale_ends_at        timestamptz,
+    idempotency_key     text,
+    request_fingerprint text,
+    refusal             jsonb,
+    order_id            uuid,
+    product_id          text,
+    quantity            integer,
+    user_id             text,
+    status              text,
+    total_cents         bigint,
+    created_at          timestamptz,
+    cancelled_at        timestamptz,
+    unit_price_cents    integer
+)
+LANGUAGE plpgsql
+-- As take_order_batch_v2: plans that cannot scan `orders` or `products`, statistics or none.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    t0        timestamptz := clock_timestamp();
+    v_now     timestamptz;
+    v_stock   integer;
+    v_price   integer;
+    v_limit   integer;
+    v_starts  timestamptz;
+    v_ends    timestamptz;
+    v_wait    bigint;
+    v_left    integer;
+    v_total   bigint;
+    -- The rows the INSERT wrote, and their `created_at` in order-id order.
+    v_wrote   bigint;
+    v_at      timestamptz[];
+BEGIN
+    SELECT p.available_quantity, p.price_cents, p.max_per_customer, p.sale_starts_at, p.sale_ends_at
+      INTO v_stock, v_price, v_limit, v_starts, v_ends
+      FROM products p WHERE p.product_id = p_product FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    v_now := clock_timestamp();
+    IF v_limit IS NOT NULL
+       OR (v_starts IS NOT NULL AND v_now < v_starts)
+       OR (v_ends IS NOT NULL AND v_now >= v_ends)
+       OR v_stock < (SELECT sum(q) FROM unnest(p_qty) AS q) THEN
+        -- Judgment needed: version 2, on the row this transaction holds already (its own
+        -- lock wait is then nothing, so this batch's is stated: from before the lock).
+        RETURN QUERY
+            SELECT t.n, t.found, t.left_after, (extract(epoch FROM v_now - t0) * 1e6)::bigint,
+                   t.starts_in_ms, t.sale_starts_at, t.sale_ends_at, t.idempotency_key,
+                   t.request_fingerprint, t.refusal, t.order_id, t.product_id, t.quantity,
+                   t.user_id, t.status, t.total_cents, t.created_at, t.cancelled_at,
+                   t.unit_price_cents
+              FROM take_order_batch_v2(p_product, p_ids, p_users, p_keys, p_qty, p_fps) AS t;
+        RETURN;
+    END IF;
+    v_wait := (extract(epoch FROM v_now - t0) * 1e6)::bigint;
+
+    -- Every request a confirmed order; a key repeated in the batch once (its first request).
+    WITH ins AS (
+        INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents,
+                            total_cents, status, idempotency_key, request_fingerprint)
+        SELECT r.id, p_product, r.usr, r.qty, v_price, v_price::bigint * r.qty, 'confirmed',
+               r.key, r.fp
+          FROM (SELECT DISTINCT ON (u.usr, u.key) u.*
+                  FROM unnest(p_ids, p_users, p_keys, p_qty, p_fps) WITH ORDINALITY
+                       AS u(id, usr, key, qty, fp, n)
+                 ORDER BY u.usr, u.key, u.n) AS r
+         ORDER BY r.usr COLLATE "C", r.key COLLATE "C"
+        ON CONFLICT ON CONSTRAINT orders_user_idempotency_key DO NOTHING
+        RETURNING orders.order_id AS id, orders.quantity AS q, orders.created_at AS at
+    )
+    SELECT coalesce(sum(ins.q), 0), count(*), array_agg(ins.at ORDER BY ins.id)
+      INTO v_total, v_wrote, v_at
+      FROM ins;
+
+    v_left := v_stock;
+    IF v_total > 0 THEN
+        UPDATE products p
+           SET available_quantity = p.available_quantity - v_total,
+               updated_at = clock_timestamp()
+         WHERE p.product_id = p_product AND p.available_quantity >= v_total
+        RETURNING p.available_quantity INTO v_left;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the guarded stock update changed no row; the batch was rolled back'
+                USING ERRCODE = 'XX000';
+        END IF;
+    END IF;
+
+    IF v_wrote = cardinality(p_ids) THEN
+        -- Every request wrote its own row: its answer is that row, as inserted. Its
+        -- `created_at` is found by rank: the requests' ids and the rows' ids are the same
+        -- set, so the k-th request in id order wrote the k-th row in id order.
+        RETURN QUERY
+            SELECT x.n, v_stock, v_left, v_wait, NULL::bigint, v_starts, v_ends, x.key, x.fp,
+                   NULL::jsonb, x.id, p_product, x.qty, x.usr, 'confirmed'::text,
+                   v_price::bigint * x.qty, v_at[x.k], NULL::timestamptz, v_price
+              FROM (SELECT u.*, row_number() OVER (ORDER BY u.id) AS k
+                      FROM unnest(p_ids, p_users, p_keys, p_qty, p_fps) WITH ORDINALITY
+                           AS u(id, usr, key, qty, fp, n)) AS x
+             ORDER BY x.n;
+    ELSE
+        RETURN QUERY
+            SELECT u.n, v_stock, v_left, v_wait, NULL::bigint, v_starts, v_ends,
+                   o.idempotency_key, o.request_fingerprint, o.refusal, o.order_id,
+                   o.product_id, o.quantity, o.user_id, o.status, o.total_cents, o.created_at,
+                   o.cancelled_at, o.unit_price_cents
+              FROM unnest(p_users, p_keys) WITH ORDINALITY AS u(usr, key, n)
+              LEFT JOIN orders o ON o.user_id = u.usr AND o.idempotency_key = u.key
+             ORDER BY u.n;
+    END IF;
+END
+$$;
+
 CREATE FUNCTION take_order_batches_v3(
     p_products text[],
     p_ends     integer[],

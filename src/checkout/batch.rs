@@ -1,15 +1,16 @@
-//! One order statement: one round trip, its own transaction, the batches of one product or
-//! of several. They go to the primary's `take_order_batches_v3` function (migration
-//! `20261203000006_order_batches_v3.sql`), which locks every product row in byte order. A
-//! product with no limit, on sale, and stock for its whole batch is seated set-based: every
-//! new key claimed in one `INSERT … ON CONFLICT DO NOTHING`, the units of the rows inserted
-//! taken with ONE guarded `UPDATE … WHERE available_quantity >= total` (a guard that changes
-//! no row raises, and nothing commits). Any other product runs `take_order_batch_v2`
-//! (migration `20261202000005_flash_drops.sql`): its sale window judged, its requests seated
-//! in arrival order (first fit, stock then each user's allowance), the units of a seat whose
-//! key a concurrent transaction claimed handed to its refused requests. The function returns
-//! what every request's key holds now. The row locks are held only while the function runs
-//! and its commit is flushed: no round trip to this service happens under them.
+//! One order statement: one round trip, its own transaction, the batch of one product
+//! (`take_order_batch_v3`) or the batches of several (`take_order_batches_v3`), both in
+//! migration `20261203000006_order_batches_v3.sql`. Each locks its product rows, in byte
+//! order. A product with no limit, on sale, and stock for its whole batch is seated
+//! set-based: every new key claimed in one `INSERT … ON CONFLICT DO NOTHING`, the units of
+//! the rows inserted taken with ONE guarded `UPDATE … WHERE available_quantity >= total` (a
+//! guard that changes no row raises, and nothing commits). Any other product runs
+//! `take_order_batch_v2` (migration `20261202000005_flash_drops.sql`): its sale window
+//! judged, its requests seated in arrival order (first fit, stock then each user's
+//! allowance), the units of a seat whose key a concurrent transaction claimed handed to its
+//! refused requests. Both return what every request's key holds now. The row locks are held
+//! only while the function runs and its commit is flushed: no round trip to this service
+//! happens under them.
 //!
 //! Here, each request is answered from what its key holds ([`decide`]): the order this batch
 //! wrote (201), the refusal it wrote (409), nothing before the sale starts (409
@@ -66,8 +67,34 @@ pub(super) struct RowSeen {
     pub window: Window,
 }
 
-/// Runs the batches of one or several products (each once) as one statement, one
-/// transaction, one commit: `take_order_batches_v3`, which locks every product row in byte
+/// Runs one product's batch: one call of `take_order_batch_v3` on the primary.
+pub(super) async fn run(
+    db: &Db,
+    product: &ProductId,
+    reqs: &[&OrderRequest],
+) -> Result<Committed, Failed> {
+    let ids: Vec<Uuid> = reqs.iter().map(|_| super::order::new_row_id()).collect();
+    let (users, keys): (Vec<&str>, Vec<&str>) = reqs.iter().map(|r| r.key_pair()).unzip();
+    let qty: Vec<i32> = reqs.iter().map(|r| r.quantity.get()).collect();
+    let fps: Vec<String> = reqs.iter().map(|r| r.fingerprint()).collect();
+    let statement = sqlx::query("SELECT * FROM take_order_batch_v3($1, $2, $3, $4, $5, $6)")
+        .bind(product.as_str())
+        .bind(&ids)
+        .bind(&users)
+        .bind(&keys)
+        .bind(&qty)
+        .bind(&fps);
+    let (rows, sent, arrived) = send(db, statement).await?;
+    let rows: Vec<&PgRow> = rows.iter().collect();
+    read(reqs, &ids, &rows, sent, arrived).map_err(|e| {
+        // Committed, but its answer cannot be read: every request must retry with its key.
+        tracing::warn!(error = %e, "order batch's answer could not be read");
+        Failed::Unknown
+    })
+}
+
+/// Runs the batches of several products (each once) as one statement, one transaction, one
+/// commit: `take_order_batches_v3`, which locks every product row in byte
 /// order, seats the products whose whole batch fits (no limit or window to judge) together,
 /// and runs `take_order_batch_v2` for the others. Every batch's answer, in `jobs`' order, or
 /// the statement's failure for all of them (an error anywhere rolls every batch back).

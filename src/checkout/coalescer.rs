@@ -153,43 +153,37 @@ async fn combiner(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<Job>
 }
 
 async fn run_jobs(db: &Db, metrics: &Metrics, jobs: Vec<Job>) {
-    metrics.order_transactions.inc();
-    let result = {
+    if jobs.len() > 1 {
+        metrics.order_transactions.inc();
         let views: Vec<(&ProductId, Vec<&OrderRequest>)> = jobs
             .iter()
             .map(|j| (&j.product, j.reqs.iter().collect()))
             .collect();
-        batch::run_many(db, &views).await
-    };
-    match result {
-        Ok(committed) => {
-            for (job, c) in jobs.into_iter().zip(committed) {
-                let _ = job.reply.send(Ok(c));
+        match batch::run_many(db, &views).await {
+            Ok(committed) => {
+                for (job, c) in jobs.into_iter().zip(committed) {
+                    let _ = job.reply.send(Ok(c));
+                }
+                return;
             }
-        }
-        Err(Failed::Unknown) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(Failed::Unknown));
+            Err(Failed::Unknown) => {
+                for job in jobs {
+                    let _ = job.reply.send(Err(Failed::Unknown));
+                }
+                return;
             }
-        }
-        Err(failed) if jobs.len() == 1 => {
-            if let Some(job) = jobs.into_iter().next() {
-                let _ = job.reply.send(Err(failed));
+            Err(Failed::NothingWritten(e)) => {
+                tracing::warn!(error = %e, batches = jobs.len(), "a combined order statement failed; running its batches one by one");
             }
-        }
-        Err(Failed::NothingWritten(e)) => {
-            tracing::warn!(error = %e, batches = jobs.len(), "a combined order statement failed; running its batches one by one");
-            futures::future::join_all(jobs.into_iter().map(|job| async move {
-                metrics.order_transactions.inc();
-                let reqs: Vec<&OrderRequest> = job.reqs.iter().collect();
-                let result = batch::run_many(db, &[(&job.product, reqs)])
-                    .await
-                    .map(|mut c| c.remove(0));
-                let _ = job.reply.send(result);
-            }))
-            .await;
         }
     }
+    futures::future::join_all(jobs.into_iter().map(|job| async move {
+        metrics.order_transactions.inc();
+        let reqs: Vec<&OrderRequest> = job.reqs.iter().collect();
+        let result = batch::run(db, &job.product, &reqs).await;
+        let _ = job.reply.send(result);
+    }))
+    .await;
 }
 
 /// Sends `item` to `key`'s worker, starting one if there is none or if the one there has

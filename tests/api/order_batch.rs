@@ -1,6 +1,7 @@
-//! The order batch's statements, `take_order_batches_v3` (the one the service calls, for one
-//! product or several) and `take_order_batch_v2` (one product, which it calls for a product
-//! with a limit or window to judge or too little stock), called directly on a real primary:
+//! The order batch's statements, the ones the service calls — `take_order_batch_v3` (one
+//! product) and `take_order_batches_v3` (several), each of which runs `take_order_batch_v2`
+//! for a product with a limit or window to judge or too little stock — called directly on a
+//! real primary:
 //! first-fit seats in arrival order, keys that already hold something, repeats inside a
 //! batch, and a key claimed by a concurrent transaction while the batch waits for it.
 
@@ -65,7 +66,7 @@ async fn take<'e>(
     let keys: Vec<&str> = reqs.iter().map(|r| r.1).collect();
     let qty: Vec<i32> = reqs.iter().map(|r| r.2).collect();
     let fps: Vec<String> = reqs.iter().map(|r| format!("{product}:{}", r.2)).collect();
-    let rows = sqlx::query("SELECT * FROM take_order_batch_v2($1, $2, $3, $4, $5, $6)")
+    let rows = sqlx::query("SELECT * FROM take_order_batch_v3($1, $2, $3, $4, $5, $6)")
         .bind(product)
         .bind(&ids)
         .bind(&users)
@@ -494,7 +495,11 @@ async fn a_key_claimed_while_the_set_based_batch_waits_takes_no_stock() {
 async fn each_batch_function_returns_the_order_columns_in_their_order() {
     let pool = pool().await;
     let want: Vec<&str> = stockgate::checkout::ORDER_COLUMNS.split(", ").collect();
-    for function in ["take_order_batch_v2", "take_order_batches_v3"] {
+    for function in [
+        "take_order_batch_v2",
+        "take_order_batch_v3",
+        "take_order_batches_v3",
+    ] {
         let returned: Vec<String> = sqlx::query_scalar(
             "SELECT a.name FROM pg_proc p, \
                     unnest(p.proargnames, p.proargmodes) WITH ORDINALITY AS a(name, mode, i) \
@@ -510,16 +515,19 @@ async fn each_batch_function_returns_the_order_columns_in_their_order() {
     }
 }
 
-/// When every request of the products seated together writes its own row (no key twice,
-/// none held already), `take_order_batches_v3` answers from what its INSERT returned instead
-/// of reading every key back; its answers must still be the rows the table holds, column for
-/// column, one product alone or several, `created_at` included (each row's own, found by the
-/// order ids' rank). Mutations seen failing it: `created_at` by arrival order (`v_at[x.n]`)
-/// instead of by rank; a unit price of 0 in the answers; the fast path taken whatever was
-/// written (`IF true`: the repeated key and the key held already in
-/// `batches_of_several_products_share_one_statement_and_keep_their_own_seats`, and the key
-/// claimed concurrently in `a_key_claimed_while_the_set_based_batch_waits_takes_no_stock`,
-/// answered as new orders).
+/// When every request of a batch writes its own row (no key twice, none held already),
+/// `take_order_batch_v3` and `take_order_batches_v3` answer from what the INSERT returned
+/// instead of reading every key back; their answers must still be the rows the table holds,
+/// column for column, `created_at` included (each row's own, found by the order ids' rank).
+/// Mutations seen failing it: `created_at` by arrival order (`v_at[x.n]`) instead of by rank,
+/// in either function; a unit price of 0 in the answers. The fast path taken whatever was
+/// written (`IF true`) fails other tests: in `take_order_batch_v3`,
+/// `a_key_repeated_in_one_batch_takes_one_seat` (the repeat answered as a new order); in
+/// `take_order_batches_v3`, `batches_of_several_products_share_one_statement_and_keep_their_own_seats`
+/// (the repeated key and the key held already) and
+/// `a_key_claimed_while_the_set_based_batch_waits_takes_no_stock` (the key claimed
+/// concurrently). Keeping the last of a repeated key rather than the first also fails
+/// `a_key_repeated_in_one_batch_takes_one_seat`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
     let pool = pool().await;
@@ -534,11 +542,24 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
     let n: Vec<(String, String, i32)> = (0..15)
         .map(|i| (format!("n{i}"), "same-key".to_owned(), 1 + i % 2))
         .collect();
+    macro_rules! row {
+        () => {
+            "row(t.order_id, t.product_id, t.quantity, t.user_id, t.status, t.total_cents, \
+             t.created_at, t.cancelled_at, t.unit_price_cents, t.idempotency_key, \
+             t.request_fingerprint, t.refusal)::text"
+        };
+    }
     for batches in [vec![("m", alone)], vec![("m", m), ("n", n)]] {
         let all: Vec<(&str, &(String, String, i32))> = batches
             .iter()
             .flat_map(|(p, rs)| rs.iter().map(move |r| (*p, r)))
             .collect();
+        let ids: Vec<Uuid> = all.iter().map(|_| Uuid::new_v4()).collect();
+        let users: Vec<&str> = all.iter().map(|(_, r)| r.0.as_str()).collect();
+        let keys: Vec<&str> = all.iter().map(|(_, r)| r.1.as_str()).collect();
+        let qty: Vec<i32> = all.iter().map(|(_, r)| r.2).collect();
+        let fps: Vec<String> = all.iter().map(|(p, r)| format!("{p}:{}", r.2)).collect();
+        let products: Vec<&str> = batches.iter().map(|b| b.0).collect();
         let ends: Vec<i32> = batches
             .iter()
             .scan(0, |end, b| {
@@ -546,34 +567,36 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
                 Some(*end)
             })
             .collect();
-        let ids: Vec<Uuid> = all.iter().map(|_| Uuid::new_v4()).collect();
-        let answered: Vec<String> = sqlx::query_scalar(
-            "SELECT row(t.order_id, t.product_id, t.quantity, t.user_id, t.status, t.total_cents, \
-                        t.created_at, t.cancelled_at, t.unit_price_cents, t.idempotency_key, \
-                        t.request_fingerprint, t.refusal)::text \
-               FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7) t",
-        )
-        .bind(batches.iter().map(|b| b.0).collect::<Vec<_>>())
-        .bind(&ends)
-        .bind(&ids)
-        .bind(all.iter().map(|(_, r)| r.0.as_str()).collect::<Vec<_>>())
-        .bind(all.iter().map(|(_, r)| r.1.as_str()).collect::<Vec<_>>())
-        .bind(all.iter().map(|(_, r)| r.2).collect::<Vec<_>>())
-        .bind(
-            all.iter()
-                .map(|(p, r)| format!("{p}:{}", r.2))
-                .collect::<Vec<_>>(),
-        )
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        let stored: Vec<String> = sqlx::query_scalar(
-            "SELECT row(o.order_id, o.product_id, o.quantity, o.user_id, o.status, o.total_cents, \
-                        o.created_at, o.cancelled_at, o.unit_price_cents, o.idempotency_key, \
-                        o.request_fingerprint, o.refusal)::text \
-               FROM unnest($1::uuid[]) WITH ORDINALITY AS i(id, at) JOIN orders o ON o.order_id = i.id \
-              ORDER BY i.at",
-        )
+        let sql = if products.len() == 1 {
+            concat!(
+                "SELECT ",
+                row!(),
+                " FROM take_order_batch_v3($1[1], $3, $4, $5, $6, $7) t"
+            )
+        } else {
+            concat!(
+                "SELECT ",
+                row!(),
+                " FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7) t"
+            )
+        };
+        let answered: Vec<String> = sqlx::query_scalar(sql)
+            .bind(&products)
+            .bind(&ends)
+            .bind(&ids)
+            .bind(&users)
+            .bind(&keys)
+            .bind(&qty)
+            .bind(&fps)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let stored: Vec<String> = sqlx::query_scalar(concat!(
+            "SELECT ",
+            row!(),
+            " FROM unnest($1::uuid[]) WITH ORDINALITY AS i(id, at) \
+               JOIN orders t ON t.order_id = i.id ORDER BY i.at"
+        ))
         .bind(&ids)
         .fetch_all(&pool)
         .await
