@@ -216,11 +216,11 @@ DECLARE
     v_changed integer;
     v_left_of text[];
     v_left    integer[];
-    -- The requests of the products seated together, the rows their INSERT wrote, and those
-    -- rows' `created_at` in order-id order.
-    v_asked   bigint;
+    -- The rows the INSERT wrote, and their `created_at` in order-id order.
     v_wrote   bigint;
     v_at      timestamptz[];
+    -- The units each locked product's requests ask for, in the order of v_locked.
+    v_wanted  bigint[];
 BEGIN
     FOR i IN 2 .. cardinality(p_products) LOOP
         IF (p_products[i - 1] COLLATE "C") >= (p_products[i] COLLATE "C") THEN
@@ -236,9 +236,10 @@ BEGIN
            array_agg(l.price_cents ORDER BY l.product_id COLLATE "C"),
            array_agg(l.sale_starts_at ORDER BY l.product_id COLLATE "C"),
            array_agg(l.sale_ends_at ORDER BY l.product_id COLLATE "C"),
+           array_agg(l.wanted ORDER BY l.product_id COLLATE "C"),
            array_agg(l.product_id) FILTER (WHERE l.max_per_customer IS NULL
                                              AND l.available_quantity >= l.wanted)
-      INTO v_locked, v_stock, v_price, v_starts, v_ends, v_whole
+      INTO v_locked, v_stock, v_price, v_starts, v_ends, v_wanted, v_whole
       FROM (SELECT p.product_id, p.available_quantity, p.price_cents, p.sale_starts_at,
                    p.sale_ends_at, p.max_per_customer,
                    (SELECT sum(q) FROM unnest(p_qty[b.lo:b.hi]) AS q) AS wanted
@@ -302,32 +303,28 @@ BEGIN
                 USING ERRCODE = 'XX000';
         END IF;
 
-        SELECT sum(b.hi - b.lo + 1) INTO v_asked
-          FROM unnest(p_products, v_lo, p_ends) AS b(product, lo, hi)
-         WHERE b.product = ANY (v_whole);
-        IF v_wrote = v_asked THEN
-            -- Every request wrote its own row (no key came twice, none was held already), so
-            -- each request's answer is the row it offered, as inserted: nothing to read back.
-            -- Its `created_at` is found by rank: the requests' ids and the rows' ids are the
-            -- same set, so the k-th request in id order wrote the k-th row in id order.
+        IF v_one IS NULL AND cardinality(v_locked) = cardinality(p_products)
+           AND v_wrote = cardinality(p_ids) THEN
+            -- Every product was found and seated here, and every request wrote its own row
+            -- (no key came twice, none was held already): each request's answer is the row
+            -- it offered, as inserted, so nothing is read back, and nothing is joined either.
+            -- The locked rows are the products, in the same byte order, so the j-th product's
+            -- figures are the j-th of each array, and the guarded UPDATE took exactly what its
+            -- requests asked for. A row's `created_at` is found by rank: the requests' ids and
+            -- the rows' ids are the same set, so the k-th request in id order wrote the k-th
+            -- row in id order. Any other case reads the keys back, below.
             RETURN QUERY
-                SELECT x.product, x.n, x.stock, coalesce(f.left_after, x.stock), v_wait,
-                       NULL::bigint, x.starts, x.ends, x.key, x.fp, NULL::jsonb, x.id,
-                       x.product, x.qty, x.usr, 'confirmed'::text, x.price::bigint * x.qty,
-                       v_at[x.k], NULL::timestamptz, x.price
-                  FROM (SELECT b.j, b.product, u.n, u.id, u.usr, u.key, u.qty, u.fp, l.stock,
-                               l.price, l.starts, l.ends, row_number() OVER (ORDER BY u.id) AS k
+                SELECT x.product, x.n, v_stock[x.j], (v_stock[x.j] - v_wanted[x.j])::integer,
+                       v_wait, NULL::bigint, v_starts[x.j], v_ends[x.j], x.key, x.fp,
+                       NULL::jsonb, x.id, x.product, x.qty, x.usr, 'confirmed'::text,
+                       v_price[x.j]::bigint * x.qty, v_at[x.k], NULL::timestamptz, v_price[x.j]
+                  FROM (SELECT b.j, b.product, u.n, u.id, u.usr, u.key, u.qty, u.fp,
+                               row_number() OVER (ORDER BY u.id) AS k
                           FROM unnest(p_products, v_lo, p_ends) WITH ORDINALITY AS b(product, lo, hi, j)
-                          JOIN unnest(v_locked, v_stock, v_price, v_starts, v_ends)
-                               AS l(product_id, stock, price, starts, ends)
-                            ON l.product_id = b.product
                          CROSS JOIN LATERAL unnest(p_ids[b.lo:b.hi], p_users[b.lo:b.hi],
                                                    p_keys[b.lo:b.hi], p_qty[b.lo:b.hi],
                                                    p_fps[b.lo:b.hi])
-                               WITH ORDINALITY AS u(id, usr, key, qty, fp, n)
-                         WHERE b.product = ANY (v_whole)) AS x
-                  LEFT JOIN unnest(v_left_of, v_left) AS f(product_id, left_after)
-                    ON f.product_id = x.product
+                               WITH ORDINALITY AS u(id, usr, key, qty, fp, n)) AS x
                  ORDER BY x.j, x.n;
         ELSE
         RETURN QUERY

@@ -517,17 +517,17 @@ async fn each_batch_function_returns_the_order_columns_in_their_order() {
 
 /// When every request of a batch writes its own row (no key twice, none held already),
 /// `take_order_batch_v3` and `take_order_batches_v3` answer from what the INSERT returned
-/// instead of reading every key back; their answers must still be the rows the table holds,
-/// column for column, `created_at` included (each row's own, found by the order ids' rank).
-/// Mutations seen failing it: `created_at` by arrival order (`v_at[x.n]`) instead of by rank,
-/// in either function; a unit price of 0 in the answers. The fast path taken whatever was
-/// written (`IF true`) fails other tests: in `take_order_batch_v3`,
+/// instead of reading every key back (and the latter, every product found and seated
+/// together, from its arrays by position instead of joining them); their answers must
+/// still be the rows the table holds, column for column, `created_at` included (each row's
+/// own, found by the order ids' rank), with the stock each batch found and left. Mutations
+/// seen failing it: `created_at` by arrival order (`v_at[x.n]`) instead of by rank, in either
+/// function; a unit price of 0 in the answers; the stock left stated as the stock found. The
+/// fast path taken whatever was written fails other tests: in `take_order_batch_v3`,
 /// `a_key_repeated_in_one_batch_takes_one_seat` (the repeat answered as a new order); in
-/// `take_order_batches_v3`, `batches_of_several_products_share_one_statement_and_keep_their_own_seats`
-/// (the repeated key and the key held already) and
-/// `a_key_claimed_while_the_set_based_batch_waits_takes_no_stock` (the key claimed
-/// concurrently). Keeping the last of a repeated key rather than the first also fails
-/// `a_key_repeated_in_one_batch_takes_one_seat`.
+/// `take_order_batches_v3`, `a_key_claimed_while_the_set_based_batch_waits_takes_no_stock`
+/// (the key claimed concurrently). Keeping the last of a repeated key rather than the first
+/// also fails `a_key_repeated_in_one_batch_takes_one_seat`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
     let pool = pool().await;
@@ -571,16 +571,22 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
             concat!(
                 "SELECT ",
                 row!(),
-                " FROM take_order_batch_v3($1[1], $3, $4, $5, $6, $7) t"
+                ", t.product_id, t.found, t.left_after \
+                 FROM take_order_batch_v3($1[1], $3, $4, $5, $6, $7) t"
             )
         } else {
             concat!(
                 "SELECT ",
                 row!(),
-                " FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7) t"
+                ", t.product_id, t.found, t.left_after \
+                 FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7) t"
             )
         };
-        let answered: Vec<String> = sqlx::query_scalar(sql)
+        let mut before = std::collections::HashMap::new();
+        for p in &products {
+            before.insert(p.to_string(), stock_on(&pool, p).await);
+        }
+        let answered: Vec<(String, String, i32, i32)> = sqlx::query_as(sql)
             .bind(&products)
             .bind(&ends)
             .bind(&ids)
@@ -602,7 +608,16 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
         .await
         .unwrap();
         assert_eq!(stored.len(), all.len(), "every request wrote its own row");
-        assert_eq!(answered, stored);
+        let rows: Vec<&String> = answered.iter().map(|a| &a.0).collect();
+        assert_eq!(rows, stored.iter().collect::<Vec<_>>());
+        // Each row states the stock its batch found and the stock it left.
+        for (_, product, found, left) in &answered {
+            assert_eq!(
+                (i64::from(*found), i64::from(*left)),
+                (before[product], stock_on(&pool, product).await),
+                "{product}"
+            );
+        }
     }
     assert_eq!(
         (stock_on(&pool, "m").await, stock_on(&pool, "n").await),
