@@ -219,8 +219,10 @@ DECLARE
     -- The rows the INSERT wrote, and their `created_at` in order-id order.
     v_wrote   bigint;
     v_at      timestamptz[];
-    -- The units each locked product's requests ask for, in the order of v_locked.
+    -- The units each locked product's requests ask for, and its place among p_products, in
+    -- the order of v_locked.
     v_wanted  bigint[];
+    v_pos     bigint[];
 BEGIN
     FOR i IN 2 .. cardinality(p_products) LOOP
         IF (p_products[i - 1] COLLATE "C") >= (p_products[i] COLLATE "C") THEN
@@ -237,13 +239,14 @@ BEGIN
            array_agg(l.sale_starts_at ORDER BY l.product_id COLLATE "C"),
            array_agg(l.sale_ends_at ORDER BY l.product_id COLLATE "C"),
            array_agg(l.wanted ORDER BY l.product_id COLLATE "C"),
+           array_agg(l.j ORDER BY l.product_id COLLATE "C"),
            array_agg(l.product_id) FILTER (WHERE l.max_per_customer IS NULL
                                              AND l.available_quantity >= l.wanted)
-      INTO v_locked, v_stock, v_price, v_starts, v_ends, v_wanted, v_whole
+      INTO v_locked, v_stock, v_price, v_starts, v_ends, v_wanted, v_pos, v_whole
       FROM (SELECT p.product_id, p.available_quantity, p.price_cents, p.sale_starts_at,
                    p.sale_ends_at, p.max_per_customer,
-                   (SELECT sum(q) FROM unnest(p_qty[b.lo:b.hi]) AS q) AS wanted
-              FROM unnest(p_products, v_lo, p_ends) AS b(product, lo, hi)
+                   (SELECT sum(q) FROM unnest(p_qty[b.lo:b.hi]) AS q) AS wanted, b.j
+              FROM unnest(p_products, v_lo, p_ends) WITH ORDINALITY AS b(product, lo, hi, j)
               JOIN products p ON p.product_id = b.product
              ORDER BY p.product_id COLLATE "C"
                FOR NO KEY UPDATE OF p) AS l;
@@ -264,21 +267,23 @@ BEGIN
               FROM unnest(v_locked, v_starts, v_ends) AS u(product_id, starts, ends)) AS w;
 
     IF v_whole IS NOT NULL THEN
+        -- Each locked product's requests by its place among p_products (no join).
         WITH r AS (
-            SELECT DISTINCT ON (u.usr, u.key) u.id, b.product, u.usr, u.key, u.qty, u.fp
-              FROM unnest(p_products, v_lo, p_ends) AS b(product, lo, hi)
+            SELECT DISTINCT ON (u.usr, u.key) u.id, l.product_id AS product, l.price, u.usr,
+                   u.key, u.qty, u.fp
+              FROM unnest(v_locked, v_pos, v_price) AS l(product_id, j, price)
+             CROSS JOIN LATERAL (SELECT v_lo[l.j] AS lo, p_ends[l.j] AS hi) AS b
              CROSS JOIN LATERAL unnest(p_ids[b.lo:b.hi], p_users[b.lo:b.hi], p_keys[b.lo:b.hi],
                                        p_qty[b.lo:b.hi], p_fps[b.lo:b.hi])
                    WITH ORDINALITY AS u(id, usr, key, qty, fp, n)
-             WHERE b.product = ANY (v_whole)
-             ORDER BY u.usr, u.key, b.lo, u.n
+             WHERE l.product_id = ANY (v_whole)
+             ORDER BY u.usr, u.key, l.j, u.n
         ), ins AS (
             INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents,
                                 total_cents, status, idempotency_key, request_fingerprint)
-            SELECT r.id, r.product, r.usr, r.qty, l.price, l.price::bigint * r.qty, 'confirmed',
+            SELECT r.id, r.product, r.usr, r.qty, r.price, r.price::bigint * r.qty, 'confirmed',
                    r.key, r.fp
-              FROM r JOIN unnest(v_locked, v_price) AS l(product_id, price)
-                     ON l.product_id = r.product
+              FROM r
              ORDER BY r.usr COLLATE "C", r.key COLLATE "C"
             ON CONFLICT ON CONSTRAINT orders_user_idempotency_key DO NOTHING
             RETURNING orders.order_id AS id, orders.product_id AS product, orders.quantity AS q,

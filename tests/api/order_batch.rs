@@ -522,7 +522,8 @@ async fn each_batch_function_returns_the_order_columns_in_their_order() {
 /// still be the rows the table holds, column for column, `created_at` included (each row's
 /// own, found by the order ids' rank), with the stock each batch found and left. Mutations
 /// seen failing it: `created_at` by arrival order (`v_at[x.n]`) instead of by rank, in either
-/// function; a unit price of 0 in the answers; the stock left stated as the stock found. The
+/// function; a unit price of 0 in the answers; the stock left stated as the stock found; every
+/// order of a combined statement written at its first product's price. The
 /// fast path taken whatever was written fails other tests: in `take_order_batch_v3`,
 /// `a_key_repeated_in_one_batch_takes_one_seat` (the repeat answered as a new order); in
 /// `take_order_batches_v3`, `a_key_claimed_while_the_set_based_batch_waits_takes_no_stock`
@@ -533,6 +534,10 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
     let pool = pool().await;
     product(&pool, "m", 1000).await;
     product(&pool, "n", 1000).await;
+    sqlx::query("UPDATE products SET price_cents = 399 WHERE product_id = 'n'")
+        .execute(&pool)
+        .await
+        .unwrap();
     let alone: Vec<(String, String, i32)> = (0..40)
         .map(|i| (format!("solo{i}"), format!("k{i}"), 1 + i % 3))
         .collect();
@@ -608,6 +613,16 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
         .await
         .unwrap();
         assert_eq!(stored.len(), all.len(), "every request wrote its own row");
+        let mispriced: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM orders o JOIN products p USING (product_id) \
+              WHERE o.order_id = ANY($1) \
+                AND (o.unit_price_cents, o.total_cents) <> (p.price_cents, p.price_cents::int8 * o.quantity)",
+        )
+        .bind(&ids)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(mispriced, 0, "each order at its own product's price");
         let rows: Vec<&String> = answered.iter().map(|a| &a.0).collect();
         assert_eq!(rows, stored.iter().collect::<Vec<_>>());
         // Each row states the stock its batch found and the stock it left.
