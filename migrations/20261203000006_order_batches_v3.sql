@@ -159,6 +159,10 @@ BEGIN
 END
 $$;
 
+-- take_order_batches_v2 (migration 20261202000009, whose comments hold here) with the two
+-- changes above, and each locked product's requests taken by its place among p_products
+-- rather than by joining the arrays: the join grew with the square of the products in a
+-- statement (up to 1,024).
 CREATE FUNCTION take_order_batches_v3(
     p_products text[],
     p_ends     integer[],
@@ -332,21 +336,21 @@ BEGIN
                                WITH ORDINALITY AS u(id, usr, key, qty, fp, n)) AS x
                  ORDER BY x.j, x.n;
         ELSE
-        RETURN QUERY
-            SELECT b.product, u.n, l.stock, coalesce(f.left_after, l.stock), v_wait,
-                   NULL::bigint, l.starts, l.ends, o.idempotency_key, o.request_fingerprint,
-                   o.refusal, o.order_id, o.product_id, o.quantity, o.user_id, o.status,
-                   o.total_cents, o.created_at, o.cancelled_at, o.unit_price_cents
-              FROM unnest(p_products, v_lo, p_ends) WITH ORDINALITY AS b(product, lo, hi, j)
-              JOIN unnest(v_locked, v_stock, v_starts, v_ends) AS l(product_id, stock, starts, ends)
-                ON l.product_id = b.product
-              LEFT JOIN unnest(v_left_of, v_left) AS f(product_id, left_after)
-                ON f.product_id = b.product
-             CROSS JOIN LATERAL unnest(p_users[b.lo:b.hi], p_keys[b.lo:b.hi])
-                   WITH ORDINALITY AS u(usr, key, n)
-              LEFT JOIN orders o ON o.user_id = u.usr AND o.idempotency_key = u.key
-             WHERE b.product = ANY (v_whole)
-             ORDER BY b.j, u.n;
+            RETURN QUERY
+                SELECT b.product, u.n, l.stock, coalesce(f.left_after, l.stock), v_wait,
+                       NULL::bigint, l.starts, l.ends, o.idempotency_key, o.request_fingerprint,
+                       o.refusal, o.order_id, o.product_id, o.quantity, o.user_id, o.status,
+                       o.total_cents, o.created_at, o.cancelled_at, o.unit_price_cents
+                  FROM unnest(p_products, v_lo, p_ends) WITH ORDINALITY AS b(product, lo, hi, j)
+                  JOIN unnest(v_locked, v_stock, v_starts, v_ends) AS l(product_id, stock, starts, ends)
+                    ON l.product_id = b.product
+                  LEFT JOIN unnest(v_left_of, v_left) AS f(product_id, left_after)
+                    ON f.product_id = b.product
+                 CROSS JOIN LATERAL unnest(p_users[b.lo:b.hi], p_keys[b.lo:b.hi])
+                       WITH ORDINALITY AS u(usr, key, n)
+                  LEFT JOIN orders o ON o.user_id = u.usr AND o.idempotency_key = u.key
+                 WHERE b.product = ANY (v_whole)
+                 ORDER BY b.j, u.n;
         END IF;
     END IF;
 
