@@ -86,6 +86,7 @@ BEGIN
         RETURN;
     END IF;
     v_now := clock_timestamp();
+    v_wait := (extract(epoch FROM v_now - t0) * 1e6)::bigint;
     IF v_limit IS NOT NULL
        OR (v_starts IS NOT NULL AND v_now < v_starts)
        OR (v_ends IS NOT NULL AND v_now >= v_ends)
@@ -93,7 +94,7 @@ BEGIN
         -- Judgment needed: version 2, on the row this transaction holds already (its own
         -- lock wait is then nothing, so this batch's is stated: from before the lock).
         RETURN QUERY
-            SELECT t.n, t.found, t.left_after, (extract(epoch FROM v_now - t0) * 1e6)::bigint,
+            SELECT t.n, t.found, t.left_after, v_wait,
                    t.starts_in_ms, t.sale_starts_at, t.sale_ends_at, t.idempotency_key,
                    t.request_fingerprint, t.refusal, t.order_id, t.product_id, t.quantity,
                    t.user_id, t.status, t.total_cents, t.created_at, t.cancelled_at,
@@ -101,7 +102,6 @@ BEGIN
               FROM take_order_batch_v2(p_product, p_ids, p_users, p_keys, p_qty, p_fps) AS t;
         RETURN;
     END IF;
-    v_wait := (extract(epoch FROM v_now - t0) * 1e6)::bigint;
 
     -- Every request a confirmed order; a key repeated in the batch once (its first request).
     WITH ins AS (

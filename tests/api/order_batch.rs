@@ -317,6 +317,17 @@ async fn a_batch_seats_each_users_requests_against_their_allowance_first_fit() {
     }
 }
 
+/// Each batch's last request, counted from 1 over all of them (the functions' `p_ends`),
+/// from the batches' sizes in order.
+fn ends_of(sizes: impl Iterator<Item = usize>) -> Vec<i32> {
+    sizes
+        .scan(0, |end, n| {
+            *end += n as i32;
+            Some(*end)
+        })
+        .collect()
+}
+
 /// Calls `take_order_batches_v3` as the service does: `batches` in the order given, each
 /// `(product, requests)`. Its rows as (product, n, status, the row's product, ours).
 async fn take_many<'e>(
@@ -329,13 +340,7 @@ async fn take_many<'e>(
         .collect();
     let ids: Vec<Uuid> = all.iter().map(|_| Uuid::new_v4()).collect();
     let products: Vec<&str> = batches.iter().map(|b| b.0).collect();
-    let ends: Vec<i32> = batches
-        .iter()
-        .scan(0, |end, b| {
-            *end += b.1.len() as i32;
-            Some(*end)
-        })
-        .collect();
+    let ends = ends_of(batches.iter().map(|b| b.1.len()));
     let rows = sqlx::query("SELECT * FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7)")
         .bind(&products)
         .bind(&ends)
@@ -565,13 +570,7 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
         let qty: Vec<i32> = all.iter().map(|(_, r)| r.2).collect();
         let fps: Vec<String> = all.iter().map(|(p, r)| format!("{p}:{}", r.2)).collect();
         let products: Vec<&str> = batches.iter().map(|b| b.0).collect();
-        let ends: Vec<i32> = batches
-            .iter()
-            .scan(0, |end, b| {
-                *end += b.1.len() as i32;
-                Some(*end)
-            })
-            .collect();
+        let ends = ends_of(batches.iter().map(|b| b.1.len()));
         let sql = if products.len() == 1 {
             concat!(
                 "SELECT ",
