@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# bench/cpu.sh — where the two cores go when one hot product is sold by one instance, by four
+# instances that are peers (STOCKGATE_PEERS), and by four that are not: CPU per order of the
+# service processes, of PostgreSQL (every backend of the dev cluster, replicas included) and
+# of the rest (wrk, mostly), the idle share, and the owner's batches.
+#
+# Each run makes a database of its own on the dev cluster (./dev up, or the cluster up, must
+# have run), migrated and never analyzed, with one product of 10^8 units; the instances are
+# loaded by one `wrk -t1` each, 64 connections in total (bench/wrk/orders.lua: every request a
+# new buyer and key). The three shapes rotate from round to round. CPU comes from /proc
+# (utime + stime, and /proc/stat's idle) over the wrk run only.
+# Prints a row per run and the medians per shape; appends them to bench/results/cpu-<date>.md.
+#
+# Environment: ROUNDS (3), BENCH_SECONDS (8), CPU_PORT (first port, 18600), STOCKGATE_BIN
+# (target/release/stockgate), CPU_NOTE (a line for the file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+
+ROUNDS="${ROUNDS:-3}"
+SECS="${BENCH_SECONDS:-8}"
+PORT="${CPU_PORT:-18600}"
+BIN="${STOCKGATE_BIN:-target/release/stockgate}"
+command -v wrk >/dev/null || { echo "cpu.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "cpu.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
+bench_service_env "$PORT"
+stamp="$(date -u +%H%M%S)"
+work="$(mktemp -d)"
+pids=()
+stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
+trap 'stop_all; rm -rf "$work"' EXIT
+
+# ticks PID…: their CPU time (utime + stime) in clock ticks; a process gone meanwhile counts 0
+ticks() { for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null || true; done | awk '{ t += $14 + $15 } END { print t + 0 }'; }
+# machine: all CPU ticks and idle ticks of /proc/stat
+machine() { awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print s, $5 }' /proc/stat; }
+
+# run SHAPE R: one run (1, 4peers, 4alone) on a new database; prints
+# "shape orders/s p99 service pg other idle% batch" (CPU as µs per order)
+run() {
+  local shape="$1" n=4 peers="" i db="cpu_${stamp}_$2_${1}"
+  [ "$shape" != 1 ] || n=1
+  new_unanalyzed_db "$db"
+  psql "$BASE_URL/$db" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
+    VALUES ('hot', 'the hot one', 100, 100000000, 100000000)" >/dev/null
+  if [ "$shape" = 4peers ]; then
+    for i in $(seq 0 $((n - 1))); do peers="$peers${peers:+,}http://127.0.0.1:$((PORT + 50 + i))"; done
+  fi
+  for i in $(seq 0 $((n - 1))); do
+    DATABASE_URL="$BASE_URL/$db" STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$db")" \
+      STOCKGATE_PEERS="$peers" STOCKGATE_PEER_URL="${peers:+http://127.0.0.1:$((PORT + 50 + i))}" \
+      STOCKGATE_LISTEN="127.0.0.1:$((PORT + i))" "$BIN" serve >"$work/serve-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in $(seq 0 $((n - 1))); do
+    wait_healthy "http://127.0.0.1:$((PORT + i))" || { cat "$work/serve-$i.log" >&2; exit 1; }
+  done
+  local pg0 svc0 m0 pg1 svc1 m1 loads=()
+  pg0="$(ticks $(pgrep -u postgres postgres))"; svc0="$(ticks "${pids[@]}")"; m0="$(machine)"
+  for i in $(seq 0 $((n - 1))); do
+    wrk -t1 -c$((64 / n)) -d"${SECS}s" --latency -s bench/wrk/orders.lua \
+      "http://127.0.0.1:$((PORT + i))" -- "$ADMIN" hot >"$work/wrk-$i.txt" &
+    loads+=($!)
+  done
+  wait "${loads[@]}"
+  pg1="$(ticks $(pgrep -u postgres postgres))"; svc1="$(ticks "${pids[@]}")"; m1="$(machine)"
+  # The owner (or the one instance) ran the most batches; its mean batch size.
+  local batch
+  batch="$(for i in $(seq 0 $((n - 1))); do
+      curl -fsS "http://127.0.0.1:$((PORT + i))/metrics" | awk '$1 == "stockgate_order_batch_size_count" { c = $2 } $1 == "stockgate_order_batch_size_sum" { s = $2 } END { if (c) printf "%d %.1f\n", c, s / c }'
+    done | sort -g | tail -1 | cut -d' ' -f2)"
+  stop_all
+  local p99=0 f v
+  for f in "$work"/wrk-*.txt; do
+    v="$(wrk_ms "$f" 99%)"
+    p99="$(LC_ALL=C awk -v a="$p99" -v b="$v" 'BEGIN { print (b > a ? b : a) }')"
+  done
+  cat "$work"/wrk-*.txt | LC_ALL=C awk -v s="$SECS" -v p="$p99" -v shape="$shape" -v b="$batch" \
+    -v svc="$((svc1 - svc0))" -v pg="$((pg1 - pg0))" -v m0="$m0" -v m1="$m1" -v hz="$(getconf CLK_TCK)" '
+    /^status 201:/ { ok += $3 }
+    END {
+      split(m0, a, " "); split(m1, z, " "); all = z[1] - a[1]; idle = z[2] - a[2]
+      us = 1e6 / hz / ok
+      printf "%s %.0f %.2f %.1f %.1f %.1f %.0f %s\n", shape, ok / s, p, svc * us, pg * us, (all - idle - svc - pg) * us, 100 * idle / all, b }'
+  rm -f "$work"/wrk-*.txt
+  psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
+}
+
+shapes=(1 4peers 4alone)
+for r in $(seq "$ROUNDS"); do
+  for k in 0 1 2; do
+    run "${shapes[$(( (k + r - 1) % 3 ))]}" "$r" | tee -a "$work/rows" >&2
+  done
+done
+
+{
+  echo
+  echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): $BIN, one hot product, where the CPU goes"
+  [ -z "${CPU_NOTE:-}" ] || echo "$CPU_NOTE"
+  echo
+  echo "64 connections in total (wrk -t1 per instance), ${SECS} s a run, a new never-analyzed database each, $ROUNDS rounds, order rotating; load average $(cut -d' ' -f1-3 /proc/loadavg). CPU in µs per confirmed order."
+  echo
+  echo "| shape | orders/s | p99 ms | service µs | PostgreSQL µs | rest (wrk) µs | idle % | owner's mean batch |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  awk '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8 }' "$work/rows"
+  echo
+  for s in "${shapes[@]}"; do
+    col() { awk -v s="$s" -v c="$1" '$1 == s { print $c }' "$work/rows" | median; }
+    printf '**%s (median):** %s orders/s, p99 %s ms; service %s µs, PostgreSQL %s µs, rest %s µs an order; idle %s %%; batch %s.\n' \
+      "$s" "$(col 2)" "$(col 3)" "$(col 4)" "$(col 5)" "$(col 6)" "$(col 7)" "$(col 8)"
+  done
+} | tee -a "bench/results/cpu-$(date -u +%F).md"
