@@ -557,7 +557,7 @@ pub async fn sessions_waiting(pool: &sqlx::PgPool, wait: &str, query: &str) -> i
     .unwrap()
 }
 
-/// How many order batches (calls of `take_order_batch_v2`) are waiting on `wait`
+/// How many order batches (calls of any `take_order_batch…` function) are waiting on `wait`
 /// ([`sessions_waiting`]).
 pub async fn batches_waiting_on(pool: &sqlx::PgPool, wait: &str) -> i64 {
     sessions_waiting(pool, wait, "%take_order_batch%").await
