@@ -26,9 +26,7 @@ command -v wrk >/dev/null || { echo "cpu.sh: wrk is missing (apt-get install wrk
 bench_service_env "$PORT"
 stamp="$(date -u +%H%M%S)"
 work="$(mktemp -d)"
-pids=()
-stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
-trap 'stop_all; rm -rf "$work"' EXIT
+trap 'stop_instances; rm -rf "$work"' EXIT
 
 # ticks PID…: their CPU time (utime + stime) in clock ticks; a process gone meanwhile counts 0
 ticks() { for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null || true; done | awk '{ t += $14 + $15 } END { print t + 0 }'; }
@@ -38,51 +36,27 @@ machine() { awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print s, $5
 # run SHAPE R: one run (1, 4peers, 4alone) on a new database; prints
 # "shape orders/s p99 service pg other idle% batch" (CPU as µs per order)
 run() {
-  local shape="$1" n=4 peers="" i db="cpu_${stamp}_$2_${1}"
+  local shape="$1" n=4 peers=0 db="cpu_${stamp}_$2_${1}"
   [ "$shape" != 1 ] || n=1
-  new_unanalyzed_db "$db"
-  psql "$BASE_URL/$db" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
-    VALUES ('hot', 'the hot one', 100, 100000000, 100000000)" >/dev/null
-  if [ "$shape" = 4peers ]; then
-    for i in $(seq 0 $((n - 1))); do peers="$peers${peers:+,}http://127.0.0.1:$((PORT + 50 + i))"; done
-  fi
-  for i in $(seq 0 $((n - 1))); do
-    DATABASE_URL="$BASE_URL/$db" STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$db")" \
-      STOCKGATE_PEERS="$peers" STOCKGATE_PEER_URL="${peers:+http://127.0.0.1:$((PORT + 50 + i))}" \
-      STOCKGATE_LISTEN="127.0.0.1:$((PORT + i))" "$BIN" serve >"$work/serve-$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for i in $(seq 0 $((n - 1))); do
-    wait_healthy "http://127.0.0.1:$((PORT + i))" || { cat "$work/serve-$i.log" >&2; exit 1; }
-  done
-  local pg0 svc0 m0 pg1 svc1 m1 loads=()
-  pg0="$(ticks $(pgrep -u postgres postgres))"; svc0="$(ticks "${pids[@]}")"; m0="$(machine)"
-  for i in $(seq 0 $((n - 1))); do
-    wrk -t1 -c$((64 / n)) -d"${SECS}s" --latency -s bench/wrk/orders.lua \
-      "http://127.0.0.1:$((PORT + i))" -- "$ADMIN" hot >"$work/wrk-$i.txt" &
-    loads+=($!)
-  done
-  wait "${loads[@]}"
-  pg1="$(ticks $(pgrep -u postgres postgres))"; svc1="$(ticks "${pids[@]}")"; m1="$(machine)"
+  [ "$shape" != 4peers ] || peers=1
+  hot_product_db "$db"
+  start_instances "$db" "$n" "$peers"
+  local pg0 svc0 m0 pg1 svc1 m1 sold
+  pg0="$(ticks $(pgrep -u postgres postgres))"; svc0="$(ticks "${instance_pids[@]}")"; m0="$(machine)"
+  sold="$(load_instances "$n")"
+  pg1="$(ticks $(pgrep -u postgres postgres))"; svc1="$(ticks "${instance_pids[@]}")"; m1="$(machine)"
   # The owner (or the one instance) ran the most batches; its mean batch size.
-  local batch
+  local batch i
   batch="$(for i in $(seq 0 $((n - 1))); do
       curl -fsS "http://127.0.0.1:$((PORT + i))/metrics" | awk '$1 == "stockgate_order_batch_size_count" { c = $2 } $1 == "stockgate_order_batch_size_sum" { s = $2 } END { if (c) printf "%d %.1f\n", c, s / c }'
     done | sort -g | tail -1 | cut -d' ' -f2)"
-  stop_all
-  local p99=0 f v
-  for f in "$work"/wrk-*.txt; do
-    v="$(wrk_ms "$f" 99%)"
-    p99="$(LC_ALL=C awk -v a="$p99" -v b="$v" 'BEGIN { print (b > a ? b : a) }')"
-  done
-  cat "$work"/wrk-*.txt | LC_ALL=C awk -v s="$SECS" -v p="$p99" -v shape="$shape" -v b="$batch" \
+  stop_instances
+  echo "$sold" | LC_ALL=C awk -v secs="$SECS" -v shape="$shape" -v b="$batch" \
     -v svc="$((svc1 - svc0))" -v pg="$((pg1 - pg0))" -v m0="$m0" -v m1="$m1" -v hz="$(getconf CLK_TCK)" '
-    /^status 201:/ { ok += $3 }
-    END {
+    {
       split(m0, a, " "); split(m1, z, " "); all = z[1] - a[1]; idle = z[2] - a[2]
-      us = 1e6 / hz / ok
-      printf "%s %.0f %.2f %.1f %.1f %.1f %.0f %s\n", shape, ok / s, p, svc * us, pg * us, (all - idle - svc - pg) * us, 100 * idle / all, b }'
-  rm -f "$work"/wrk-*.txt
+      us = 1e6 / hz / ($1 * secs)
+      printf "%s %s %s %.1f %.1f %.1f %.0f %s\n", shape, $1, $2, svc * us, pg * us, (all - idle - svc - pg) * us, 100 * idle / all, b }'
   psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
 }
 

@@ -116,3 +116,61 @@ bench_setup() {
   trap bench_cleanup EXIT
 }
 bench_cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
+
+# hot_product_db DB: a new never-analyzed database DB (new_unanalyzed_db) holding one product,
+# `hot`, of 10^8 units at 100 cents
+hot_product_db() {
+  new_unanalyzed_db "$1"
+  psql "$BASE_URL/$1" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
+    VALUES ('hot', 'the hot one', 100, 100000000, 100000000)" >/dev/null
+}
+
+# The instances a script started (start_instances); it stops them with stop_instances, and on
+# exit: trap 'stop_instances; rm -rf "$work"' EXIT.
+instance_pids=()
+
+# start_instances DB N PEERS: N `$BIN serve` on database DB ($BASE_URL, replicas $REPLICAS) at
+# 127.0.0.1:$PORT, $PORT+1, …, logging to $work/serve-I.log; peers of one another
+# (STOCKGATE_PEERS on ports $PORT+50, …) when PEERS is 1 and N > 1. Returns once each is healthy.
+start_instances() {
+  local db="$1" n="$2" peers="" i
+  if [ "$n" -gt 1 ] && [ "$3" = 1 ]; then
+    for i in $(seq 0 $((n - 1))); do peers="$peers${peers:+,}http://127.0.0.1:$((PORT + 50 + i))"; done
+  fi
+  for i in $(seq 0 $((n - 1))); do
+    DATABASE_URL="$BASE_URL/$db" STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$db")" \
+      STOCKGATE_PEERS="$peers" STOCKGATE_PEER_URL="${peers:+http://127.0.0.1:$((PORT + 50 + i))}" \
+      STOCKGATE_LISTEN="127.0.0.1:$((PORT + i))" "$BIN" serve >"$work/serve-$i.log" 2>&1 &
+    instance_pids+=($!)
+  done
+  for i in $(seq 0 $((n - 1))); do
+    wait_healthy "http://127.0.0.1:$((PORT + i))" || { cat "$work/serve-$i.log" >&2; exit 1; }
+  done
+}
+
+stop_instances() {
+  local p
+  for p in "${instance_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${instance_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  instance_pids=()
+}
+
+# load_instances N: one `wrk -t1` per started instance (64 / N connections each, $SECS s, every
+# request a new buyer and key for `hot`: bench/wrk/orders.lua), all at once; prints
+# "orders/s p99" (201s only; the worst instance's p99, ms)
+load_instances() {
+  local n="$1" i loads=() p99=0 v
+  for i in $(seq 0 $((n - 1))); do
+    wrk -t1 -c$((64 / n)) -d"${SECS}s" --latency -s bench/wrk/orders.lua \
+      "http://127.0.0.1:$((PORT + i))" -- "$ADMIN" hot >"$work/wrk-$i.txt" &
+    loads+=($!)
+  done
+  wait "${loads[@]}"
+  for i in $(seq 0 $((n - 1))); do
+    v="$(wrk_ms "$work/wrk-$i.txt" 99%)"
+    p99="$(LC_ALL=C awk -v a="$p99" -v b="$v" 'BEGIN { print (b > a ? b : a) }')"
+  done
+  for i in $(seq 0 $((n - 1))); do cat "$work/wrk-$i.txt"; done \
+    | LC_ALL=C awk -v s="$SECS" -v p="$p99" '/^status 201:/ { ok += $3 } END { printf "%.0f %.2f\n", ok / s, p }'
+  rm -f "$work"/wrk-*.txt
+}

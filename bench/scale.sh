@@ -34,9 +34,7 @@ command -v pgbench >/dev/null || { echo "scale.sh: pgbench is missing (postgresq
 bench_service_env "$PORT"
 stamp="$(date -u +%H%M%S)"
 work="$(mktemp -d)"
-pids=()
-stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
-trap 'stop_all; rm -rf "$work"' EXIT
+trap 'stop_instances; rm -rf "$work"' EXIT
 
 cat >"$work/order.sql" <<'SQL'
 BEGIN;
@@ -47,52 +45,16 @@ INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, t
 COMMIT;
 SQL
 
-fresh() {
-  local db="scale_${stamp}_$1"
-  new_unanalyzed_db "$db"
-  psql "$BASE_URL/$db" -q >/dev/null <<SQL
-INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
-  VALUES ('hot', 'the hot one', 100, 100000000, 100000000);
-SQL
-  echo "$db"
-}
-
-
 # instances DB N: orders/s of N instances at 64/N connections each, and the worst p99 (ms)
 instances() {
-  local db="$1" n="$2" i
-  local peers=""
-  if [ "$n" -gt 1 ] && [ "$PEERS" = 1 ]; then
-    for i in $(seq 0 $((n - 1))); do peers="$peers${peers:+,}http://127.0.0.1:$((PORT + 50 + i))"; done
-  fi
-  for i in $(seq 0 $((n - 1))); do
-    DATABASE_URL="$BASE_URL/$db" STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$db")" \
-      STOCKGATE_PEERS="$peers" STOCKGATE_PEER_URL="${peers:+http://127.0.0.1:$((PORT + 50 + i))}" \
-      STOCKGATE_LISTEN="127.0.0.1:$((PORT + i))" "$BIN" serve >"$work/serve-$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for i in $(seq 0 $((n - 1))); do
-    wait_healthy "http://127.0.0.1:$((PORT + i))" || { cat "$work/serve-$i.log" >&2; exit 1; }
-  done
-  local loads=()
-  for i in $(seq 0 $((n - 1))); do
-    wrk -t1 -c$((64 / n)) -d"${SECS}s" --latency -s bench/wrk/orders.lua \
-      "http://127.0.0.1:$((PORT + i))" -- "$ADMIN" hot >"$work/wrk-$n-$i.txt" &
-    loads+=($!)
-  done
-  wait "${loads[@]}"
-  stop_all
-  local p99=0 f v
-  for f in "$work"/wrk-"$n"-*.txt; do
-    v="$(wrk_ms "$f" 99%)"
-    p99="$(LC_ALL=C awk -v a="$p99" -v b="$v" 'BEGIN { print (b > a ? b : a) }')"
-  done
-  cat "$work"/wrk-"$n"-*.txt | LC_ALL=C awk -v s="$SECS" -v p="$p99" '/^status 201:/ { ok += $3 } END { printf "%.0f %.2f\n", ok / s, p }'
-  rm -f "$work"/wrk-"$n"-*.txt
+  start_instances "$1" "$2" "$PEERS"
+  load_instances "$2"
+  stop_instances
 }
 
 for r in $(seq "$ROUNDS"); do
-  db="$(fresh "$r")"
+  db="scale_${stamp}_$r"
+  hot_product_db "$db"
   declare -A got=()
   steps=(pgb 1 2 4)
   for k in $(seq 0 3); do
