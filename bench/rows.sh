@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# bench/rows.sh — what PostgreSQL alone does with one hot product's batches, and whether
+# splitting its stock across rows would help several instances (issue #31, part 2). No
+# service runs: pgbench plays the batchers, each transaction being the shape of an order
+# batch (lock the stock row, insert B confirmed orders into the real `orders` table, one
+# guarded UPDATE … WHERE available_quantity >= B), one commit.
+#
+#   1x35-row1   one batcher, batches of 35, one stock row   (one instance's owner, cpu.sh)
+#   4x16-row1   four batchers, batches of 16, one stock row (four instances, no peers)
+#   4x16-rows4  four batchers, batches of 16, a row each    (four instances, stock split)
+#
+# Each run gets a new never-analyzed database (new_unanalyzed_db) holding four products of
+# 10^8 units; the dev cluster's replicas stream as usual. The shapes rotate from round to
+# round. Prints orders/s (tps × batch) per run and the medians; appends them to
+# bench/results/rows-<date>.md.
+#
+# Environment: ROUNDS (3), BENCH_SECONDS (8), STOCKGATE_BIN (target/release/stockgate, for
+# `migrate`), ROWS_NOTE (a line for the file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+
+ROUNDS="${ROUNDS:-3}"
+SECS="${BENCH_SECONDS:-8}"
+BIN="${STOCKGATE_BIN:-target/release/stockgate}"
+command -v pgbench >/dev/null || { echo "rows.sh: pgbench is missing (apt-get install postgresql-contrib)" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "rows.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
+bench_service_env 18690
+stamp="$(date -u +%H%M%S)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+cat >"$work/batch.sql" <<'SQL'
+\set row (:client_id % :rows) + 1
+BEGIN;
+SELECT available_quantity FROM products WHERE product_id = 'hot-' || :row FOR UPDATE;
+INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents,
+                    status, idempotency_key, request_fingerprint)
+  SELECT gen_random_uuid(), 'hot-' || :row, gen_random_uuid()::text, 1, 100, 100, 'confirmed',
+         gen_random_uuid()::text, 'rows.sh' FROM generate_series(1, :batch);
+UPDATE products SET available_quantity = available_quantity - :batch
+  WHERE product_id = 'hot-' || :row AND available_quantity >= :batch;
+COMMIT;
+SQL
+
+# run SHAPE R: prints "shape orders/s tps"
+run() {
+  local shape="$1" db="rows_${stamp}_$2_${1//-/_}" clients batch rows tps
+  IFS=x- read -r clients batch rows <<<"${shape/row/}"
+  rows="${rows#s}"
+  new_unanalyzed_db "$db"
+  psql "$BASE_URL/$db" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
+    SELECT 'hot-' || g, 'hot ' || g, 100, 100000000, 100000000 FROM generate_series(1, 4) g" >/dev/null
+  tps="$(pgbench -n -j1 -c"$clients" -T"$SECS" -D batch="$batch" -D rows="$rows" -f "$work/batch.sql" \
+    "$BASE_URL/$db" 2>"$work/pgbench.err" | awk '/^tps/ { print $3 }')"
+  [ -n "$tps" ] || { cat "$work/pgbench.err" >&2; exit 1; }
+  psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
+  LC_ALL=C awk -v s="$shape" -v t="$tps" -v b="$batch" 'BEGIN { printf "%s %.0f %.0f\n", s, t * b, t }'
+}
+
+shapes=(1x35-row1 4x16-row1 4x16-rows4)
+for r in $(seq "$ROUNDS"); do
+  for k in 0 1 2; do
+    run "${shapes[$(( (k + r - 1) % 3 ))]}" "$r" | tee -a "$work/rows" >&2
+  done
+done
+
+{
+  echo
+  echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): one hot product's batches in PostgreSQL alone, one row or split"
+  [ -z "${ROWS_NOTE:-}" ] || echo "$ROWS_NOTE"
+  echo
+  echo "pgbench -j1, ${SECS} s a run, a new never-analyzed database each (the real \`orders\` table), replicas streaming, $ROUNDS rounds, order rotating; load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+  echo "| shape | orders/s | batches/s |"
+  echo "| --- | --- | --- |"
+  awk '{ printf "| %s | %s | %s |\n", $1, $2, $3 }' "$work/rows"
+  echo
+  for s in "${shapes[@]}"; do
+    awk -v s="$s" '$1 == s { print $2 }' "$work/rows" | sort -g \
+      | awk -v s="$s" '{ v[NR] = $1 } END { printf "**%s:** median %s orders/s (%s–%s)\n", s, v[int((NR + 1) / 2)], v[1], v[NR] }'
+  done
+} | tee -a "bench/results/rows-$(date -u +%Y-%m-%d).md"
