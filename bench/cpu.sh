@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # bench/cpu.sh — where the two cores go when one hot product is sold by one instance, by four
-# instances that are peers (STOCKGATE_PEERS), and by four that are not: CPU per order of the
+# instances that are peers (STOCKGATE_PEERS), and by four that are not; and, as the ceiling of
+# split stock (docs/design/peers.md), by four instances each selling a product of its own
+# (4own: no shared row, no forwarding): CPU per order of the
 # service processes, of PostgreSQL (every backend of the dev cluster, replicas included) and
 # of the rest (wrk, mostly), the idle share, and the owner's batches.
 #
 # Each run makes a database of its own on the dev cluster (./dev up, or the cluster up, must
 # have run), migrated and never analyzed, with one product of 10^8 units; the instances are
 # loaded by one `wrk -t1` each, 64 connections in total (bench/wrk/orders.lua: every request a
-# new buyer and key). The three shapes rotate from round to round. CPU comes from /proc
+# new buyer and key). The four shapes rotate from round to round. CPU comes from /proc
 # (utime + stime, and /proc/stat's idle) over the wrk run only.
 # Prints a row per run and the medians per shape; appends them to bench/results/cpu-<date>.md.
 #
@@ -36,14 +38,19 @@ machine() { awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print s, $5
 # run SHAPE R: one run (1, 4peers, 4alone) on a new database; prints
 # "shape orders/s p99 service pg other idle% batch" (CPU as µs per order)
 run() {
-  local shape="$1" n=4 peers=0 db="cpu_${stamp}_$2_${1}"
+  local shape="$1" n=4 peers=0 own=0 db="cpu_${stamp}_$2_${1}"
   [ "$shape" != 1 ] || n=1
   [ "$shape" != 4peers ] || peers=1
   hot_product_db "$db"
+  if [ "$shape" = 4own ]; then
+    own=1
+    psql "$BASE_URL/$db" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
+      SELECT 'hot-' || g, 'hot ' || g, 100, 100000000, 100000000 FROM generate_series(0, 3) g" >/dev/null
+  fi
   start_instances "$db" "$n" "$peers"
   local pg0 svc0 m0 pg1 svc1 m1 sold
   pg0="$(ticks $(pgrep -u postgres postgres))"; svc0="$(ticks "${instance_pids[@]}")"; m0="$(machine)"
-  sold="$(load_instances "$n")"
+  sold="$(load_instances "$n" "$own")"
   pg1="$(ticks $(pgrep -u postgres postgres))"; svc1="$(ticks "${instance_pids[@]}")"; m1="$(machine)"
   # The owner (or the one instance) ran the most batches; its mean batch size.
   local batch i
@@ -60,10 +67,10 @@ run() {
   psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
 }
 
-shapes=(1 4peers 4alone)
+shapes=(1 4peers 4alone 4own)
 for r in $(seq "$ROUNDS"); do
-  for k in 0 1 2; do
-    run "${shapes[$(( (k + r - 1) % 3 ))]}" "$r" | tee -a "$work/rows" >&2
+  for k in 0 1 2 3; do
+    run "${shapes[$(( (k + r - 1) % 4 ))]}" "$r" | tee -a "$work/rows" >&2
   done
 done
 

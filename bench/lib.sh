@@ -155,14 +155,16 @@ stop_instances() {
   instance_pids=()
 }
 
-# load_instances N: one `wrk -t1` per started instance (64 / N connections each, $SECS s, every
-# request a new buyer and key for `hot`: bench/wrk/orders.lua), all at once; prints
-# "orders/s p99" (201s only; the worst instance's p99, ms)
+# load_instances N [OWN]: one `wrk -t1` per started instance (64 / N connections each, $SECS s,
+# every request a new buyer and key for `hot`, or with OWN = 1 for instance I's own product
+# `hot-I`: bench/wrk/orders.lua), all at once; prints "orders/s p99" (201s only; the worst
+# instance's p99, ms)
 load_instances() {
-  local n="$1" i loads=() p99=0 v
+  local n="$1" i loads=() p99=0 v product=hot
   for i in $(seq 0 $((n - 1))); do
+    [ "${2:-0}" != 1 ] || product="hot-$i"
     wrk -t1 -c$((64 / n)) -d"${SECS}s" --latency -s bench/wrk/orders.lua \
-      "http://127.0.0.1:$((PORT + i))" -- "$ADMIN" hot >"$work/wrk-$i.txt" &
+      "http://127.0.0.1:$((PORT + i))" -- "$ADMIN" "$product" >"$work/wrk-$i.txt" &
     loads+=($!)
   done
   wait "${loads[@]}"
