@@ -19,16 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
-ROUNDS="${ROUNDS:-3}"
-SECS="${BENCH_SECONDS:-8}"
-PORT="${CPU_PORT:-18600}"
-BIN="${STOCKGATE_BIN:-target/release/stockgate}"
-command -v wrk >/dev/null || { echo "cpu.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "cpu.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
-bench_service_env "$PORT"
-stamp="$(date -u +%H%M%S)"
-work="$(mktemp -d)"
-trap 'stop_instances; rm -rf "$work"' EXIT
+bench_setup cpu "${CPU_PORT:-18600}"
 
 # ticks PID…: their CPU time (utime + stime) in clock ticks; a process gone meanwhile counts 0
 ticks() { for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null || true; done | awk '{ t += $14 + $15 } END { print t + 0 }'; }
@@ -41,12 +32,8 @@ run() {
   local shape="$1" n=4 peers=0 own=0 db="cpu_${stamp}_$2_${1}"
   [ "$shape" != 1 ] || n=1
   [ "$shape" != 4peers ] || peers=1
-  hot_product_db "$db"
-  if [ "$shape" = 4own ]; then
-    own=1
-    psql "$BASE_URL/$db" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
-      SELECT 'hot-' || g, 'hot ' || g, 100, 100000000, 100000000 FROM generate_series(0, 3) g" >/dev/null
-  fi
+  [ "$shape" != 4own ] || own=1
+  hot_product_db "$db" 4
   start_instances "$db" "$n" "$peers"
   local pg0 svc0 m0 pg1 svc1 m1 sold
   pg0="$(ticks $(pgrep -u postgres postgres))"; svc0="$(ticks "${instance_pids[@]}")"; m0="$(machine)"
@@ -68,11 +55,7 @@ run() {
 }
 
 shapes=(1 4peers 4alone 4own)
-for r in $(seq "$ROUNDS"); do
-  for k in 0 1 2 3; do
-    run "${shapes[$(( (k + r - 1) % 4 ))]}" "$r" | tee -a "$work/rows" >&2
-  done
-done
+rounds run "${shapes[@]}"
 
 {
   echo

@@ -115,18 +115,32 @@ bench_setup() {
   pid=""
   trap bench_cleanup EXIT
 }
-bench_cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
+bench_cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; stop_instances; rm -rf "$work"; }
 
-# hot_product_db DB: a new never-analyzed database DB (new_unanalyzed_db) holding one product,
-# `hot`, of 10^8 units at 100 cents
+# hot_product_db DB [N]: a new never-analyzed database DB (new_unanalyzed_db) holding one
+# product, `hot`, of 10^8 units at 100 cents, and N more like it, `hot-0` … `hot-<N-1>`
 hot_product_db() {
   new_unanalyzed_db "$1"
   psql "$BASE_URL/$1" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
-    VALUES ('hot', 'the hot one', 100, 100000000, 100000000)" >/dev/null
+    SELECT 'hot' || coalesce('-' || g, ''), 'a hot one', 100, 100000000, 100000000
+      FROM (SELECT NULL::int UNION ALL SELECT generate_series(0, ${2:-0} - 1)) AS s (g)" >/dev/null
 }
 
-# The instances a script started (start_instances); it stops them with stop_instances, and on
-# exit: trap 'stop_instances; rm -rf "$work"' EXIT.
+# rounds FN SHAPE…: $ROUNDS rounds of `FN SHAPE ROUND` for each SHAPE, their order rotating from
+# round to round; FN's output lines go to $work/rows and to stderr
+rounds() {
+  local fn="$1" r k i
+  shift
+  for r in $(seq "$ROUNDS"); do
+    for k in $(seq 0 $(($# - 1))); do
+      i=$(( (k + r - 1) % $# + 1 ))
+      "$fn" "${!i}" "$r" | tee -a "$work/rows" >&2
+    done
+  done
+}
+
+# The instances a script started (start_instances); stop_instances stops them, as does
+# bench_setup's exit.
 instance_pids=()
 
 # start_instances DB N PEERS: N `$BIN serve` on database DB ($BASE_URL, replicas $REPLICAS) at

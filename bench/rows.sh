@@ -9,7 +9,7 @@
 #   4x16-row1   four batchers, batches of 16, one stock row (four instances, no peers)
 #   4x16-rows4  four batchers, batches of 16, a row each    (four instances, stock split)
 #
-# Each run gets a new never-analyzed database (new_unanalyzed_db) holding four products of
+# Each run gets a new never-analyzed database (hot_product_db) holding products `hot-0` … `hot-3` of
 # 10^8 units; the dev cluster's replicas stream as usual. The shapes rotate from round to
 # round. Prints orders/s (tps × batch) per run and the medians; appends them to
 # bench/results/rows-<date>.md.
@@ -20,18 +20,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
-ROUNDS="${ROUNDS:-3}"
-SECS="${BENCH_SECONDS:-8}"
-BIN="${STOCKGATE_BIN:-target/release/stockgate}"
-command -v pgbench >/dev/null || { echo "rows.sh: pgbench is missing (apt-get install postgresql-contrib)" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "rows.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
-bench_service_env 18690
-stamp="$(date -u +%H%M%S)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+bench_setup rows 18690 pgbench
 
 cat >"$work/batch.sql" <<'SQL'
-\set row (:client_id % :rows) + 1
+\set row :client_id % :rows
 BEGIN;
 SELECT available_quantity FROM products WHERE product_id = 'hot-' || :row FOR UPDATE;
 INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents,
@@ -48,9 +40,7 @@ run() {
   local shape="$1" db="rows_${stamp}_$2_${1//-/_}" clients batch rows tps
   IFS=x- read -r clients batch rows <<<"${shape/row/}"
   rows="${rows#s}"
-  new_unanalyzed_db "$db"
-  psql "$BASE_URL/$db" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
-    SELECT 'hot-' || g, 'hot ' || g, 100, 100000000, 100000000 FROM generate_series(1, 4) g" >/dev/null
+  hot_product_db "$db" 4
   tps="$(pgbench -n -j1 -c"$clients" -T"$SECS" -D batch="$batch" -D rows="$rows" -f "$work/batch.sql" \
     "$BASE_URL/$db" 2>"$work/pgbench.err" | awk '/^tps/ { print $3 }')"
   [ -n "$tps" ] || { cat "$work/pgbench.err" >&2; exit 1; }
@@ -59,11 +49,7 @@ run() {
 }
 
 shapes=(1x35-row1 4x16-row1 4x16-rows4)
-for r in $(seq "$ROUNDS"); do
-  for k in 0 1 2; do
-    run "${shapes[$(( (k + r - 1) % 3 ))]}" "$r" | tee -a "$work/rows" >&2
-  done
-done
+rounds run "${shapes[@]}"
 
 {
   echo
@@ -77,7 +63,7 @@ done
   awk '{ printf "| %s | %s | %s |\n", $1, $2, $3 }' "$work/rows"
   echo
   for s in "${shapes[@]}"; do
-    awk -v s="$s" '$1 == s { print $2 }' "$work/rows" | sort -g \
-      | awk -v s="$s" '{ v[NR] = $1 } END { printf "**%s:** median %s orders/s (%s–%s)\n", s, v[int((NR + 1) / 2)], v[1], v[NR] }'
+    col() { awk -v s="$s" '$1 == s { print $2 }' "$work/rows"; }
+    echo "**$s:** median $(col | median) orders/s ($(col | range))"
   done
 } | tee -a "bench/results/rows-$(date -u +%Y-%m-%d).md"

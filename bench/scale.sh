@@ -22,19 +22,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
-ROUNDS="${ROUNDS:-3}"
-SECS="${BENCH_SECONDS:-8}"
-PORT="${SCALE_PORT:-18400}"
-BIN="${STOCKGATE_BIN:-target/release/stockgate}"
 PEERS="${SCALE_PEERS:-1}"
-command -v wrk >/dev/null || { echo "scale.sh: wrk is missing (apt-get install wrk)" >&2; exit 1; }
-command -v pgbench >/dev/null || { echo "scale.sh: pgbench is missing (postgresql-contrib)" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "scale.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
-
-bench_service_env "$PORT"
-stamp="$(date -u +%H%M%S)"
-work="$(mktemp -d)"
-trap 'stop_instances; rm -rf "$work"' EXIT
+bench_setup scale "${SCALE_PORT:-18400}" pgbench
 
 cat >"$work/order.sql" <<'SQL'
 BEGIN;
