@@ -108,15 +108,26 @@ struct Job {
     reply: oneshot::Sender<Result<Committed, Failed>>,
 }
 
-/// Order statements in flight at once; while they run, the batches that become ready queue
-/// for the next one, so a spread of orders over many products commits many products at a
-/// time. A hot product alone sends one batch at a time, which runs alone, as before. Fewer in
-/// flight make larger statements and less contention for two cores: orders over 1,000
-/// products sold 3,047–3,715/s with p99 42–48 ms at 4, 3,791–4,593/s with p99 29–33 ms at 2,
-/// and about the same at 1 (four rounds side by side, `wrk -c64`, a new database each). Two,
-/// not one, so that a statement waiting on a row lock (an import's, another instance's) does
-/// not hold up every other product's orders.
-const STATEMENTS: usize = 2;
+/// Order statements in flight at once, normally: one. While it runs, the batches that
+/// become ready queue for the next, so a spread of orders over many products commits many
+/// products at a time, and a hot product alone sends one batch at a time, which runs alone.
+/// One statement at a time makes the largest statements, and an order statement's fixed
+/// cost (its executor start-ups, triggers and commit: about 1 ms, against some 70 µs an
+/// order) is paid fewest times: orders over 1,000 products sold 7,524/s at one against
+/// 6,840/s at two, with p99 17.3 against 20.2 ms and 122 against 165 µs of PostgreSQL CPU an
+/// order, 31 orders a statement against 16 (`wrk -c64`, a new database each; one at a time
+/// was ahead in throughput and p99 in each of four pairs: bench/results/spread-2026-12-04.md).
+const STATEMENTS: usize = 1;
+
+/// A statement that has run this long without an answer is taken to be waiting on a row
+/// lock (an import's, another instance's, a long transaction's): it gives its place to the
+/// next statement, so the other products' orders go on beside it. Statements take 3–15 ms
+/// under full load.
+const STALL: Duration = Duration::from_millis(25);
+
+/// How many stalled statements may wait beside the one running normally; beyond this, the
+/// next statement waits for one of them.
+const STALLED: usize = 3;
 
 /// The most requests one combined statement carries.
 const MAX_COMBINED: usize = 1024;
@@ -126,9 +137,11 @@ const MAX_COMBINED: usize = 1024;
 /// shared product order, one commit). If a combined statement fails, nothing of it was
 /// written, and its batches run again one by one, so each product's worker sees its own
 /// outcome (a row-level error it splits around, a lock race it reruns) exactly as if it had
-/// run alone.
+/// run alone. No two statements in flight hold a batch of the same product (a product's
+/// worker waits for its batch's answer), so a stalled statement never blocks the next one.
 async fn combiner(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<Job>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(STATEMENTS));
+    let stalled = Arc::new(tokio::sync::Semaphore::new(STALLED));
     while let Some(first) = rx.recv().await {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
@@ -144,10 +157,23 @@ async fn combiner(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<Job>
                 Err(_) => break,
             }
         }
-        let (db, metrics) = (db.clone(), metrics.clone());
+        let (db, metrics, stalled) = (db.clone(), metrics.clone(), stalled.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            run_jobs(&db, &metrics, jobs).await;
+            let run = run_jobs(&db, &metrics, jobs);
+            tokio::pin!(run);
+            if tokio::time::timeout(STALL, &mut run).await.is_ok() {
+                return;
+            }
+            // Stalled: trade the running place for a stalled one, if one is free.
+            let _place = match stalled.try_acquire_owned() {
+                Ok(aside) => {
+                    drop(permit);
+                    metrics.order_statements_stalled.inc();
+                    aside
+                }
+                Err(_) => permit,
+            };
+            run.await;
         });
     }
 }

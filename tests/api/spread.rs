@@ -119,3 +119,39 @@ async fn orders_for_a_product_with_stock_make_no_stock_gate_read() {
         "the gate read was not counted"
     );
 }
+
+/// One order statement runs at a time, but one stuck on a held row lock does not hold up the
+/// other products: while a long transaction holds `stall-a`'s row and a batch for it waits
+/// on the lock, orders for three other products are answered 201, one after another, and that
+/// batch is still waiting, its buyer still unanswered, when they are. Then the lock goes and
+/// that buyer gets the unit too. Mutation seen failing it: the stalled statement keeping its
+/// place (the next statement waits behind it, and `stall-b` is answered 503 `TIMEOUT`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_statement_waiting_on_a_held_row_does_not_hold_up_other_products() {
+    let app = spawn_app(shared_cluster()).await;
+    for p in ["stall-a", "stall-b", "stall-c", "stall-d"] {
+        app.create_product(p, 5, 100).await;
+    }
+    let lock = app.lock_rows(&["stall-a"]).await;
+    let waiting = crate::retries::order_in_background(&app, "ann", "a1", "stall-a", 1);
+    wait_for(
+        "the batch for stall-a waiting on its row",
+        std::time::Duration::from_secs(10),
+        || async { batches_waiting_on(&app.primary, "Lock").await == 1 },
+    )
+    .await;
+    for (i, p) in ["stall-b", "stall-c", "stall-d"].iter().enumerate() {
+        let r = app.order("bob", &format!("b{i}"), p, 1).await;
+        assert_eq!(r.status(), StatusCode::CREATED, "{p}: {:?}", r.text().await);
+    }
+    assert_eq!(
+        batches_waiting_on(&app.primary, "Lock").await,
+        1,
+        "stall-a's batch still waits on its row"
+    );
+    assert!(!waiting.is_finished(), "and its buyer is still unanswered");
+    assert!(app.metric("stockgate_order_statements_stalled_total").await >= 1.0);
+    lock.commit().await.unwrap();
+    assert_eq!(waiting.await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(app.stock_on_primary("stall-a").await, 4);
+}
