@@ -113,10 +113,12 @@ struct Job {
 /// products at a time, and a hot product alone sends one batch at a time, which runs alone.
 /// One statement at a time makes the largest statements, and an order statement's fixed
 /// cost (its executor start-ups, triggers and commit: about 1 ms, against some 70 µs an
-/// order) is paid fewest times: orders over 1,000 products sold 7,524/s at one against
-/// 6,840/s at two, with p99 17.3 against 20.2 ms and 122 against 165 µs of PostgreSQL CPU an
-/// order, 31 orders a statement against 16 (`wrk -c64`, a new database each; one at a time
-/// was ahead in throughput and p99 in each of four pairs: bench/results/spread-2026-12-04.md).
+/// order) is paid fewest times. Over 1,000 products (`bench/spread.sh`, three pairs side by
+/// side, a new database each: bench/results/spread-2026-12-04.md) one at a time sold
+/// 5,786–7,058 orders/s with p99 17.7–20.7 ms where two sold 4,425–5,212 with p99
+/// 24.8–29.5, in statements of 30 orders instead of 15. Letting a second statement start
+/// once the first had run 1.5 or 3 ms (an overlap) lost to one at a time in each of three
+/// rounds, on throughput, p99 and PostgreSQL's CPU per order.
 const STATEMENTS: usize = 1;
 
 /// A statement that has run this long without an answer is taken to be waiting on a row
