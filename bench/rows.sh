@@ -8,14 +8,18 @@
 #   1x35-row1   one batcher, batches of 35, one stock row   (one instance's owner, cpu.sh)
 #   4x16-row1   four batchers, batches of 16, one stock row (four instances, no peers)
 #   4x16-rows4  four batchers, batches of 16, a row each    (four instances, stock split)
+#   4x16l-row1  as 4x16-row1, but each transaction locks late: it inserts its orders first and
+#               takes the row only with the guarded UPDATE, so the four overlap their inserts
+#               and queue only for the UPDATE and the commit (a trial, not the service's shape)
 #
 # Each run gets a new never-analyzed database (hot_product_db) holding products `hot-0` … `hot-3` of
 # 10^8 units; the dev cluster's replicas stream as usual. The shapes rotate from round to
 # round. Prints orders/s (tps × batch) per run and the medians; appends them to
 # bench/results/rows-<date>.md.
 #
-# Environment: ROUNDS (3), BENCH_SECONDS (8), STOCKGATE_BIN (target/release/stockgate, for
-# `migrate`), ROWS_NOTE (a line for the file).
+# Environment: ROUNDS (3), BENCH_SECONDS (8), ROWS_SHAPES (some of the shapes above, space-
+# separated; all four), STOCKGATE_BIN (target/release/stockgate, for `migrate`), ROWS_NOTE (a
+# line for the file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -34,21 +38,25 @@ UPDATE products SET available_quantity = available_quantity - :batch
   WHERE product_id = 'hot-' || :row AND available_quantity >= :batch;
 COMMIT;
 SQL
+sed '/FOR UPDATE;$/d' "$work/batch.sql" >"$work/late.sql"
 
 # run SHAPE R: prints "shape orders/s tps"
 run() {
   local shape="$1" db="rows_${stamp}_$2_${1//-/_}" clients batch rows tps
+  local script="$work/batch.sql"
+  case "$shape" in *l-*) script="$work/late.sql" ;; esac
   IFS=x- read -r clients batch rows <<<"${shape/row/}"
+  batch="${batch%l}"
   rows="${rows#s}"
   hot_product_db "$db" 4
-  tps="$(pgbench -n -j1 -c"$clients" -T"$SECS" -D batch="$batch" -D rows="$rows" -f "$work/batch.sql" \
+  tps="$(pgbench -n -j1 -c"$clients" -T"$SECS" -D batch="$batch" -D rows="$rows" -f "$script" \
     "$BASE_URL/$db" 2>"$work/pgbench.err" | awk '/^tps/ { print $3 }')"
   [ -n "$tps" ] || { cat "$work/pgbench.err" >&2; exit 1; }
   psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
   LC_ALL=C awk -v s="$shape" -v t="$tps" -v b="$batch" 'BEGIN { printf "%s %.0f %.0f\n", s, t * b, t }'
 }
 
-shapes=(1x35-row1 4x16-row1 4x16-rows4)
+shapes=(${ROWS_SHAPES:-1x35-row1 4x16-row1 4x16-rows4 4x16l-row1})
 rounds run "${shapes[@]}"
 
 {
