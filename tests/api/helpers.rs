@@ -835,6 +835,14 @@ pub async fn held_by_replica(cluster: &Cluster, i: usize, database: &str) -> i64
 /// acknowledged before the replica's `as_of` must be on it. Takes the claim first and reads
 /// the replica after (it only gains rows), so a failure is always a real lie. Returns the
 /// claimed staleness.
+///
+/// The claim is a staleness measured at the moment the service read its clock, somewhere
+/// inside `replica_status()`; its `as_of` is that moment minus the staleness. The moment is
+/// not visible here, so the one taken just before the call stands in: no later than the
+/// service's, it gives an `as_of` no later than the claimed one, and asks of the replica only
+/// what the claim promised. (Taken after the call, as this once did, it asked for more than
+/// was claimed by however long the call took: a test thread descheduled for a few
+/// milliseconds on a loaded machine read a commit acknowledged in that time as a lie.)
 pub async fn assert_claim_is_honest(
     app: &TestApp,
     cluster: &Cluster,
@@ -842,6 +850,7 @@ pub async fn assert_claim_is_honest(
     log: &AckLog,
 ) -> Duration {
     let name = format!("replica-{i}");
+    let before = Instant::now();
     let status = app
         .state
         .db
@@ -850,7 +859,7 @@ pub async fn assert_claim_is_honest(
         .find(|r| r.name == name)
         .unwrap();
     let staleness = status.staleness.expect("a staleness bound");
-    let as_of = Instant::now() - staleness;
+    let as_of = before - staleness;
     let required = log.acked_before(as_of);
     let held = held_by_replica(cluster, i, &app.database).await;
     assert!(
