@@ -17,9 +17,9 @@
 # round. Prints orders/s (tps × batch) per run and the medians; appends them to
 # bench/results/rows-<date>.md.
 #
-# Environment: ROUNDS (3), BENCH_SECONDS (8), ROWS_SHAPES (some of the shapes above, space-
-# separated; all four), STOCKGATE_BIN (target/release/stockgate, for `migrate`), ROWS_NOTE (a
-# line for the file).
+# Environment: ROUNDS (3), BENCH_SECONDS (8), ROWS_SHAPES (which of the shapes above to run,
+# space-separated; default all four), STOCKGATE_BIN (target/release/stockgate, for `migrate`),
+# ROWS_NOTE (a line for the file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
