@@ -18,6 +18,7 @@
 //! whose `xmin` is the primary's as replayed, so a replica serves a prefix of the same feed.
 
 pub mod feed;
+pub mod horizon;
 pub mod webhooks;
 
 use serde::Serialize;

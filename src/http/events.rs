@@ -36,6 +36,36 @@ struct FeedQuery {
     wait_ms: Option<u64>,
 }
 
+impl FeedQuery {
+    /// `after`, `limit` and `wait_ms`, each checked.
+    fn parse(&self) -> Result<(Option<Cursor>, u64, u64), ApiError> {
+        let after = self
+            .after
+            .as_deref()
+            .map(|a| {
+                a.parse::<Cursor>().map_err(|e| {
+                    ApiError::bad_request("INVALID_CURSOR", format!("after={a:?}: {e}"))
+                })
+            })
+            .transpose()?;
+        let limit = self.limit.unwrap_or(100);
+        if !(1..=MAX_LIMIT).contains(&limit) {
+            return Err(ApiError::bad_request(
+                "INVALID_LIMIT",
+                format!("limit must be 1 to {MAX_LIMIT}"),
+            ));
+        }
+        let wait = self.wait_ms.unwrap_or(0);
+        if wait > MAX_WAIT_MS {
+            return Err(ApiError::bad_request(
+                "INVALID_WAIT_MS",
+                format!("wait_ms must be 0 to {MAX_WAIT_MS}"),
+            ));
+        }
+        Ok((after, limit, wait))
+    }
+}
+
 #[derive(Serialize, ToSchema)]
 struct Page {
     events: Vec<Event>,
@@ -65,28 +95,7 @@ async fn events(
     _: Admin,
     Query(q): Query<FeedQuery>,
 ) -> Result<Response, ApiError> {
-    let after = q
-        .after
-        .as_deref()
-        .map(|a| {
-            a.parse::<Cursor>()
-                .map_err(|e| ApiError::bad_request("INVALID_CURSOR", format!("after={a:?}: {e}")))
-        })
-        .transpose()?;
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "INVALID_LIMIT",
-            format!("limit must be 1 to {MAX_LIMIT}"),
-        ));
-    }
-    let wait = q.wait_ms.unwrap_or(0);
-    if wait > MAX_WAIT_MS {
-        return Err(ApiError::bad_request(
-            "INVALID_WAIT_MS",
-            format!("wait_ms must be 0 to {MAX_WAIT_MS}"),
-        ));
-    }
+    let (after, limit, wait) = q.parse()?;
     let deadline = Instant::now() + Duration::from_millis(wait);
     // Subscribed before the first read, so a change between the read and the wait wakes it.
     let mut newest = state.feed.subscribe();
@@ -102,20 +111,29 @@ async fn events(
                 {
                     return Ok(None);
                 }
-                let from = after.unwrap_or(Cursor::START);
-                feed::read(pool.exec(), from, limit as i64, None)
-                    .await
-                    .map(Some)
+                // Omitted, an empty page's `next` is where the purge has reached: a cursor
+                // before it would be 410, and nothing retained precedes it.
+                let from = match after {
+                    Some(after) => after,
+                    None => feed::purged_through(pool.exec()).await?,
+                };
+                let page = feed::read_page(pool.exec(), from, limit as i64, None).await?;
+                Ok(Some((from, page)))
             })
             .await?;
-        let Some(events) = read.value else {
+        let Some((from, page)) = read.value else {
             return Err(ApiError::CursorExpired);
         };
-        if !events.is_empty() || Instant::now() >= deadline {
-            let next = events
-                .last()
-                .map_or(after.unwrap_or(Cursor::START), |e| e.cursor);
-            return Ok(stated(StatusCode::OK, Page { events, next }, &read.route));
+        if !page.events.is_empty() || Instant::now() >= deadline {
+            // The page is complete only up to when the oldest transaction its snapshot held
+            // back got its id: `as_of` says no more than that.
+            let route = match state.feed.bound(page.xmin, page.xmax) {
+                Some(at) => state.db.no_later_than(read.route, at),
+                None => read.route,
+            };
+            let events = page.events;
+            let next = events.last().map_or(from, |e| e.cursor);
+            return Ok(stated(StatusCode::OK, Page { events, next }, &route));
         }
         // Nothing yet: wait for this instance's watcher to see the horizon move (one query
         // of the primary per tick, however many clients wait), then read where the new

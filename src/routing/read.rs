@@ -147,6 +147,21 @@ impl Db {
         .restated(Instant::now())
     }
 
+    /// `route`, its answer vouched for only up to `at`: its `as_of` becomes the earlier of
+    /// the two, its staleness measured afresh (a feed page held back by a transaction that is
+    /// still open, [`crate::events::horizon`]).
+    pub fn no_later_than(&self, route: Route, at: Instant) -> Route {
+        if at >= route.as_of_instant {
+            return route;
+        }
+        Route {
+            as_of: self.inner.time.wall(at),
+            as_of_instant: at,
+            ..route
+        }
+        .restated(Instant::now())
+    }
+
     /// The route of a write's answer: read back on the primary in the write's own
     /// transaction or right after its commit (restock, settings, profile).
     pub fn written_route(&self) -> Route {

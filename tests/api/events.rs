@@ -93,6 +93,9 @@ async fn a_change_that_commits_late_is_placed_after_what_was_served_where_a_naiv
     // ...and a quick one commits before it.
     event("quick").execute(&app.primary).await.unwrap();
 
+    // Every node has replayed "quick" before the feed is read: a replica that had not would
+    // leave it out for its own staleness, and the feed without its horizon would pass.
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).expect("replicas caught up");
     // The naive reader sees the quick one and moves its cursor past the slow one's place.
     let naive_after: i64 = sqlx::query_scalar("SELECT max(n) FROM events")
         .fetch_one(&app.primary)
@@ -534,4 +537,161 @@ async fn a_statement_of_thousands_of_changes_writes_all_their_events_in_order() 
         orders, sorted,
         "a statement's events in the order it gave them"
     );
+}
+
+/// The feed is complete only up to the start of the oldest transaction still open: while one
+/// is open, an order answered 201 is held back from every page (on the primary and on a fresh
+/// replica alike), so no page may state an `as_of` after that 201. A paused replica (inside the
+/// 5 s budget) holds it back as well, by its own staleness. Every answer, on every node, either
+/// holds the order or states an `as_of` before the 201 was received; once the transaction ends,
+/// the order is served with an `as_of` after it. Mutation seen failing: `Feed::bound` returning
+/// `None` (pages held back by the open transaction stated `as_of` up to seconds after the 201).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_answer_never_states_an_as_of_after_an_order_it_holds_back() {
+    let cluster = private_cluster();
+    let app = spawn_app(&cluster).await;
+    assert_eq!(
+        app.create_product("held-back", 10, 100).await.status(),
+        StatusCode::CREATED
+    );
+    feed_through(&app, created("held-back")).await;
+    // Replica-1 stops replaying: it stays within the feed's 5 s budget for a while.
+    blocking(|| cluster.pause_replay(1)).expect("pause replica-1");
+
+    // Another session holds a transaction id open (a psql session, a cart batch...).
+    let mut open = app.primary.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+
+    let resp = app.order("ada", "held-back-1", "held-back", 1).await;
+    let (status, order) = answer(resp).await;
+    let acked = chrono::Utc::now();
+    assert_eq!(status, StatusCode::CREATED, "{order}");
+    let order_id = order["order_id"].as_str().unwrap().to_owned();
+
+    let holds =
+        |body: &Value| {
+            body["events"].as_array().unwrap().iter().any(|e| {
+                e["type"] == "order.confirmed" && e["data"]["order_id"] == order_id.as_str()
+            })
+        };
+    let as_of = |body: &Value| -> chrono::DateTime<chrono::Utc> {
+        body["as_of"].as_str().unwrap().parse().unwrap()
+    };
+    let mut margins: Vec<(String, chrono::Duration)> = Vec::new();
+    let judge = |body: &Value, margins: &mut Vec<(String, chrono::Duration)>| {
+        if !holds(body) {
+            let by = body["served_by"].as_str().unwrap().to_owned();
+            assert!(
+                as_of(body) < acked,
+                "{by} left out the order answered 201 at {acked} but stated as_of {}",
+                body["as_of"]
+            );
+            margins.push((by, acked - as_of(body)));
+        }
+    };
+    // While the transaction is open every page holds the order back, wherever it is read,
+    // long-polls included.
+    for i in 0..12 {
+        let q = if i % 3 == 0 { "wait_ms=300" } else { "" };
+        let (status, body) = page(&app, q).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(
+            !holds(&body),
+            "the open transaction held nothing back: {body}"
+        );
+        judge(&body, &mut margins);
+    }
+    let held_open: Vec<String> = margins.iter().map(|(by, _)| by.clone()).collect();
+    assert!(
+        held_open.iter().any(|by| by != "replica-1"),
+        "no page came from a node that had replayed the order: {held_open:?}"
+    );
+    open.commit().await.unwrap();
+
+    // Replica-1 still lacks the order; the others serve it once the horizon passes it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut served_after = None;
+    while tokio::time::Instant::now() < deadline {
+        let (status, body) = page(&app, "").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        judge(&body, &mut margins);
+        if holds(&body) {
+            served_after = Some(as_of(&body));
+            break;
+        }
+    }
+    let served_at = served_after.expect("the order was never served after the transaction ended");
+    assert!(
+        served_at > acked,
+        "the page that served the order is dated {served_at}, before its 201 at {acked}"
+    );
+    blocking(|| cluster.resume_replay(1)).expect("resume replica-1");
+    let worst = margins.iter().map(|(_, m)| *m).min().unwrap();
+    eprintln!(
+        "feed as_of: {} answers held the order back, the closest {} ms before its 201; served by {:?}",
+        margins.len(),
+        worst.num_milliseconds(),
+        margins
+            .iter()
+            .map(|(by, _)| by.as_str())
+            .collect::<HashSet<_>>()
+    );
+}
+
+/// A `next` the service handed out never leads to 410, an empty first page's included: once
+/// the purge has removed every event, the first page's `next` is where the purge reached.
+/// Mutation seen failing: an empty first page answering `next` "0-0" (410 on the next call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_first_page_hands_out_a_cursor_that_is_never_expired() {
+    let cluster = private_cluster();
+    let app = spawn_app(&cluster).await;
+    assert_eq!(
+        app.create_product("gone-soon", 1, 1).await.status(),
+        StatusCode::CREATED
+    );
+    feed_through(&app, created("gone-soon")).await;
+    let purged = stockgate::events::feed::purge(&app.primary, Duration::ZERO, 1000)
+        .await
+        .unwrap();
+    assert!(purged >= 1, "nothing was purged");
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).expect("replicas caught up");
+    let (status, first) = page(&app, "").await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["events"], json!([]), "{first}");
+    let next = first["next"].as_str().unwrap().to_owned();
+    // The purge really passed the start: a cursor before it is expired.
+    assert_error(&page(&app, "after=0-0").await, 410, "CURSOR_EXPIRED");
+    for _ in 0..4 {
+        let (status, body) = page(&app, &format!("after={next}")).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "the handed-out next {next} was refused: {body}"
+        );
+    }
+    // And it still leads to what comes next.
+    assert_eq!(
+        app.create_product("after-purge", 1, 1).await.status(),
+        StatusCode::CREATED
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = page(&app, &format!("after={next}&wait_ms=1000")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["data"]["product_id"] == "after-purge")
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new event never came"
+        );
+    }
 }
