@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 /// A monotonic clock for windowed rules.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now(&self) -> Instant;
+    /// The service's wall clock (a test sets it apart from the primary's).
+    fn wall(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
 }
 
 #[derive(Debug, Default)]

@@ -17,7 +17,7 @@
 
 use crate::auth::Tokens;
 use crate::checkout::Checkout;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, SystemClock, TimeBase};
 use crate::config::Config;
 use crate::events::feed::{Feed, FeedGuard};
 use crate::http::{self, AppState};
@@ -54,8 +54,12 @@ pub async fn build_db(
     clock: Arc<dyn Clock>,
     metrics: &Metrics,
 ) -> anyhow::Result<(Db, MonitorGuard)> {
+    let time = TimeBase::with_wall({
+        let clock = clock.clone();
+        move || clock.wall()
+    });
     let ryw = ryw_store(config, clock)?;
-    let db = Db::new(routing_settings(config).await?, metrics.clone(), ryw)?;
+    let db = Db::new(routing_settings(config, time).await?, metrics.clone(), ryw)?;
     let monitor = db.start_monitor(config.monitor_interval);
     Ok((db, monitor))
 }
@@ -120,7 +124,7 @@ fn ryw_store(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<RywStore>
 }
 
 /// What the router needs from the configuration: nodes, pools, timeouts, thresholds.
-async fn routing_settings(config: &Config) -> anyhow::Result<routing::Settings> {
+async fn routing_settings(config: &Config, time: TimeBase) -> anyhow::Result<routing::Settings> {
     Ok(routing::Settings {
         primary_url: config.require_database_url()?.to_string(),
         replica_urls: config.replica_urls.clone(),
@@ -139,6 +143,7 @@ async fn routing_settings(config: &Config) -> anyhow::Result<routing::Settings> 
         },
         monitor_interval: config.monitor_interval,
         patroni: patroni_setup(config).await?,
+        time,
     })
 }
 

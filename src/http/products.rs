@@ -522,7 +522,7 @@ async fn availability(
         qty: qty.get(),
         available: available_quantity >= qty.get(),
         available_quantity,
-        on_sale: gate.window.on_sale(chrono::Utc::now()),
+        on_sale: gate.window.on_sale(state.db.primary_now()),
     };
     let json = [(
         header::CONTENT_TYPE,

@@ -43,7 +43,7 @@ use freshness::{Freshness, Lsn};
 use pools::{NO_LEADER, Nodes, Replica, primary_pool};
 pub use route::{Reason, Route};
 use sqlx::postgres::PgConnectOptions;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,8 @@ pub struct Settings {
     pub monitor_interval: Duration,
     /// The Patroni cluster to follow (its members replace `primary_url`/`replica_urls`).
     pub patroni: Option<PatroniSetup>,
+    /// The service's clock: monotonic instants to UTC.
+    pub time: TimeBase,
 }
 
 /// What the service learnt from Patroni at start: the client, every member's name and URL,
@@ -115,6 +117,9 @@ struct Inner {
     replicas: Vec<Replica>,
     freshness: Arc<RwLock<Freshness>>,
     time: TimeBase,
+    /// The primary's clock minus the service's, in µs, from the monitor's last sample of the
+    /// primary (0 until one is taken).
+    primary_clock_offset_us: AtomicI64,
     metrics: Metrics,
     ryw: RywStore,
     replica_timeout: Duration,
@@ -165,7 +170,8 @@ impl Db {
                 cluster: follower,
                 replicas,
                 freshness,
-                time: TimeBase::now(),
+                time: s.time,
+                primary_clock_offset_us: AtomicI64::new(0),
                 metrics,
                 ryw,
                 replica_timeout: s.timeouts.point,
@@ -211,6 +217,23 @@ impl Db {
 
     pub fn now_utc(&self) -> chrono::DateTime<chrono::Utc> {
         self.inner.time.wall(Instant::now())
+    }
+
+    /// The primary's clock now, as the monitor last read it (within half that sample's round
+    /// trip): where the contract judges a rule "on the primary's clock" outside a primary
+    /// transaction (a sale window shown by availability).
+    pub fn primary_now(&self) -> chrono::DateTime<chrono::Utc> {
+        let offset = self.inner.primary_clock_offset_us.load(Ordering::Relaxed);
+        self.now_utc() + chrono::Duration::microseconds(offset)
+    }
+
+    /// The primary read `primary_us` on its clock between `sent` and `received`.
+    fn note_primary_clock(&self, sent: Instant, received: Instant, primary_us: i64) {
+        let mid = sent + received.saturating_duration_since(sent) / 2;
+        let ours = self.inner.time.wall(mid).timestamp_micros();
+        self.inner
+            .primary_clock_offset_us
+            .store(primary_us - ours, Ordering::Relaxed);
     }
 
     /// Starts the background freshness monitor; it stops when the returned guard drops.

@@ -35,17 +35,28 @@ pub(super) fn start(db: Db, interval: Duration) -> MonitorGuard {
 
 /// Position and timeline (0: the static mode does not track timelines).
 pub(super) const PRIMARY_SQL: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, 0::int4";
-const REPLICA_SQL: &str = "SELECT (pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::int8, 0::int4";
 /// The primary's timeline is the one its WAL file names carry.
 pub(super) const PRIMARY_SQL_TIMELINE: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, \
      ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int4";
+/// The monitor's own samples: as above, and the primary's also read its clock (µs since the
+/// epoch), so the service can tell the primary's time where a rule is judged on it.
+const PRIMARY_SAMPLE: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, 0::int4, \
+     (extract(epoch FROM clock_timestamp()) * 1e6)::int8";
+const REPLICA_SAMPLE: &str =
+    "SELECT (pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::int8, 0::int4, NULL::int8";
+const PRIMARY_SAMPLE_TIMELINE: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, \
+     ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int4, \
+     (extract(epoch FROM clock_timestamp()) * 1e6)::int8";
 /// A replica's timeline is the one its WAL receiver streams (NULL while not streaming: not
 /// judged fresh until it streams again).
-const REPLICA_SQL_TIMELINE: &str = "SELECT (pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::int8, \
-     (SELECT received_tli FROM pg_stat_wal_receiver)::int4";
+const REPLICA_SAMPLE_TIMELINE: &str = "SELECT (pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::int8, \
+     (SELECT received_tli FROM pg_stat_wal_receiver)::int4, NULL::int8";
 
-/// One sample's outcome: the position and timeline, or why there is none.
-type Sample = Result<Result<(Option<i64>, Option<i32>), sqlx::Error>, tokio::time::error::Elapsed>;
+/// One sample's outcome: the position, timeline and the primary's clock, or why there is none.
+type Sample = Result<
+    Result<(Option<i64>, Option<i32>, Option<i64>), sqlx::Error>,
+    tokio::time::error::Elapsed,
+>;
 
 async fn sample_node(db: Db, node: usize, interval: Duration) {
     let (name, options) = db.inner.monitor_targets[node].clone();
@@ -107,10 +118,10 @@ impl Sampler {
     /// One position query, on the kept connection (or a new one), within the point timeout.
     async fn sample(&mut self) -> Sample {
         let sql = match (self.node == 0, self.timelines()) {
-            (true, false) => PRIMARY_SQL,
-            (false, false) => REPLICA_SQL,
-            (true, true) => PRIMARY_SQL_TIMELINE,
-            (false, true) => REPLICA_SQL_TIMELINE,
+            (true, false) => PRIMARY_SAMPLE,
+            (false, false) => REPLICA_SAMPLE,
+            (true, true) => PRIMARY_SAMPLE_TIMELINE,
+            (false, true) => REPLICA_SAMPLE_TIMELINE,
         };
         let (conn, options) = (&mut self.conn, &self.options);
         tokio::time::timeout(self.db.inner.replica_timeout, async {
@@ -133,6 +144,10 @@ impl Sampler {
             .inc();
         if self.node == 0 {
             self.judge_primary(&result);
+            if let Ok(Ok((_, _, Some(primary_us)))) = result {
+                self.db
+                    .note_primary_clock(sent_at, Instant::now(), primary_us);
+            }
         }
         match self.position(result) {
             Ok((tl, lsn)) if self.node == 0 => self
@@ -183,10 +198,10 @@ impl Sampler {
     /// The (timeline, position) a sample gives, or why it gives none.
     fn position(&self, result: Sample) -> Result<(u32, u64), String> {
         match result {
-            Ok(Ok((Some(lsn), Some(tl)))) => Ok((tl as u32, lsn as u64)),
-            Ok(Ok((None, _))) if self.timelines() => Err("the leader (not in recovery)".into()),
-            Ok(Ok((None, _))) => Err("not in recovery (promoted?): not a replica".into()),
-            Ok(Ok((Some(_), None))) => Err("not streaming from the leader".into()),
+            Ok(Ok((Some(lsn), Some(tl), _))) => Ok((tl as u32, lsn as u64)),
+            Ok(Ok((None, _, _))) if self.timelines() => Err("the leader (not in recovery)".into()),
+            Ok(Ok((None, _, _))) => Err("not in recovery (promoted?): not a replica".into()),
+            Ok(Ok((Some(_), None, _))) => Err("not streaming from the leader".into()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!(
                 "no answer within {:?}",

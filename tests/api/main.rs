@@ -8,6 +8,7 @@ mod carts;
 mod contract;
 mod drops;
 mod edges;
+mod edges_two;
 mod events;
 mod failover;
 mod foundation;

@@ -734,6 +734,7 @@ async fn a_write_whose_position_cannot_be_read_pins_the_user_to_the_primary_inst
             thresholds: Default::default(),
             monitor_interval: Duration::from_millis(25),
             patroni: None,
+            time: stockgate::clock::TimeBase::now(),
         },
         metrics.clone(),
         store.clone(),

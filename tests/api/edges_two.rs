@@ -1,0 +1,79 @@
+//! The review's edges, round two (issue #44), each reproduced from outside: availability's
+//! `on_sale` judged on the primary's clock, one product's held row and the other products'
+//! orders, and what a 422 key reuse may change.
+
+use crate::helpers::*;
+use chrono::{DateTime, Utc};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stockgate::clock::Clock;
+
+/// A service host whose wall clock runs an hour ahead of the primary's.
+#[derive(Debug)]
+struct HourAhead;
+
+impl Clock for HourAhead {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+    fn wall(&self) -> DateTime<Utc> {
+        Utc::now() + chrono::Duration::hours(1)
+    }
+}
+
+/// `on_sale` in availability is judged on the primary's clock, as orders are: with the
+/// service's clock an hour ahead, a sale that starts in half an hour is not on yet and one
+/// that ends in half an hour has not ended. Mutation seen failing: `on_sale` judged at
+/// `state.db.now_utc()` (the service's clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn availability_judges_the_sale_window_on_the_primarys_clock() {
+    let cluster = shared_cluster();
+    let mut opts = AppOptions::new(cluster);
+    opts.clock = Arc::new(HourAhead);
+    let app = spawn_app_with(opts).await;
+    let primary_now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&app.primary)
+        .await
+        .unwrap();
+    let half_hour = chrono::Duration::minutes(30);
+    for (id, window) in [
+        (
+            "starts-soon",
+            json!({"sale_starts_at": (primary_now + half_hour).to_rfc3339()}),
+        ),
+        (
+            "ends-soon",
+            json!({"sale_ends_at": (primary_now + half_hour).to_rfc3339()}),
+        ),
+    ] {
+        let mut body =
+            json!({"product_id": id, "name": id, "price_cents": 1, "available_quantity": 5});
+        body.as_object_mut()
+            .unwrap()
+            .extend(window.as_object().unwrap().clone());
+        let (status, created) = answer(app.post_product(&body).await).await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+    }
+    // The monitor has read the primary's clock (it samples every 25 ms from the start).
+    app.wait_for(
+        "a sample of the primary",
+        Duration::from_secs(10),
+        || async { app.metric("stockgate_monitor_samples_total").await >= 2.0 },
+    )
+    .await;
+    let on_sale = |body: &Value| body["on_sale"].as_bool().unwrap();
+    let (status, soon) = answer(app.availability("starts-soon", 1).await).await;
+    assert_eq!(status, StatusCode::OK, "{soon}");
+    assert!(
+        !on_sale(&soon),
+        "a sale that starts in 30 min is on: {soon}"
+    );
+    let (status, ending) = answer(app.availability("ends-soon", 1).await).await;
+    assert_eq!(status, StatusCode::OK, "{ending}");
+    assert!(
+        on_sale(&ending),
+        "a sale that ends in 30 min has ended: {ending}"
+    );
+}
