@@ -16,7 +16,10 @@ use serde::Serialize;
 use sha2::Sha256;
 use uuid::Uuid;
 
-/// Where events are sent: an absolute `http` or `https` URL with a host.
+/// Where events are sent: an absolute `http` or `https` URL with a host, at most 2048 bytes,
+/// without control characters. The URL parser would quietly drop a tab or a newline and
+/// percent-encode a NUL, but the text kept is the one given, and PostgreSQL's `text` cannot
+/// hold a NUL: every control character is refused here, before anything is stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookUrl(String);
 
@@ -28,6 +31,9 @@ impl WebhookUrl {
         };
         if s.len() > 2048 {
             return Err(refuse("at most 2048 bytes"));
+        }
+        if s.chars().any(char::is_control) {
+            return Err(refuse("it holds a control character"));
         }
         let url = url::Url::parse(s).map_err(|e| refuse(&e.to_string()))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -44,17 +50,22 @@ impl WebhookUrl {
     }
 }
 
-/// The key of a webhook's signatures: 16–256 bytes.
+/// The key of a webhook's signatures: 16–256 bytes (of its UTF-8), without NUL (PostgreSQL's
+/// `text` cannot hold one). Any other byte is the receiver's business: the HMAC takes them all.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
 impl Secret {
     pub fn parse(s: &str) -> Result<Self, Invalid> {
+        let refuse = |message: &str| Invalid {
+            code: "INVALID_SECRET",
+            message: message.into(),
+        };
         if !(16..=256).contains(&s.len()) {
-            return Err(Invalid {
-                code: "INVALID_SECRET",
-                message: "secret must be 16 to 256 bytes long".into(),
-            });
+            return Err(refuse("secret must be 16 to 256 bytes long"));
+        }
+        if s.contains('\0') {
+            return Err(refuse("secret must not contain a NUL character"));
         }
         Ok(Secret(s.to_string()))
     }
@@ -260,6 +271,14 @@ mod tests {
             "http://",
             "javascript:alert(1)",
             &format!("http://example.com/{}", "a".repeat(2048)),
+            // Control characters anywhere: the parser would encode or drop them, the text
+            // kept would still hold them.
+            "http://example.com/ho\0ok",
+            "http://example.com/hook?x=\0",
+            "http://example.com/hook\n",
+            "\thttp://example.com/hook",
+            "http://example.com/\u{7f}",
+            "http://example.com/\u{85}",
         ] {
             let e = WebhookUrl::parse(bad).expect_err(bad);
             assert_eq!(e.code, "INVALID_URL", "{bad}");
@@ -272,10 +291,20 @@ mod tests {
         assert!(Secret::parse(&"s".repeat(256)).is_ok());
         // Eight two-byte characters: 16 bytes.
         assert!(Secret::parse(&"é".repeat(8)).is_ok());
-        for bad in ["".to_string(), "s".repeat(15), "s".repeat(257)] {
+        // Other control characters are bytes like any other; a NUL is not storable.
+        assert!(Secret::parse(&format!("\t{}\n", "s".repeat(14))).is_ok());
+        for bad in [
+            "".to_string(),
+            "s".repeat(15),
+            "s".repeat(257),
+            format!("\0{}", "s".repeat(20)),
+            format!("{}\0{}", "s".repeat(10), "s".repeat(10)),
+            format!("{}\0", "s".repeat(20)),
+        ] {
             assert_eq!(
-                Secret::parse(&bad).expect_err("short").code,
-                "INVALID_SECRET"
+                Secret::parse(&bad).expect_err("refused").code,
+                "INVALID_SECRET",
+                "{bad:?}"
             );
         }
         assert_eq!(

@@ -482,6 +482,8 @@ async fn a_new_webhook_starts_after_the_newest_event_and_a_deleted_one_gets_noth
     );
 }
 
+/// Mutations that fail it: drop `WebhookUrl::parse`'s control-character check (a NUL in the
+/// path or query reached the table: 500), or `Secret::parse`'s NUL check (500).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_webhook_input_is_refused_with_its_code_and_a_user_token_is_forbidden() {
     let app = spawn_app(shared_cluster()).await;
@@ -505,7 +507,39 @@ async fn bad_webhook_input_is_refused_with_its_code_and_a_user_token_is_forbidde
             422,
             "INVALID_SECRET",
         ),
+        // A NUL anywhere was a 500 (PostgreSQL's text cannot hold one); every control
+        // character in a URL is refused.
+        (
+            with("url", json!("http://127.0.0.1:9/ho\u{0}ok")),
+            422,
+            "INVALID_URL",
+        ),
+        (
+            with("url", json!("http://127.0.0.1:9/hook?x=\u{0}")),
+            422,
+            "INVALID_URL",
+        ),
+        (
+            with("url", json!("http://127.0.0.1:9/hook\n")),
+            422,
+            "INVALID_URL",
+        ),
+        (
+            with("secret", json!(format!("\u{0}{SECRET}"))),
+            422,
+            "INVALID_SECRET",
+        ),
+        (
+            with("secret", json!(format!("whsec-\u{0}-{SECRET}"))),
+            422,
+            "INVALID_SECRET",
+        ),
         (with("types", json!([])), 422, "INVALID_TYPES"),
+        (
+            with("types", json!(["order.confirmed", "order.\u{0}"])),
+            422,
+            "INVALID_TYPES",
+        ),
         (
             with("types", json!(["order.shipped"])),
             422,
