@@ -6,7 +6,7 @@
 
 mod delivery;
 
-pub use delivery::{DeliveryGuard, backoff, start};
+pub use delivery::{DeliveryGuard, LEASE_IDLE_TIMEOUT, backoff, start};
 
 use super::{Cursor, TYPES};
 use crate::domain::Invalid;

@@ -1,7 +1,10 @@
 //! Webhooks (contract, "Webhooks"): every subscribed event, in feed order, signed, at least
 //! once, by one instance at a time, through a failing receiver and an instance restart.
 
-use crate::helpers::{TestApp, shared_cluster, spawn_app, spawn_beside, wait_for};
+use crate::helpers::{
+    ChaosProxy, TestApp, fresh_database, shared_cluster, spawn_app, spawn_beside,
+    spawn_through_proxy, wait_for,
+};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode as AxumStatus};
@@ -12,7 +15,7 @@ use sha2::Sha256;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 const SECRET: &str = "whsec-test-0123456789abcdef";
@@ -646,4 +649,89 @@ async fn bad_webhook_input_is_refused_with_its_code_and_a_user_token_is_forbidde
     )
     .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "deleted once");
+}
+
+/// The cursor of the event that announced order `order_id`, straight from the table (`None`
+/// while there is none).
+async fn event_of_order(pool: &sqlx::PgPool, order_id: &str) -> Option<String> {
+    let row: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT e.xid::text::int8, e.n * 65536 + x.i \
+         FROM events e, json_array_elements(e.items) WITH ORDINALITY x(item, i) \
+         WHERE x.item->>'type' = 'order.confirmed' AND x.item->'data'->>'order_id' = $1",
+    )
+    .bind(order_id)
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    row.map(|(x, n)| format!("{x:x}-{n:x}"))
+}
+
+/// An order of one unit, answered 201; its id.
+async fn placed(app: &TestApp, user: &str, key: &str, product: &str) -> String {
+    let resp = app.order(user, key, product, 1).await;
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let order: Value = resp.json().await.unwrap();
+    order["order_id"].as_str().unwrap().to_string()
+}
+
+/// A deliverer whose process freezes keeps its TCP connection to the primary open and silent
+/// (as under SIGSTOP: the kernel still answers for it). Here its primary link goes through a
+/// proxy that is cut: nothing passes either way, nothing is closed. Another instance must take
+/// its webhook over within seconds and deliver what is confirmed meanwhile.
+///
+/// Mutation seen failing it: no `idle_session_timeout` on the lease session (the frozen
+/// session, and its advisory lock, stay for ever; the order is never delivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_deliverer_loses_its_webhooks_to_another_instance_within_seconds() {
+    let cluster = shared_cluster();
+    let db = fresh_database(cluster).await;
+    let proxy = ChaosProxy::start(cluster.port(0)).await;
+    let frozen = spawn_through_proxy(cluster, &db, &proxy).await;
+    assert_eq!(
+        frozen.create_product("wh-frz", 1000, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let receiver = Receiver::start(0).await;
+    register(&frozen, &receiver.url, &["order.confirmed"]).await;
+    placed(&frozen, "wh-f1", "f1", "wh-frz").await;
+    wait_for(
+        "the first instance delivers",
+        Duration::from_secs(30),
+        || async { delivered_by(&frozen).await >= 1.0 },
+    )
+    .await;
+    let other = spawn_beside(&frozen, cluster).await;
+    // Precondition: the first instance holds the lease (the other one is idle beside it).
+    let holders: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks l JOIN webhooks w ON l.objid = w.lock_key::oid \
+         WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(&other.primary)
+    .await
+    .unwrap();
+    assert_eq!(holders, 1);
+    assert_eq!(delivered_by(&other).await, 0.0);
+
+    proxy.cut();
+    let frozen_at = Instant::now();
+    let order = placed(&other, "wh-f2", "f2", "wh-frz").await;
+    let cursor = event_of_order(&other.primary, &order).await.unwrap();
+    wait_for(
+        "the order placed after the freeze delivered",
+        Duration::from_secs(60),
+        || async { receiver.delivered().contains(&cursor) },
+    )
+    .await;
+    let took = frozen_at.elapsed();
+    eprintln!(
+        "webhook take-over from a frozen deliverer: {:.2} s (lease idle_session_timeout {:?})",
+        took.as_secs_f64(),
+        stockgate::events::webhooks::LEASE_IDLE_TIMEOUT
+    );
+    assert!(
+        delivered_by(&other).await >= 1.0,
+        "the other instance took over"
+    );
+    proxy.heal();
 }

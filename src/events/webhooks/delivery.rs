@@ -11,6 +11,18 @@
 //! locks when the session ends, so another instance takes over. No transaction is ever open:
 //! a delivery may take 10 s, and the primary ends a session idle in a transaction after 10 s.
 //!
+//! **A frozen holder loses its lease.** A process that stops (SIGSTOP, a VM paused, a runtime
+//! starved) keeps its TCP connection: the server would see an idle session for ever and keep
+//! its locks. So the lease session carries `idle_session_timeout` ([`LEASE_IDLE_TIMEOUT`]):
+//! the server ends it after that long without a word, which releases the locks, and another
+//! instance takes the webhooks at its next tick. A live worker speaks on the session at every
+//! tick ([`TICK`], `take_one_free`'s query), far more often; an attempt in flight runs beside
+//! the ticks, never instead of them, so a 10 s delivery does not leave the session idle. A
+//! holder that wakes up finds its session gone at its next statement and drops everything; so
+//! that it does not first start a `POST` the new holder may be sending too, an attempt goes
+//! out only within half the timeout of the start of the round whose statement proved the
+//! lease (the server cannot have ended the session before a full timeout after it).
+//!
 //! **At least once, never ahead.** The cursor is persisted after each 2xx, before the next
 //! event is sent; a new holder reads it only after taking the lock, so it resumes at the
 //! first event not yet recorded as delivered. An event delivered whose record was lost (a
@@ -39,6 +51,9 @@ const TICK: Duration = Duration::from_millis(200);
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a round of the worker's statements may take before the connection is given up.
 const DB_TIMEOUT: Duration = Duration::from_secs(5);
+/// The lease session's `idle_session_timeout`: a holder silent this long (frozen) loses its
+/// leases. Fifteen ticks: a live worker never comes near it.
+pub const LEASE_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Events read ahead per webhook (the feed below the horizon never changes, so they keep).
 const PAGE: i64 = 100;
 /// How often the backlog gauge is sampled, and the most it counts.
@@ -80,6 +95,7 @@ pub fn start(db: Db, metrics: Metrics) -> DeliveryGuard {
         client,
         lease: None,
         sending: FuturesUnordered::new(),
+        round_started: Instant::now(),
     };
     DeliveryGuard(tokio::spawn(worker.run()))
 }
@@ -110,11 +126,21 @@ struct Lease {
     backlog_sampled: Option<Instant>,
 }
 
-/// An attempt's outcome: `Err` holds the reason it failed.
+/// An attempt's outcome.
 struct Sent {
     id: Uuid,
     cursor: Cursor,
-    outcome: Result<(), String>,
+    outcome: Outcome,
+}
+
+enum Outcome {
+    /// A 2xx.
+    Delivered,
+    /// Anything else, and why.
+    Failed(String),
+    /// Not sent: the lease was last proven too long ago (the worker was frozen or starved
+    /// in between). The next tick proves it again, or finds it gone.
+    NotSent,
 }
 
 struct Worker {
@@ -123,6 +149,9 @@ struct Worker {
     client: reqwest::Client,
     lease: Option<Lease>,
     sending: FuturesUnordered<Abortable<BoxFuture<'static, Sent>>>,
+    /// When the current round began: its statements were sent after it, so the server
+    /// cannot end the session before [`LEASE_IDLE_TIMEOUT`] after it.
+    round_started: Instant,
 }
 
 /// What woke the worker.
@@ -140,6 +169,7 @@ impl Worker {
                 _ = tick.tick() => Wake::Tick,
                 Some(done) = self.sending.next(), if !self.sending.is_empty() => Wake::Sent(done),
             };
+            self.round_started = Instant::now();
             let round = match wake {
                 Wake::Tick => tokio::time::timeout(DB_TIMEOUT, self.tick()).await,
                 // An attempt abandoned (its webhook deleted) has nothing to record.
@@ -184,7 +214,12 @@ impl Worker {
     /// and start the due attempts.
     async fn tick(&mut self) -> Result<(), DbError> {
         if self.lease.is_none() {
-            let conn = self.db.primary().acquire().await?.detach();
+            let mut conn = self.db.primary().acquire().await?.detach();
+            // `false`: for the session, not this (implicit) transaction.
+            sqlx::query("SELECT set_config('idle_session_timeout', $1, false)")
+                .bind(format!("{}ms", LEASE_IDLE_TIMEOUT.as_millis()))
+                .execute(&mut conn)
+                .await?;
             self.lease = Some(Lease {
                 conn,
                 hooks: HashMap::new(),
@@ -255,6 +290,7 @@ impl Worker {
             hook.url.clone(),
             hook.secret.clone(),
             event,
+            self.round_started + LEASE_IDLE_TIMEOUT / 2,
         )
         .map(move |(cursor, outcome)| Sent {
             id,
@@ -280,7 +316,8 @@ impl Worker {
         hook.sending = None;
         let label = hook.label.clone();
         match sent.outcome {
-            Ok(()) => {
+            Outcome::NotSent => Ok(()),
+            Outcome::Delivered => {
                 debug_assert_eq!(hook.ahead.front().map(|e| e.cursor), Some(sent.cursor));
                 hook.ahead.pop_front();
                 hook.delivered = sent.cursor;
@@ -299,7 +336,7 @@ impl Worker {
                 }
                 self.send_next(sent.id).await
             }
-            Err(why) => {
+            Outcome::Failed(why) => {
                 hook.failures = hook.failures.saturating_add(1);
                 let (failures, wait) = (hook.failures, backoff(hook.failures));
                 hook.due = Instant::now() + wait;
@@ -481,15 +518,23 @@ async fn unlock(conn: &mut PgConnection, key: i32) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// One `POST` of `event` to `url`, signed with `secret`: the event's cursor and `Ok` for a
-/// 2xx answer within [`DELIVERY_TIMEOUT`], else why not.
+/// One `POST` of `event` to `url`, signed with `secret`, if it can start before `send_by`
+/// (see the module: a lease proven too long ago may have passed to another instance): the
+/// event's cursor and how it went, a 2xx within [`DELIVERY_TIMEOUT`] being a delivery.
 async fn attempt(
     client: reqwest::Client,
     url: String,
     secret: String,
     event: Event,
-) -> (Cursor, Result<(), String>) {
-    let outcome = post(&client, &url, secret.as_bytes(), &event).await;
+    send_by: Instant,
+) -> (Cursor, Outcome) {
+    if Instant::now() >= send_by {
+        return (event.cursor, Outcome::NotSent);
+    }
+    let outcome = match post(&client, &url, secret.as_bytes(), &event).await {
+        Ok(()) => Outcome::Delivered,
+        Err(why) => Outcome::Failed(why),
+    };
     (event.cursor, outcome)
 }
 
