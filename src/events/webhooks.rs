@@ -5,8 +5,10 @@
 //! story.
 
 mod delivery;
+mod snapshot;
 
 pub use delivery::{DeliveryGuard, LEASE_IDLE_TIMEOUT, backoff, start};
+pub use snapshot::CreationSnapshot;
 
 use super::{Cursor, TYPES};
 use crate::domain::Invalid;
@@ -186,17 +188,26 @@ fn status_of(row: &sqlx::postgres::PgRow) -> Result<WebhookStatus, sqlx::Error> 
     })
 }
 
-/// Registers a webhook that starts after the newest event a feed read could serve now
-/// ([`super::feed::newest`]: the newest whose transaction is below the snapshot's `xmin`, or
-/// before every event when there is none). Every transaction below that horizon has ended, so
-/// an event committed later has a larger transaction id and comes after the cursor in the
-/// feed: none is skipped. (Events of transactions still open come after it too.)
+/// Registers a webhook that gets exactly the events committed after its creation.
+///
+/// It starts after the newest event a feed read could serve ([`super::feed::newest`]: the
+/// newest whose transaction is below the snapshot's `xmin`, or before every event when there
+/// is none): every transaction below that horizon has ended, so an event committed later comes
+/// after the cursor, and none is skipped. Events above the horizon that were already committed
+/// (an older transaction held it back) come after the cursor too, so the same snapshot is
+/// stored with the webhook, and delivery skips the events whose transaction it saw end
+/// ([`CreationSnapshot`]). One REPEATABLE READ transaction makes the cursor and the stored
+/// snapshot the same snapshot.
 pub async fn create(db: &Db, new: &NewWebhook) -> Result<Webhook, DbError> {
-    let pool = db.primary().pool()?;
-    let start = super::feed::newest(pool).await?;
+    let mut tx = db.primary().begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await?;
+    let start = super::feed::newest(&mut *tx).await?;
     let row = sqlx::query(concat!(
-        "INSERT INTO webhooks (webhook_id, url, secret, types, delivered_xid, delivered_n) \
-         VALUES ($1, $2, $3, $4, $5::text::xid8, $6) RETURNING ",
+        "INSERT INTO webhooks (webhook_id, url, secret, types, delivered_xid, delivered_n, \
+                               created_snapshot) \
+         VALUES ($1, $2, $3, $4, $5::text::xid8, $6, pg_current_snapshot()) RETURNING ",
         status_columns!()
     ))
     .bind(Uuid::now_v7())
@@ -205,8 +216,9 @@ pub async fn create(db: &Db, new: &NewWebhook) -> Result<Webhook, DbError> {
     .bind(&new.types.0)
     .bind(start.xid.to_string())
     .bind(start.n)
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(status_of(&row)?.webhook)
 }
 

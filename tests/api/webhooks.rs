@@ -674,6 +674,70 @@ async fn placed(app: &TestApp, user: &str, key: &str, product: &str) -> String {
     order["order_id"].as_str().unwrap().to_string()
 }
 
+/// An order confirmed (201) before the webhook was created, while an older transaction held
+/// the feed's horizon back, sorts after the webhook's starting cursor; it must still never be
+/// sent, and an order confirmed after the creation must be.
+///
+/// Mutation seen failing it: deliver every event after the starting cursor (drop the
+/// creation-snapshot filter in `send_next`): the earlier order arrives first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_confirmed_before_the_webhook_existed_is_never_sent_to_it_though_it_sorts_after_its_start()
+ {
+    let app = spawn_app(shared_cluster()).await;
+    assert_eq!(
+        app.create_product("wh-snap", 100, 100).await.status(),
+        StatusCode::CREATED
+    );
+    // An older transaction holding an xid (a psql session, a cart batch) stays open.
+    let mut held = app.primary.begin().await.unwrap();
+    let held_xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::int8")
+        .fetch_one(&mut *held)
+        .await
+        .unwrap();
+    let before = placed(&app, "wh-s1", "s1", "wh-snap").await;
+    let receiver = Receiver::start(0).await;
+    let hook = register(&app, &receiver.url, &["order.confirmed"]).await;
+    let after = placed(&app, "wh-s2", "s2", "wh-snap").await;
+    held.rollback().await.unwrap();
+
+    // Precondition: the earlier order's event is above the creation snapshot's xmin (so after
+    // the starting cursor), and that snapshot saw its transaction committed.
+    let id = uuid::Uuid::parse_str(hook["webhook_id"].as_str().unwrap()).unwrap();
+    let before_cursor = event_of_order(&app.primary, &before).await.unwrap();
+    let (xmin, saw): (i64, bool) = sqlx::query_as(
+        "SELECT pg_snapshot_xmin(created_snapshot)::text::int8, \
+                pg_visible_in_snapshot($2::text::xid8, created_snapshot) \
+         FROM webhooks WHERE webhook_id = $1",
+    )
+    .bind(id)
+    .bind(parse_cursor(&before_cursor).0.to_string())
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+    let start = hook["delivered_cursor"].as_str().unwrap();
+    assert!(
+        xmin <= held_xid && parse_cursor(&before_cursor).0 >= xmin as u64,
+        "xmin {xmin}, held {held_xid}, earlier order {before_cursor}"
+    );
+    assert!(
+        parse_cursor(&before_cursor) > parse_cursor(start),
+        "{before_cursor} sorts after the start {start}"
+    );
+    assert!(saw, "the creation saw the earlier order committed");
+
+    let after_cursor = event_of_order(&app.primary, &after).await.unwrap();
+    assert!(parse_cursor(&after_cursor) > parse_cursor(&before_cursor));
+    wait_for(
+        "the order after the creation delivered",
+        Duration::from_secs(30),
+        || async { !receiver.delivered().is_empty() },
+    )
+    .await;
+    // Delivery is in feed order, so the earlier order would have come first.
+    let sent: Vec<String> = receiver.arrivals().into_iter().map(|a| a.cursor).collect();
+    assert_eq!(sent, [after_cursor], "only the order after the creation");
+}
+
 /// A deliverer whose process freezes keeps its TCP connection to the primary open and silent
 /// (as under SIGSTOP: the kernel still answers for it). Here its primary link goes through a
 /// proxy that is cut: nothing passes either way, nothing is closed. Another instance must take

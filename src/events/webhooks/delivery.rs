@@ -29,6 +29,7 @@
 //! crash between the 2xx and the `UPDATE`) is sent again: the receiver sees that cursor twice.
 
 use super::signature;
+use super::snapshot::CreationSnapshot;
 use crate::events::{Cursor, Event, feed};
 use crate::metrics::Metrics;
 use crate::routing::{Db, DbError};
@@ -107,8 +108,13 @@ struct Hook {
     url: String,
     secret: String,
     types: Vec<String>,
+    /// What its creation saw: events of transactions it saw end are not sent (`None`: a
+    /// webhook from before this was recorded).
+    created: Option<CreationSnapshot>,
     /// The last event recorded as delivered.
     delivered: Cursor,
+    /// Where the next page is read after: the last event read, sent or skipped.
+    read_to: Cursor,
     /// Failed attempts at the next event since the last delivery (the backoff grows with it).
     failures: u32,
     /// No attempt before this.
@@ -277,10 +283,17 @@ impl Worker {
         if hook.sending.is_some() || hook.due > Instant::now() {
             return Ok(());
         }
-        if hook.ahead.is_empty() {
-            hook.ahead = feed::read(&mut lease.conn, hook.delivered, PAGE, Some(&hook.types))
-                .await?
-                .into();
+        while hook.ahead.is_empty() {
+            let page = feed::read(&mut lease.conn, hook.read_to, PAGE, Some(&hook.types)).await?;
+            let Some(last) = page.last() else {
+                return Ok(());
+            };
+            hook.read_to = last.cursor;
+            let created = hook.created.as_ref();
+            hook.ahead = page
+                .into_iter()
+                .filter(|e| !created.is_some_and(|c| c.saw(e.cursor.xid)))
+                .collect();
         }
         let Some(event) = hook.ahead.front().cloned() else {
             return Ok(());
@@ -385,6 +398,7 @@ impl Lease {
         }
         let row = sqlx::query(
             "SELECT webhook_id, url, secret, types, delivered_xid::text::int8 AS xid, delivered_n, failures, \
+                    created_snapshot::text AS created_snapshot, \
                     greatest(extract(epoch FROM next_attempt_at - now()), 0)::float8 AS wait_s \
              FROM webhooks WHERE webhook_id = $1 AND deleted_at IS NULL",
         )
@@ -492,16 +506,24 @@ impl Lease {
 fn hook_of(row: &sqlx::postgres::PgRow, key: i32) -> Result<Hook, sqlx::Error> {
     let id: Uuid = row.try_get("webhook_id")?;
     let wait = Duration::try_from_secs_f64(row.try_get("wait_s")?).unwrap_or_default();
+    let created = row
+        .try_get::<Option<String>, _>("created_snapshot")?
+        .map(|s| CreationSnapshot::parse(&s))
+        .transpose()
+        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    let delivered = Cursor {
+        xid: u64::try_from(row.try_get::<i64, _>("xid")?).unwrap_or(0),
+        n: row.try_get("delivered_n")?,
+    };
     Ok(Hook {
         key,
         label: id.to_string(),
         url: row.try_get("url")?,
         secret: row.try_get("secret")?,
         types: row.try_get("types")?,
-        delivered: Cursor {
-            xid: u64::try_from(row.try_get::<i64, _>("xid")?).unwrap_or(0),
-            n: row.try_get("delivered_n")?,
-        },
+        created,
+        delivered,
+        read_to: delivered,
         failures: u32::try_from(row.try_get::<i32, _>("failures")?).unwrap_or(0),
         due: Instant::now() + wait.min(MAX_RETRY),
         ahead: VecDeque::new(),
