@@ -5,6 +5,7 @@
 //! story.
 
 mod delivery;
+mod lost;
 mod snapshot;
 
 pub use delivery::{DeliveryGuard, LEASE_IDLE_TIMEOUT, backoff, start};
@@ -159,15 +160,20 @@ pub struct WebhookStatus {
     /// retry backoff grows with it. Every failure ever is counted by the
     /// `stockgate_webhook_delivery_failures_total` metric.
     pub failures: i32,
-    /// The most recent failure's reason (kept after a later success); null if none.
+    /// The most recent failure's reason (kept after a later success); null if none. Also says
+    /// when events were purged before they could be delivered (see `lost_events`).
     pub last_error: Option<String>,
+    /// Events of its types that were purged past `STOCKGATE_EVENT_RETENTION` before they were
+    /// delivered (a receiver failing for that long): never sent, counted when delivery reaches
+    /// them. 0 when none was.
+    pub lost_events: i64,
 }
 
 /// The columns of a [`WebhookStatus`], for [`status_of`].
 macro_rules! status_columns {
     () => {
         "webhook_id, url, types, delivered_xid::text::int8 AS delivered_xid, delivered_n, \
-         failures, last_error"
+         failures, last_error, lost_events"
     };
 }
 
@@ -185,6 +191,7 @@ fn status_of(row: &sqlx::postgres::PgRow) -> Result<WebhookStatus, sqlx::Error> 
         },
         failures: row.try_get("failures")?,
         last_error: row.try_get("last_error")?,
+        lost_events: row.try_get("lost_events")?,
     })
 }
 

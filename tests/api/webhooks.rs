@@ -2,8 +2,8 @@
 //! once, by one instance at a time, through a failing receiver and an instance restart.
 
 use crate::helpers::{
-    ChaosProxy, TestApp, fresh_database, shared_cluster, spawn_app, spawn_beside,
-    spawn_through_proxy, wait_for,
+    AppOptions, ChaosProxy, TestApp, fresh_database, shared_cluster, spawn_app, spawn_app_with,
+    spawn_beside, spawn_through_proxy, wait_for,
 };
 use axum::body::Bytes;
 use axum::extract::State;
@@ -798,4 +798,78 @@ async fn a_frozen_deliverer_loses_its_webhooks_to_another_instance_within_second
         "the other instance took over"
     );
     proxy.heal();
+}
+
+/// Events purged past retention while the receiver refused them: what the deliverer had read
+/// ahead before the purge is still sent; the rest is gone, and the webhook says how many
+/// (`lost_events`) and why (`last_error`), rather than skipping them in silence.
+///
+/// Mutation seen failing it: skip `lost::reconcile` in `send_next` (nothing is said).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_purged_before_a_webhook_was_sent_them_are_counted_and_said_on_it() {
+    let retention = Duration::from_secs(1);
+    let app = spawn_app_with(AppOptions {
+        env: vec![("STOCKGATE_EVENT_RETENTION", "1s".into())],
+        ..AppOptions::new(shared_cluster())
+    })
+    .await;
+    assert_eq!(
+        app.create_product("wh-purge", 10, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let receiver = Receiver::start(usize::MAX).await;
+    let hook = register(&app, &receiver.url, &["order.confirmed"]).await;
+    let id = hook["webhook_id"].as_str().unwrap().to_string();
+    let start = hook["delivered_cursor"].as_str().unwrap().to_string();
+    // One statement, one row of 150 events: more than the deliverer reads ahead.
+    app.insert_confirmed_orders("wh-purge", 150).await;
+    let written: Vec<String> = feed_after(&app.primary, &start, &["order.confirmed"])
+        .await
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    assert_eq!(written.len(), 150);
+    wait_for(
+        "the first event refused",
+        Duration::from_secs(30),
+        || async { !receiver.arrivals().is_empty() },
+    )
+    .await;
+    // The service's own purge, with the instance's retention, while the receiver refuses.
+    wait_for("the events purged", Duration::from_secs(30), || async {
+        stockgate::events::feed::purge(&app.primary, retention, 10_000)
+            .await
+            .unwrap();
+        feed_after(&app.primary, &start, &["order.confirmed"])
+            .await
+            .is_empty()
+    })
+    .await;
+    receiver.inbox.fail_next.store(0, Ordering::SeqCst);
+    let order = placed(&app, "wh-p1", "p1", "wh-purge").await;
+    let last = event_of_order(&app.primary, &order).await.unwrap();
+    wait_for(
+        "the order after the purge delivered",
+        Duration::from_secs(60),
+        || async { receiver.delivered().contains(&last) },
+    )
+    .await;
+
+    let delivered = receiver.delivered();
+    let sent_before = delivered.len() - 1;
+    // Precondition: some were read ahead and some were not.
+    assert!((1..150).contains(&sent_before), "{sent_before} sent");
+    assert_eq!(
+        delivered[..sent_before],
+        written[..sent_before],
+        "what was read ahead, in order"
+    );
+    let (_, status) = admin(&app, Method::GET, &format!("/v1/admin/webhooks/{id}"), None).await;
+    assert_eq!(
+        status["lost_events"],
+        json!(150 - sent_before),
+        "every event is either sent or counted lost: {status}"
+    );
+    let why = status["last_error"].as_str().unwrap_or("");
+    assert!(why.contains("purged"), "{status}");
 }

@@ -28,8 +28,8 @@
 //! first event not yet recorded as delivered. An event delivered whose record was lost (a
 //! crash between the 2xx and the `UPDATE`) is sent again: the receiver sees that cursor twice.
 
-use super::signature;
 use super::snapshot::CreationSnapshot;
+use super::{lost, signature};
 use crate::events::{Cursor, Event, feed};
 use crate::metrics::Metrics;
 use crate::routing::{Db, DbError};
@@ -285,6 +285,8 @@ impl Worker {
         }
         while hook.ahead.is_empty() {
             let page = feed::read(&mut lease.conn, hook.read_to, PAGE, Some(&hook.types)).await?;
+            // Everything read before was sent: what the purge took beyond it is lost.
+            lost::reconcile(&mut lease.conn, id, hook.read_to, &page).await?;
             let Some(last) = page.last() else {
                 return Ok(());
             };
