@@ -5,8 +5,11 @@
 //! story.
 
 mod delivery;
+mod lost;
+mod snapshot;
 
-pub use delivery::{DeliveryGuard, backoff, start};
+pub use delivery::{DeliveryGuard, LEASE_IDLE_TIMEOUT, backoff, start};
+pub use snapshot::CreationSnapshot;
 
 use super::{Cursor, TYPES};
 use crate::domain::Invalid;
@@ -16,7 +19,10 @@ use serde::Serialize;
 use sha2::Sha256;
 use uuid::Uuid;
 
-/// Where events are sent: an absolute `http` or `https` URL with a host.
+/// Where events are sent: an absolute `http` or `https` URL with a host, at most 2048 bytes,
+/// without control characters. The URL parser would quietly drop a tab or a newline and
+/// percent-encode a NUL, but the text kept is the one given, and PostgreSQL's `text` cannot
+/// hold a NUL: every control character is refused here, before anything is stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookUrl(String);
 
@@ -28,6 +34,9 @@ impl WebhookUrl {
         };
         if s.len() > 2048 {
             return Err(refuse("at most 2048 bytes"));
+        }
+        if s.chars().any(char::is_control) {
+            return Err(refuse("it holds a control character"));
         }
         let url = url::Url::parse(s).map_err(|e| refuse(&e.to_string()))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -44,17 +53,22 @@ impl WebhookUrl {
     }
 }
 
-/// The key of a webhook's signatures: 16–256 bytes.
+/// The key of a webhook's signatures: 16–256 bytes (of its UTF-8), without NUL (PostgreSQL's
+/// `text` cannot hold one). Any other byte is the receiver's business: the HMAC takes them all.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
 impl Secret {
     pub fn parse(s: &str) -> Result<Self, Invalid> {
+        let refuse = |message: &str| Invalid {
+            code: "INVALID_SECRET",
+            message: message.into(),
+        };
         if !(16..=256).contains(&s.len()) {
-            return Err(Invalid {
-                code: "INVALID_SECRET",
-                message: "secret must be 16 to 256 bytes long".into(),
-            });
+            return Err(refuse("secret must be 16 to 256 bytes long"));
+        }
+        if s.contains('\0') {
+            return Err(refuse("secret must not contain a NUL character"));
         }
         Ok(Secret(s.to_string()))
     }
@@ -146,15 +160,20 @@ pub struct WebhookStatus {
     /// retry backoff grows with it. Every failure ever is counted by the
     /// `stockgate_webhook_delivery_failures_total` metric.
     pub failures: i32,
-    /// The most recent failure's reason (kept after a later success); null if none.
+    /// The most recent failure's reason (kept after a later success); null if none. Also says
+    /// when events were purged before they could be delivered (see `lost_events`).
     pub last_error: Option<String>,
+    /// Events of its types that were purged past `STOCKGATE_EVENT_RETENTION` before they were
+    /// delivered (a receiver failing for that long): never sent, counted when delivery reaches
+    /// them. 0 when none was.
+    pub lost_events: i64,
 }
 
 /// The columns of a [`WebhookStatus`], for [`status_of`].
 macro_rules! status_columns {
     () => {
         "webhook_id, url, types, delivered_xid::text::int8 AS delivered_xid, delivered_n, \
-         failures, last_error"
+         failures, last_error, lost_events"
     };
 }
 
@@ -172,20 +191,30 @@ fn status_of(row: &sqlx::postgres::PgRow) -> Result<WebhookStatus, sqlx::Error> 
         },
         failures: row.try_get("failures")?,
         last_error: row.try_get("last_error")?,
+        lost_events: row.try_get("lost_events")?,
     })
 }
 
-/// Registers a webhook that starts after the newest event a feed read could serve now
-/// ([`super::feed::newest`]: the newest whose transaction is below the snapshot's `xmin`, or
-/// before every event when there is none). Every transaction below that horizon has ended, so
-/// an event committed later has a larger transaction id and comes after the cursor in the
-/// feed: none is skipped. (Events of transactions still open come after it too.)
+/// Registers a webhook that gets exactly the events committed after its creation.
+///
+/// It starts after the newest event a feed read could serve ([`super::feed::newest`]: the
+/// newest whose transaction is below the snapshot's `xmin`, or before every event when there
+/// is none): every transaction below that horizon has ended, so an event committed later comes
+/// after the cursor, and none is skipped. Events above the horizon that were already committed
+/// (an older transaction held it back) come after the cursor too, so the same snapshot is
+/// stored with the webhook, and delivery skips the events whose transaction it saw end
+/// ([`CreationSnapshot`]). One REPEATABLE READ transaction makes the cursor and the stored
+/// snapshot the same snapshot.
 pub async fn create(db: &Db, new: &NewWebhook) -> Result<Webhook, DbError> {
-    let pool = db.primary().pool()?;
-    let start = super::feed::newest(pool).await?;
+    let mut tx = db.primary().begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await?;
+    let start = super::feed::newest(&mut *tx).await?;
     let row = sqlx::query(concat!(
-        "INSERT INTO webhooks (webhook_id, url, secret, types, delivered_xid, delivered_n) \
-         VALUES ($1, $2, $3, $4, $5::text::xid8, $6) RETURNING ",
+        "INSERT INTO webhooks (webhook_id, url, secret, types, delivered_xid, delivered_n, \
+                               created_snapshot) \
+         VALUES ($1, $2, $3, $4, $5::text::xid8, $6, pg_current_snapshot()) RETURNING ",
         status_columns!()
     ))
     .bind(Uuid::now_v7())
@@ -194,8 +223,9 @@ pub async fn create(db: &Db, new: &NewWebhook) -> Result<Webhook, DbError> {
     .bind(&new.types.0)
     .bind(start.xid.to_string())
     .bind(start.n)
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(status_of(&row)?.webhook)
 }
 
@@ -260,6 +290,14 @@ mod tests {
             "http://",
             "javascript:alert(1)",
             &format!("http://example.com/{}", "a".repeat(2048)),
+            // Control characters anywhere: the parser would encode or drop them, the text
+            // kept would still hold them.
+            "http://example.com/ho\0ok",
+            "http://example.com/hook?x=\0",
+            "http://example.com/hook\n",
+            "\thttp://example.com/hook",
+            "http://example.com/\u{7f}",
+            "http://example.com/\u{85}",
         ] {
             let e = WebhookUrl::parse(bad).expect_err(bad);
             assert_eq!(e.code, "INVALID_URL", "{bad}");
@@ -272,10 +310,20 @@ mod tests {
         assert!(Secret::parse(&"s".repeat(256)).is_ok());
         // Eight two-byte characters: 16 bytes.
         assert!(Secret::parse(&"é".repeat(8)).is_ok());
-        for bad in ["".to_string(), "s".repeat(15), "s".repeat(257)] {
+        // Other control characters are bytes like any other; a NUL is not storable.
+        assert!(Secret::parse(&format!("\t{}\n", "s".repeat(14))).is_ok());
+        for bad in [
+            "".to_string(),
+            "s".repeat(15),
+            "s".repeat(257),
+            format!("\0{}", "s".repeat(20)),
+            format!("{}\0{}", "s".repeat(10), "s".repeat(10)),
+            format!("{}\0", "s".repeat(20)),
+        ] {
             assert_eq!(
-                Secret::parse(&bad).expect_err("short").code,
-                "INVALID_SECRET"
+                Secret::parse(&bad).expect_err("refused").code,
+                "INVALID_SECRET",
+                "{bad:?}"
             );
         }
         assert_eq!(

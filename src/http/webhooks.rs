@@ -26,22 +26,28 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewWebhookBody {
-    /// An absolute `http://` or `https://` URL: each event is `POST`ed to it.
+    /// An absolute `http://` or `https://` URL with a host, at most 2048 bytes, without
+    /// control characters (422 `INVALID_URL`): each event is `POST`ed to it. The pattern
+    /// admits a plain subset of such URLs (an ASCII host name or address, an optional port,
+    /// printable ASCII after it); others the rule allows are accepted too.
     #[schema(
         example = "https://fulfilment.example/hooks/stockgate",
         max_length = 2048,
         pattern = "^https?://[A-Za-z0-9.-]+(:[1-9][0-9]{0,3})?(/[!-~]*)?$"
     )]
     url: String,
-    /// 16–256 bytes; the key of `Stockgate-Signature`.
+    /// 16–256 bytes of UTF-8 without NUL (422 `INVALID_SECRET`); the key of
+    /// `Stockgate-Signature`. The lengths below count characters, so a secret of many
+    /// multi-byte characters can pass them and still be over 256 bytes.
     #[schema(
         min_length = 16,
         max_length = 256,
-        pattern = "^[ -~]{16,256}$",
+        pattern = "^[^\\u0000]*$",
         example = "whsec-0123456789abcdef"
     )]
     secret: String,
-    /// The event types to receive (at least one).
+    /// The event types to receive: one or more of the feed's types, each known (an empty
+    /// list or an unknown type is 422 `INVALID_TYPES`).
     #[schema(schema_with = event_types, example = json!(["order.confirmed", "order.cancelled"]))]
     types: Vec<String>,
 }

@@ -1,7 +1,10 @@
 //! Webhooks (contract, "Webhooks"): every subscribed event, in feed order, signed, at least
 //! once, by one instance at a time, through a failing receiver and an instance restart.
 
-use crate::helpers::{TestApp, shared_cluster, spawn_app, spawn_beside, wait_for};
+use crate::helpers::{
+    AppOptions, ChaosProxy, TestApp, fresh_database, shared_cluster, spawn_app, spawn_app_with,
+    spawn_beside, spawn_through_proxy, wait_for,
+};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode as AxumStatus};
@@ -12,7 +15,7 @@ use sha2::Sha256;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 const SECRET: &str = "whsec-test-0123456789abcdef";
@@ -482,6 +485,8 @@ async fn a_new_webhook_starts_after_the_newest_event_and_a_deleted_one_gets_noth
     );
 }
 
+/// Mutations that fail it: drop `WebhookUrl::parse`'s control-character check (a NUL in the
+/// path or query reached the table: 500), or `Secret::parse`'s NUL check (500).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_webhook_input_is_refused_with_its_code_and_a_user_token_is_forbidden() {
     let app = spawn_app(shared_cluster()).await;
@@ -505,7 +510,39 @@ async fn bad_webhook_input_is_refused_with_its_code_and_a_user_token_is_forbidde
             422,
             "INVALID_SECRET",
         ),
+        // A NUL anywhere was a 500 (PostgreSQL's text cannot hold one); every control
+        // character in a URL is refused.
+        (
+            with("url", json!("http://127.0.0.1:9/ho\u{0}ok")),
+            422,
+            "INVALID_URL",
+        ),
+        (
+            with("url", json!("http://127.0.0.1:9/hook?x=\u{0}")),
+            422,
+            "INVALID_URL",
+        ),
+        (
+            with("url", json!("http://127.0.0.1:9/hook\n")),
+            422,
+            "INVALID_URL",
+        ),
+        (
+            with("secret", json!(format!("\u{0}{SECRET}"))),
+            422,
+            "INVALID_SECRET",
+        ),
+        (
+            with("secret", json!(format!("whsec-\u{0}-{SECRET}"))),
+            422,
+            "INVALID_SECRET",
+        ),
         (with("types", json!([])), 422, "INVALID_TYPES"),
+        (
+            with("types", json!(["order.confirmed", "order.\u{0}"])),
+            422,
+            "INVALID_TYPES",
+        ),
         (
             with("types", json!(["order.shipped"])),
             422,
@@ -612,4 +649,227 @@ async fn bad_webhook_input_is_refused_with_its_code_and_a_user_token_is_forbidde
     )
     .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "deleted once");
+}
+
+/// The cursor of the event that announced order `order_id`, straight from the table (`None`
+/// while there is none).
+async fn event_of_order(pool: &sqlx::PgPool, order_id: &str) -> Option<String> {
+    let row: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT e.xid::text::int8, e.n * 65536 + x.i \
+         FROM events e, json_array_elements(e.items) WITH ORDINALITY x(item, i) \
+         WHERE x.item->>'type' = 'order.confirmed' AND x.item->'data'->>'order_id' = $1",
+    )
+    .bind(order_id)
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    row.map(|(x, n)| format!("{x:x}-{n:x}"))
+}
+
+/// An order of one unit, answered 201; its id.
+async fn placed(app: &TestApp, user: &str, key: &str, product: &str) -> String {
+    let resp = app.order(user, key, product, 1).await;
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let order: Value = resp.json().await.unwrap();
+    order["order_id"].as_str().unwrap().to_string()
+}
+
+/// An order confirmed (201) before the webhook was created, while an older transaction held
+/// the feed's horizon back, sorts after the webhook's starting cursor; it must still never be
+/// sent, and an order confirmed after the creation must be.
+///
+/// Mutation seen failing it: deliver every event after the starting cursor (drop the
+/// creation-snapshot filter in `send_next`): the earlier order arrives first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_confirmed_before_the_webhook_existed_is_never_sent_to_it_though_it_sorts_after_its_start()
+ {
+    let app = spawn_app(shared_cluster()).await;
+    assert_eq!(
+        app.create_product("wh-snap", 100, 100).await.status(),
+        StatusCode::CREATED
+    );
+    // An older transaction holding an xid (a psql session, a cart batch) stays open.
+    let mut held = app.primary.begin().await.unwrap();
+    let held_xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::int8")
+        .fetch_one(&mut *held)
+        .await
+        .unwrap();
+    let before = placed(&app, "wh-s1", "s1", "wh-snap").await;
+    let receiver = Receiver::start(0).await;
+    let hook = register(&app, &receiver.url, &["order.confirmed"]).await;
+    let after = placed(&app, "wh-s2", "s2", "wh-snap").await;
+    held.rollback().await.unwrap();
+
+    // Precondition: the earlier order's event is above the creation snapshot's xmin (so after
+    // the starting cursor), and that snapshot saw its transaction committed.
+    let id = uuid::Uuid::parse_str(hook["webhook_id"].as_str().unwrap()).unwrap();
+    let before_cursor = event_of_order(&app.primary, &before).await.unwrap();
+    let (xmin, saw): (i64, bool) = sqlx::query_as(
+        "SELECT pg_snapshot_xmin(created_snapshot)::text::int8, \
+                pg_visible_in_snapshot($2::text::xid8, created_snapshot) \
+         FROM webhooks WHERE webhook_id = $1",
+    )
+    .bind(id)
+    .bind(parse_cursor(&before_cursor).0.to_string())
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+    let start = hook["delivered_cursor"].as_str().unwrap();
+    assert!(
+        xmin <= held_xid && parse_cursor(&before_cursor).0 >= xmin as u64,
+        "xmin {xmin}, held {held_xid}, earlier order {before_cursor}"
+    );
+    assert!(
+        parse_cursor(&before_cursor) > parse_cursor(start),
+        "{before_cursor} sorts after the start {start}"
+    );
+    assert!(saw, "the creation saw the earlier order committed");
+
+    let after_cursor = event_of_order(&app.primary, &after).await.unwrap();
+    assert!(parse_cursor(&after_cursor) > parse_cursor(&before_cursor));
+    wait_for(
+        "the order after the creation delivered",
+        Duration::from_secs(30),
+        || async { !receiver.delivered().is_empty() },
+    )
+    .await;
+    // Delivery is in feed order, so the earlier order would have come first.
+    let sent: Vec<String> = receiver.arrivals().into_iter().map(|a| a.cursor).collect();
+    assert_eq!(sent, [after_cursor], "only the order after the creation");
+}
+
+/// A deliverer whose process freezes keeps its TCP connection to the primary open and silent
+/// (as under SIGSTOP: the kernel still answers for it). Here its primary link goes through a
+/// proxy that is cut: nothing passes either way, nothing is closed. Another instance must take
+/// its webhook over within seconds and deliver what is confirmed meanwhile.
+///
+/// Mutation seen failing it: no `idle_session_timeout` on the lease session (the frozen
+/// session, and its advisory lock, stay for ever; the order is never delivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_deliverer_loses_its_webhooks_to_another_instance_within_seconds() {
+    let cluster = shared_cluster();
+    let db = fresh_database(cluster).await;
+    let proxy = ChaosProxy::start(cluster.port(0)).await;
+    let frozen = spawn_through_proxy(cluster, &db, &proxy).await;
+    assert_eq!(
+        frozen.create_product("wh-frz", 1000, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let receiver = Receiver::start(0).await;
+    register(&frozen, &receiver.url, &["order.confirmed"]).await;
+    placed(&frozen, "wh-f1", "f1", "wh-frz").await;
+    wait_for(
+        "the first instance delivers",
+        Duration::from_secs(30),
+        || async { delivered_by(&frozen).await >= 1.0 },
+    )
+    .await;
+    let other = spawn_beside(&frozen, cluster).await;
+    // Precondition: the first instance holds the lease (the other one is idle beside it).
+    let holders: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks l JOIN webhooks w ON l.objid = w.lock_key::oid \
+         WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(&other.primary)
+    .await
+    .unwrap();
+    assert_eq!(holders, 1);
+    assert_eq!(delivered_by(&other).await, 0.0);
+
+    proxy.cut();
+    let frozen_at = Instant::now();
+    let order = placed(&other, "wh-f2", "f2", "wh-frz").await;
+    let cursor = event_of_order(&other.primary, &order).await.unwrap();
+    wait_for(
+        "the order placed after the freeze delivered",
+        Duration::from_secs(60),
+        || async { receiver.delivered().contains(&cursor) },
+    )
+    .await;
+    let took = frozen_at.elapsed();
+    eprintln!(
+        "webhook take-over from a frozen deliverer: {:.2} s (lease idle_session_timeout {:?})",
+        took.as_secs_f64(),
+        stockgate::events::webhooks::LEASE_IDLE_TIMEOUT
+    );
+    assert!(
+        delivered_by(&other).await >= 1.0,
+        "the other instance took over"
+    );
+    proxy.heal();
+}
+
+/// Events purged past retention while the receiver refused them: what the deliverer had read
+/// ahead before the purge is still sent; the rest is gone, and the webhook says how many
+/// (`lost_events`) and why (`last_error`), rather than skipping them in silence.
+///
+/// Mutation seen failing it: skip `lost::reconcile` in `send_next` (nothing is said).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_purged_before_a_webhook_was_sent_them_are_counted_and_said_on_it() {
+    let retention = Duration::from_secs(1);
+    let app = spawn_app_with(AppOptions {
+        env: vec![("STOCKGATE_EVENT_RETENTION", "1s".into())],
+        ..AppOptions::new(shared_cluster())
+    })
+    .await;
+    assert_eq!(
+        app.create_product("wh-purge", 10, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let receiver = Receiver::start(usize::MAX).await;
+    let hook = register(&app, &receiver.url, &["order.confirmed"]).await;
+    let id = hook["webhook_id"].as_str().unwrap().to_string();
+    let start = hook["delivered_cursor"].as_str().unwrap().to_string();
+    // One statement, one row of 150 events: more than the deliverer reads ahead.
+    app.insert_confirmed_orders("wh-purge", 150).await;
+    let written: Vec<String> = feed_after(&app.primary, &start, &["order.confirmed"])
+        .await
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    assert_eq!(written.len(), 150);
+    wait_for(
+        "the first event refused",
+        Duration::from_secs(30),
+        || async { !receiver.arrivals().is_empty() },
+    )
+    .await;
+    // The service's own purge, with the instance's retention, while the receiver refuses.
+    wait_for("the events purged", Duration::from_secs(30), || async {
+        stockgate::events::feed::purge(&app.primary, retention, 10_000)
+            .await
+            .unwrap();
+        feed_after(&app.primary, &start, &["order.confirmed"])
+            .await
+            .is_empty()
+    })
+    .await;
+    receiver.inbox.fail_next.store(0, Ordering::SeqCst);
+    let order = placed(&app, "wh-p1", "p1", "wh-purge").await;
+    let last = event_of_order(&app.primary, &order).await.unwrap();
+    wait_for(
+        "the order after the purge delivered",
+        Duration::from_secs(60),
+        || async { receiver.delivered().contains(&last) },
+    )
+    .await;
+
+    let delivered = receiver.delivered();
+    let sent_before = delivered.len() - 1;
+    // Precondition: some were read ahead and some were not.
+    assert!((1..150).contains(&sent_before), "{sent_before} sent");
+    assert_eq!(
+        delivered[..sent_before],
+        written[..sent_before],
+        "what was read ahead, in order"
+    );
+    let (_, status) = admin(&app, Method::GET, &format!("/v1/admin/webhooks/{id}"), None).await;
+    assert_eq!(
+        status["lost_events"],
+        json!(150 - sent_before),
+        "every event is either sent or counted lost: {status}"
+    );
+    let why = status["last_error"].as_str().unwrap_or("");
+    assert!(why.contains("purged"), "{status}");
 }

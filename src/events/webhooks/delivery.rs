@@ -11,12 +11,25 @@
 //! locks when the session ends, so another instance takes over. No transaction is ever open:
 //! a delivery may take 10 s, and the primary ends a session idle in a transaction after 10 s.
 //!
+//! **A frozen holder loses its lease.** A process that stops (SIGSTOP, a VM paused, a runtime
+//! starved) keeps its TCP connection: the server would see an idle session for ever and keep
+//! its locks. So the lease session carries `idle_session_timeout` ([`LEASE_IDLE_TIMEOUT`]):
+//! the server ends it after that long without a word, which releases the locks, and another
+//! instance takes the webhooks at its next tick. A live worker speaks on the session at every
+//! tick ([`TICK`], `take_one_free`'s query), far more often; an attempt in flight runs beside
+//! the ticks, never instead of them, so a 10 s delivery does not leave the session idle. A
+//! holder that wakes up finds its session gone at its next statement and drops everything; so
+//! that it does not first start a `POST` the new holder may be sending too, an attempt goes
+//! out only within half the timeout of the start of the round whose statement proved the
+//! lease (the server cannot have ended the session before a full timeout after it).
+//!
 //! **At least once, never ahead.** The cursor is persisted after each 2xx, before the next
 //! event is sent; a new holder reads it only after taking the lock, so it resumes at the
 //! first event not yet recorded as delivered. An event delivered whose record was lost (a
 //! crash between the 2xx and the `UPDATE`) is sent again: the receiver sees that cursor twice.
 
-use super::signature;
+use super::snapshot::CreationSnapshot;
+use super::{lost, signature};
 use crate::events::{Cursor, Event, feed};
 use crate::metrics::Metrics;
 use crate::routing::{Db, DbError};
@@ -39,6 +52,9 @@ const TICK: Duration = Duration::from_millis(200);
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a round of the worker's statements may take before the connection is given up.
 const DB_TIMEOUT: Duration = Duration::from_secs(5);
+/// The lease session's `idle_session_timeout`: a holder silent this long (frozen) loses its
+/// leases. Fifteen ticks: a live worker never comes near it.
+pub const LEASE_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Events read ahead per webhook (the feed below the horizon never changes, so they keep).
 const PAGE: i64 = 100;
 /// How often the backlog gauge is sampled, and the most it counts.
@@ -80,6 +96,7 @@ pub fn start(db: Db, metrics: Metrics) -> DeliveryGuard {
         client,
         lease: None,
         sending: FuturesUnordered::new(),
+        round_started: Instant::now(),
     };
     DeliveryGuard(tokio::spawn(worker.run()))
 }
@@ -91,8 +108,13 @@ struct Hook {
     url: String,
     secret: String,
     types: Vec<String>,
+    /// What its creation saw: events of transactions it saw end are not sent (`None`: a
+    /// webhook from before this was recorded).
+    created: Option<CreationSnapshot>,
     /// The last event recorded as delivered.
     delivered: Cursor,
+    /// Where the next page is read after: the last event read, sent or skipped.
+    read_to: Cursor,
     /// Failed attempts at the next event since the last delivery (the backoff grows with it).
     failures: u32,
     /// No attempt before this.
@@ -110,11 +132,21 @@ struct Lease {
     backlog_sampled: Option<Instant>,
 }
 
-/// An attempt's outcome: `Err` holds the reason it failed.
+/// An attempt's outcome.
 struct Sent {
     id: Uuid,
     cursor: Cursor,
-    outcome: Result<(), String>,
+    outcome: Outcome,
+}
+
+enum Outcome {
+    /// A 2xx.
+    Delivered,
+    /// Anything else, and why.
+    Failed(String),
+    /// Not sent: the lease was last proven too long ago (the worker was frozen or starved
+    /// in between). The next tick proves it again, or finds it gone.
+    NotSent,
 }
 
 struct Worker {
@@ -123,6 +155,9 @@ struct Worker {
     client: reqwest::Client,
     lease: Option<Lease>,
     sending: FuturesUnordered<Abortable<BoxFuture<'static, Sent>>>,
+    /// When the current round began: its statements were sent after it, so the server
+    /// cannot end the session before [`LEASE_IDLE_TIMEOUT`] after it.
+    round_started: Instant,
 }
 
 /// What woke the worker.
@@ -140,6 +175,7 @@ impl Worker {
                 _ = tick.tick() => Wake::Tick,
                 Some(done) = self.sending.next(), if !self.sending.is_empty() => Wake::Sent(done),
             };
+            self.round_started = Instant::now();
             let round = match wake {
                 Wake::Tick => tokio::time::timeout(DB_TIMEOUT, self.tick()).await,
                 // An attempt abandoned (its webhook deleted) has nothing to record.
@@ -184,7 +220,12 @@ impl Worker {
     /// and start the due attempts.
     async fn tick(&mut self) -> Result<(), DbError> {
         if self.lease.is_none() {
-            let conn = self.db.primary().acquire().await?.detach();
+            let mut conn = self.db.primary().acquire().await?.detach();
+            // `false`: for the session, not this (implicit) transaction.
+            sqlx::query("SELECT set_config('idle_session_timeout', $1, false)")
+                .bind(format!("{}ms", LEASE_IDLE_TIMEOUT.as_millis()))
+                .execute(&mut conn)
+                .await?;
             self.lease = Some(Lease {
                 conn,
                 hooks: HashMap::new(),
@@ -242,10 +283,19 @@ impl Worker {
         if hook.sending.is_some() || hook.due > Instant::now() {
             return Ok(());
         }
-        if hook.ahead.is_empty() {
-            hook.ahead = feed::read(&mut lease.conn, hook.delivered, PAGE, Some(&hook.types))
-                .await?
-                .into();
+        while hook.ahead.is_empty() {
+            let page = feed::read(&mut lease.conn, hook.read_to, PAGE, Some(&hook.types)).await?;
+            // Everything read before was sent: what the purge took beyond it is lost.
+            lost::reconcile(&mut lease.conn, id, hook.read_to, &page).await?;
+            let Some(last) = page.last() else {
+                return Ok(());
+            };
+            hook.read_to = last.cursor;
+            let created = hook.created.as_ref();
+            hook.ahead = page
+                .into_iter()
+                .filter(|e| !created.is_some_and(|c| c.saw(e.cursor.xid)))
+                .collect();
         }
         let Some(event) = hook.ahead.front().cloned() else {
             return Ok(());
@@ -255,6 +305,7 @@ impl Worker {
             hook.url.clone(),
             hook.secret.clone(),
             event,
+            self.round_started + LEASE_IDLE_TIMEOUT / 2,
         )
         .map(move |(cursor, outcome)| Sent {
             id,
@@ -280,7 +331,8 @@ impl Worker {
         hook.sending = None;
         let label = hook.label.clone();
         match sent.outcome {
-            Ok(()) => {
+            Outcome::NotSent => Ok(()),
+            Outcome::Delivered => {
                 debug_assert_eq!(hook.ahead.front().map(|e| e.cursor), Some(sent.cursor));
                 hook.ahead.pop_front();
                 hook.delivered = sent.cursor;
@@ -299,7 +351,7 @@ impl Worker {
                 }
                 self.send_next(sent.id).await
             }
-            Err(why) => {
+            Outcome::Failed(why) => {
                 hook.failures = hook.failures.saturating_add(1);
                 let (failures, wait) = (hook.failures, backoff(hook.failures));
                 hook.due = Instant::now() + wait;
@@ -348,6 +400,7 @@ impl Lease {
         }
         let row = sqlx::query(
             "SELECT webhook_id, url, secret, types, delivered_xid::text::int8 AS xid, delivered_n, failures, \
+                    created_snapshot::text AS created_snapshot, \
                     greatest(extract(epoch FROM next_attempt_at - now()), 0)::float8 AS wait_s \
              FROM webhooks WHERE webhook_id = $1 AND deleted_at IS NULL",
         )
@@ -455,16 +508,24 @@ impl Lease {
 fn hook_of(row: &sqlx::postgres::PgRow, key: i32) -> Result<Hook, sqlx::Error> {
     let id: Uuid = row.try_get("webhook_id")?;
     let wait = Duration::try_from_secs_f64(row.try_get("wait_s")?).unwrap_or_default();
+    let created = row
+        .try_get::<Option<String>, _>("created_snapshot")?
+        .map(|s| CreationSnapshot::parse(&s))
+        .transpose()
+        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    let delivered = Cursor {
+        xid: u64::try_from(row.try_get::<i64, _>("xid")?).unwrap_or(0),
+        n: row.try_get("delivered_n")?,
+    };
     Ok(Hook {
         key,
         label: id.to_string(),
         url: row.try_get("url")?,
         secret: row.try_get("secret")?,
         types: row.try_get("types")?,
-        delivered: Cursor {
-            xid: u64::try_from(row.try_get::<i64, _>("xid")?).unwrap_or(0),
-            n: row.try_get("delivered_n")?,
-        },
+        created,
+        delivered,
+        read_to: delivered,
         failures: u32::try_from(row.try_get::<i32, _>("failures")?).unwrap_or(0),
         due: Instant::now() + wait.min(MAX_RETRY),
         ahead: VecDeque::new(),
@@ -481,15 +542,23 @@ async fn unlock(conn: &mut PgConnection, key: i32) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// One `POST` of `event` to `url`, signed with `secret`: the event's cursor and `Ok` for a
-/// 2xx answer within [`DELIVERY_TIMEOUT`], else why not.
+/// One `POST` of `event` to `url`, signed with `secret`, if it can start before `send_by`
+/// (see the module: a lease proven too long ago may have passed to another instance): the
+/// event's cursor and how it went, a 2xx within [`DELIVERY_TIMEOUT`] being a delivery.
 async fn attempt(
     client: reqwest::Client,
     url: String,
     secret: String,
     event: Event,
-) -> (Cursor, Result<(), String>) {
-    let outcome = post(&client, &url, secret.as_bytes(), &event).await;
+    send_by: Instant,
+) -> (Cursor, Outcome) {
+    if Instant::now() >= send_by {
+        return (event.cursor, Outcome::NotSent);
+    }
+    let outcome = match post(&client, &url, secret.as_bytes(), &event).await {
+        Ok(()) => Outcome::Delivered,
+        Err(why) => Outcome::Failed(why),
+    };
     (event.cursor, outcome)
 }
 
