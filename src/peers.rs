@@ -22,6 +22,7 @@
 
 use crate::auth::{Caller, Tokens};
 use crate::checkout::OrderRequest;
+use crate::clock::Clock;
 use crate::metrics::Metrics;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -35,7 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 /// The peer listener's one route.
 pub const PATH: &str = "/peer/v1/orders";
 
-/// How long an owner that could not be reached is passed over.
+/// How long an owner that could not be reached is passed over (on the application's clock).
 pub const DOWN_FOR: Duration = Duration::from_secs(5);
 
 /// Forwarded requests out at once, per owner.
@@ -102,7 +103,9 @@ pub struct Peers(Arc<Inner>);
 struct Inner {
     me: String,
     all: Vec<String>,
+    /// Until when each owner is passed over, on `clock`.
     down: Mutex<HashMap<String, Instant>>,
+    clock: Arc<dyn Clock>,
     queues: Mutex<HashMap<String, mpsc::UnboundedSender<Forward>>>,
     client: reqwest::Client,
     tokens: Tokens,
@@ -110,8 +113,15 @@ struct Inner {
 }
 
 impl Peers {
-    /// `me` is this instance's own entry of `all` (checked by the configuration).
-    pub fn new(me: String, all: Vec<String>, tokens: Tokens, metrics: Metrics) -> Peers {
+    /// `me` is this instance's own entry of `all` (checked by the configuration); `clock`
+    /// times [`DOWN_FOR`].
+    pub fn new(
+        me: String,
+        all: Vec<String>,
+        tokens: Tokens,
+        metrics: Metrics,
+        clock: Arc<dyn Clock>,
+    ) -> Peers {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(8)
             .connect_timeout(Duration::from_secs(1))
@@ -122,6 +132,7 @@ impl Peers {
             me,
             all,
             down: Mutex::default(),
+            clock,
             queues: Mutex::default(),
             client,
             tokens,
@@ -132,7 +143,7 @@ impl Peers {
     /// The peer that owns `product`'s orders when it is contended, or `None` when it is this
     /// instance: the live peer (this one always counts as live) with the highest rank.
     pub fn owner_of(&self, product: &str) -> Option<&str> {
-        let now = Instant::now();
+        let now = self.0.clock.now();
         let down = self.0.down.lock().unwrap_or_else(|p| p.into_inner());
         let owner = self
             .0
@@ -224,7 +235,7 @@ impl Peers {
                     .down
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(owner.to_string(), Instant::now() + DOWN_FOR);
+                    .insert(owner.to_string(), self.0.clock.now() + DOWN_FOR);
                 for reply in replies {
                     let _ = reply.send(None);
                 }
@@ -311,6 +322,7 @@ mod tests {
             all,
             Tokens::new("a-secret-of-at-least-16-bytes"),
             Metrics::new(),
+            Arc::new(crate::clock::SystemClock),
         )
     }
 

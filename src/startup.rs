@@ -77,7 +77,7 @@ async fn build_state(
             window: config.order_batch_window,
         },
         config.order_rate_per_user,
-        clock,
+        clock.clone(),
     );
     let (feed, feed_guard) = Feed::start(db.clone(), metrics.clone(), config.event_retention);
     let peers = config.peer_url.as_ref().map(|me| {
@@ -86,6 +86,7 @@ async fn build_state(
             config.peers.clone(),
             tokens.clone(),
             metrics.clone(),
+            clock.clone(),
         )
     });
     let shared = http::Shared {

@@ -5,16 +5,25 @@
 use crate::helpers::*;
 use reqwest::StatusCode;
 use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use stockgate::clock::{Clock, ManualClock, SystemClock};
 use stockgate::domain::ProductId;
 
-/// `n` ports free now (bound, read, released).
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
+/// Ports for `n` instances' peer listeners, held by this test until it ends: each is bound
+/// here (`SO_REUSEADDR`, never listening), so no other test's listener or outgoing connection
+/// can be given it, while the instance's own listener (tokio's listeners set `SO_REUSEADDR`
+/// too) may still bind it beside this socket. Returns the sockets to keep and the URLs.
+fn held_ports(n: usize) -> (Vec<tokio::net::TcpSocket>, Vec<String>) {
+    (0..n)
+        .map(|_| {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.set_reuseaddr(true).unwrap();
+            socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+            let url = format!("http://{}", socket.local_addr().unwrap());
+            (socket, url)
+        })
+        .unzip()
 }
 
 /// A port held by a socket that is bound but never listens: a connection to it is refused at
@@ -36,13 +45,35 @@ async fn peer(
     urls: &[String],
     me: usize,
 ) -> TestApp {
+    peer_with(
+        cluster,
+        database,
+        redis,
+        urls,
+        me,
+        Arc::new(SystemClock),
+        vec![],
+    )
+    .await
+}
+
+/// [`peer`] on `clock`, with `env` besides.
+async fn peer_with(
+    cluster: &devcluster::Cluster,
+    database: Option<String>,
+    redis: &devcluster::Redis,
+    urls: &[String],
+    me: usize,
+    clock: Arc<dyn Clock>,
+    mut env: Vec<(&'static str, String)>,
+) -> TestApp {
+    env.push(("STOCKGATE_PEERS", urls.join(",")));
+    env.push(("STOCKGATE_PEER_URL", urls[me].clone()));
     spawn_app_with(AppOptions {
         database,
         redis_url: Some(redis.url()),
-        env: vec![
-            ("STOCKGATE_PEERS", urls.join(",")),
-            ("STOCKGATE_PEER_URL", urls[me].clone()),
-        ],
+        clock,
+        env,
         ..AppOptions::new(cluster)
     })
     .await
@@ -82,9 +113,11 @@ async fn contended_product(app: &TestApp, owner: &str, prefix: &str) -> String {
 }
 
 /// Makes `product` contended on `app`: another writer (a plain UPDATE on the primary) takes
-/// a unit between two of `app`'s batches ("first" and "second" each order one).
+/// a unit between two of `app`'s batches ("first-…" and "second-…", buyers of this instance
+/// and product, each order one).
 async fn contend(app: &TestApp, product: &str) {
-    order_ok(app, "first", product).await;
+    let port = app.address.rsplit(':').next().unwrap();
+    order_ok(app, &format!("first-{port}-{product}"), product).await;
     sqlx::query(
         "UPDATE products SET available_quantity = available_quantity - 1 WHERE product_id = $1",
     )
@@ -92,7 +125,7 @@ async fn contend(app: &TestApp, product: &str) {
     .execute(&app.primary)
     .await
     .unwrap();
-    order_ok(app, "second", product).await;
+    order_ok(app, &format!("second-{port}-{product}"), product).await;
     assert!(
         app.state
             .checkout
@@ -113,10 +146,7 @@ async fn order_ok(app: &TestApp, user: &str, product: &str) {
 async fn a_contended_products_orders_go_to_its_owner_and_every_answer_is_the_truth() {
     let cluster = shared_cluster();
     let redis = devcluster::Redis::temporary().unwrap();
-    let urls: Vec<String> = free_ports(2)
-        .into_iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect();
+    let (_held, urls) = held_ports(2);
     let a = peer(cluster, None, &redis, &urls, 0).await;
     let b = peer(cluster, Some(a.database.clone()), &redis, &urls, 1).await;
     let product = owned_by(&a, &urls[1], "peer-hot");
@@ -210,19 +240,24 @@ async fn a_contended_products_orders_go_to_its_owner_and_every_answer_is_the_tru
 }
 
 /// An owner that cannot be reached is passed over: the order is placed here, at once, and the
-/// next ones do not try it again for a while. Mutation seen failing: a connect error taken
-/// for an unknown outcome (503 OUTCOME_UNKNOWN).
+/// next ones do not try it again until `DOWN_FOR` has passed, on the instance's clock (a
+/// manual one here, so "within `DOWN_FOR`" holds however slow the host). Mutations seen
+/// failing: a connect error taken for an unknown outcome (503 `OUTCOME_UNKNOWN`); the owner
+/// never marked down (2 unreachable); `DOWN_FOR` timed on `Instant::now()` rather than the
+/// clock (still passed over after the clock moved on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_that_cannot_be_reached_is_passed_over_and_the_order_is_placed_here() {
     let cluster = shared_cluster();
     let redis = devcluster::Redis::temporary().unwrap();
     // The second peer never started: its port refuses connections.
     let dead = refusing_port(0);
+    let (_held, mine) = held_ports(1);
     let urls = vec![
-        format!("http://127.0.0.1:{}", free_ports(1)[0]),
+        mine[0].clone(),
         format!("http://127.0.0.1:{}", dead.local_addr().unwrap().port()),
     ];
-    let a = peer(cluster, None, &redis, &urls, 0).await;
+    let clock = ManualClock::new();
+    let a = peer_with(cluster, None, &redis, &urls, 0, clock.clone(), vec![]).await;
     let product = contended_product(&a, &urls[1], "peer-gone").await;
 
     let (status, body): (StatusCode, Value) =
@@ -237,6 +272,20 @@ async fn an_owner_that_cannot_be_reached_is_passed_over_and_the_order_is_placed_
     );
     assert_eq!(a.confirmed_orders(&product).await, (4, 4));
     assert_eq!(a.stock_on_primary(&product).await, 5);
+
+    let peers = a.state.peers.as_ref().unwrap();
+    clock.advance(stockgate::peers::DOWN_FOR - Duration::from_millis(1));
+    assert_ne!(
+        peers.owner_of(&product),
+        Some(urls[1].as_str()),
+        "still down"
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        peers.owner_of(&product),
+        Some(urls[1].as_str()),
+        "tried again once DOWN_FOR has passed"
+    );
 }
 
 /// An owner that takes the forwarded orders and then drops the link without answering: the
@@ -252,10 +301,8 @@ async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
     // The second peer reads the request and hangs up.
     let owner = refusing_port(0).listen(16).unwrap();
     let owner_port = owner.local_addr().unwrap().port();
-    let urls = vec![
-        format!("http://127.0.0.1:{}", free_ports(1)[0]),
-        format!("http://127.0.0.1:{owner_port}"),
-    ];
+    let (_held, mine) = held_ports(1);
+    let urls = vec![mine[0].clone(), format!("http://127.0.0.1:{owner_port}")];
     let hang_up = tokio::spawn(async move {
         let (mut link, _) = owner.accept().await.unwrap();
         let mut buf = [0u8; 4096];
