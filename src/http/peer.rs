@@ -2,21 +2,38 @@
 //! this instance owns ([`crate::peers`]). Not part of the public API: it listens on its own
 //! address and takes admin tokens only (peers sign them with the shared secret).
 
-use super::{ApiError, AppState, Json};
+use super::{ApiError, AppState, Json, Limits};
 use crate::auth::Caller;
 use crate::checkout::OrderRequest;
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
 use crate::peers::{WireAnswer, WireOrder};
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-pub fn router(state: AppState) -> Router {
-    Router::new()
+/// The largest forwarded request: 1,024 orders (the most a peer sends at once) of the longest
+/// ids and keys, every character of a key escaped, is under 1 MiB.
+const BODY_LIMIT: usize = 4 << 20;
+
+/// The peer listener's routes, behind the public port's layers (panics caught, metrics,
+/// load shedding, the request timeout) with `limits`, but for a body limit sized for a
+/// forwarded batch.
+pub fn router(state: AppState, limits: Limits) -> Router {
+    let routes = Router::new()
         .route(crate::peers::PATH, axum::routing::post(place))
-        .layer(DefaultBodyLimit::max(4 << 20))
-        .with_state(state)
+        .fallback(super::not_found)
+        .method_not_allowed_fallback(super::method_not_allowed);
+    let metrics = state.metrics.clone();
+    super::served(
+        routes,
+        state,
+        &metrics,
+        Limits {
+            body: BODY_LIMIT,
+            ..limits
+        },
+    )
 }
 
 /// Places every order as if its client had sent it here, all at once (they join this

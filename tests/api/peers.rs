@@ -4,7 +4,7 @@
 
 use crate::helpers::*;
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 use stockgate::clock::{Clock, ManualClock, SystemClock};
@@ -330,4 +330,157 @@ async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(forwarded(&a, "unreachable").await, 1.0);
     assert_eq!(a.confirmed_orders(&product).await, (3, 3));
+}
+
+/// `orders` as a peer forwards them, to `peer_url`'s peer route with `token` (none if
+/// `None`): the status and the JSON answer.
+async fn post_to_peer(
+    app: &TestApp,
+    peer_url: &str,
+    token: Option<&str>,
+    orders: &Value,
+) -> (StatusCode, Value) {
+    let mut req = app
+        .client
+        .post(format!("{peer_url}{}", stockgate::peers::PATH))
+        .json(orders);
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    answer(req.send().await.unwrap()).await
+}
+
+/// Issue #48 item 8: the peer route takes admin tokens only, as peers sign them: a user's
+/// token is 403 and no token 401, and neither places anything. Mutations seen failing:
+/// deleting the admin check (the user's order is placed, 200); deleting the `Caller`
+/// extractor with it (no token: 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_route_refuses_a_user_token_and_a_missing_token() {
+    let cluster = shared_cluster();
+    let redis = devcluster::Redis::temporary().unwrap();
+    let (_held, urls) = held_ports(2);
+    let a = peer(cluster, None, &redis, &urls[..1], 0).await;
+    assert!(
+        a.create_product("peer-auth", 10, 500)
+            .await
+            .status()
+            .is_success()
+    );
+    let order =
+        |user: &str| json!([{"user": user, "product": "peer-auth", "quantity": 1, "key": user}]);
+    let mallory = a.user_token("mallory");
+    let refused = post_to_peer(&a, &urls[0], Some(&mallory), &order("alice")).await;
+    assert_error(&refused, 403, "FORBIDDEN");
+    let refused = post_to_peer(&a, &urls[0], None, &order("bob")).await;
+    assert_error(&refused, 401, "UNAUTHORIZED");
+    assert_eq!(a.confirmed_orders("peer-auth").await, (0, 0));
+    // The same request signed as a peer signs it is placed.
+    let (status, placed) = post_to_peer(&a, &urls[0], Some(&a.admin), &order("carol")).await;
+    assert_eq!(status, StatusCode::OK, "{placed}");
+    assert_eq!(placed[0]["status"], 201, "{placed}");
+}
+
+/// Issue #48 item 8: an owner's `Retry-After` reaches the client of the instance that
+/// forwarded the order. The product is contended and forwarded, then its sale is moved an
+/// hour ahead: the owner answers 409 `SALE_NOT_STARTED` with `Retry-After`, and so does the
+/// non-owner, with the owner's value. Mutation seen failing: the owner's `answer()` dropping
+/// `retry_after`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_owner_passes_on_the_owners_retry_after() {
+    let cluster = shared_cluster();
+    let redis = devcluster::Redis::temporary().unwrap();
+    let (_held, urls) = held_ports(2);
+    let a = peer(cluster, None, &redis, &urls, 0).await;
+    let b = peer(cluster, Some(a.database.clone()), &redis, &urls, 1).await;
+    let product = contended_product(&a, &urls[1], "peer-later").await;
+    let starts = chrono::Utc::now() + chrono::Duration::hours(1);
+    let patched = a
+        .client
+        .patch(a.url(&format!("/v1/products/{product}")))
+        .bearer_auth(&a.admin)
+        .json(&json!({"sale_starts_at": starts.to_rfc3339()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patched.status(), StatusCode::OK);
+    let retry_after = |r: &reqwest::Response| -> u64 {
+        r.headers()
+            .get("retry-after")
+            .expect("Retry-After")
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+
+    let answered_before = forwarded(&a, "answered").await;
+    let sent = a.order("later", "later", &product, 1).await;
+    let passed_on = retry_after(&sent);
+    assert_error(&answer(sent).await, 409, "SALE_NOT_STARTED");
+    assert_eq!(
+        forwarded(&a, "answered").await - answered_before,
+        1.0,
+        "the owner's answer"
+    );
+    let direct = b.order("later-b", "later-b", &product, 1).await;
+    let owners = retry_after(&direct);
+    assert_error(&answer(direct).await, 409, "SALE_NOT_STARTED");
+    assert!(
+        (3500..=3600).contains(&passed_on) && passed_on.abs_diff(owners) <= 1,
+        "passed on {passed_on}, the owner says {owners}"
+    );
+}
+
+/// Issue #44 item 9b: the peer listener serves behind the public port's layers: a body over
+/// its limit is 413, a request that outlives the request timeout is 503 `TIMEOUT` (with
+/// `Retry-After`), and both are counted by route on `/metrics`. Mutation seen failing: the
+/// peer router served as before, with only a body limit (200 after the owner's own batch
+/// limit; no `/peer/v1/orders` series).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_listener_has_the_public_ports_limits_timeout_and_metrics() {
+    let cluster = shared_cluster();
+    let redis = devcluster::Redis::temporary().unwrap();
+    let (_held, urls) = held_ports(1);
+    let a = peer_with(
+        cluster,
+        None,
+        &redis,
+        &urls,
+        0,
+        Arc::new(SystemClock),
+        vec![("STOCKGATE_REQUEST_TIMEOUT_MS", "1000".into())],
+    )
+    .await;
+    let too_big = json!([{"user": "x".repeat(5 << 20), "product": "p", "quantity": 1, "key": "k"}]);
+    let refused = post_to_peer(&a, &urls[0], Some(&a.admin), &too_big).await;
+    assert_error(&refused, 413, "PAYLOAD_TOO_LARGE");
+
+    assert!(
+        a.create_product("peer-slow", 10, 500)
+            .await
+            .status()
+            .is_success()
+    );
+    let lock = a.lock_rows(&["peer-slow"]).await;
+    let order = json!([{"user": "slow", "product": "peer-slow", "quantity": 1, "key": "slow"}]);
+    let sent = a
+        .client
+        .post(format!("{}{}", urls[0], stockgate::peers::PATH))
+        .bearer_auth(&a.admin)
+        .json(&order)
+        .send()
+        .await
+        .unwrap();
+    assert!(sent.headers().contains_key("retry-after"));
+    assert_error(&answer(sent).await, 503, "TIMEOUT");
+    drop(lock);
+
+    let page = a.metrics_text().await;
+    for status in ["413", "503"] {
+        let series = format!(
+            "stockgate_http_requests_total{{route=\"{}\",status=\"{status}\"}} 1",
+            stockgate::peers::PATH
+        );
+        assert!(page.contains(&series), "{series} missing from:\n{page}");
+    }
 }
