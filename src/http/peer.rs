@@ -6,14 +6,14 @@ use super::{ApiError, AppState, Json, Limits};
 use crate::auth::Caller;
 use crate::checkout::OrderRequest;
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
-use crate::peers::{WireAnswer, WireOrder};
+use crate::peers::{MAX_FORWARD, WireAnswer, WireOrder};
 use axum::Router;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-/// The largest forwarded request: 1,024 orders (the most a peer sends at once) of the longest
-/// ids and keys, every character of a key escaped, is under 1 MiB.
+/// The largest forwarded request: [`MAX_FORWARD`] orders of the longest ids and keys, every
+/// character of a key escaped, is under 1 MiB.
 const BODY_LIMIT: usize = 4 << 20;
 
 /// The peer listener's routes, behind the public port's layers (panics caught, metrics,
@@ -22,6 +22,7 @@ const BODY_LIMIT: usize = 4 << 20;
 pub fn router(state: AppState, limits: Limits) -> Router {
     let routes = Router::new()
         .route(crate::peers::PATH, axum::routing::post(place))
+        .route(crate::peers::ALIVE_PATH, axum::routing::get(alive))
         .fallback(super::not_found)
         .method_not_allowed_fallback(super::method_not_allowed);
     let metrics = state.metrics.clone();
@@ -36,6 +37,12 @@ pub fn router(state: AppState, limits: Limits) -> Router {
     )
 }
 
+/// A sign of life for a peer that has waited long for an answer (src/peers.rs): no token, no
+/// database, nothing to learn from it but that this process runs.
+async fn alive() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
 /// Places every order as if its client had sent it here, all at once (they join this
 /// instance's batches), and answers each as `POST /v1/orders` would have.
 async fn place(
@@ -45,6 +52,12 @@ async fn place(
 ) -> Result<Json<Vec<WireAnswer>>, ApiError> {
     if !caller.is_admin() {
         return Err(ApiError::Forbidden("peers sign admin tokens"));
+    }
+    if orders.len() > MAX_FORWARD {
+        return Err(ApiError::invalid(
+            "TOO_MANY_ORDERS",
+            format!("a peer forwards at most {MAX_FORWARD} orders at once"),
+        ));
     }
     let answers = futures::future::join_all(orders.into_iter().map(|o| {
         let state = state.clone();

@@ -6,7 +6,7 @@ use crate::helpers::*;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use stockgate::clock::{Clock, ManualClock, SystemClock};
 use stockgate::domain::ProductId;
 
@@ -332,6 +332,23 @@ async fn a_link_lost_after_sending_leaves_the_outcome_unknown() {
     assert_eq!(a.confirmed_orders(&product).await, (3, 3));
 }
 
+/// Orders `n` units of `product` through `app`, one request per buyer `{prefix}-{i}` (its own
+/// key), all at once: each answer with how long it took.
+async fn orders_at_once(
+    app: &TestApp,
+    prefix: &str,
+    product: &str,
+    n: usize,
+) -> Vec<(String, (StatusCode, Value), Duration)> {
+    futures::future::join_all((0..n).map(|i| async move {
+        let user = format!("{prefix}-{i}");
+        let sent = Instant::now();
+        let answered = answer(app.order(&user, &user, product, 1).await).await;
+        (user, answered, sent.elapsed())
+    }))
+    .await
+}
+
 /// `orders` as a peer forwards them, to `peer_url`'s peer route with `token` (none if
 /// `None`): the status and the JSON answer.
 async fn post_to_peer(
@@ -348,6 +365,188 @@ async fn post_to_peer(
         req = req.bearer_auth(token);
     }
     answer(req.send().await.unwrap()).await
+}
+
+/// Issue #44 item 5: three instances sell one hot product through its owner, and the owner
+/// freezes (SIGSTOP: its kernel still takes connections, its process answers nothing; here a
+/// proxy in front of its peer port goes silent, new connections included). The other two
+/// pass it over, the orders they held for it are placed where they are, under their own
+/// keys, and every order is a 201 (the client's deadline is 10 s). The owner is passed over
+/// for `DOWN_FOR` (manual clocks: however long this takes). When it thaws and places the
+/// same orders late, each key answers the order already written: one order per key.
+/// Mutation seen failing: a forward waiting for its answer with no regard to signs of life
+/// (as before: until the 15 s limit), so the orders are 503 `TIMEOUT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_owner_is_passed_over_and_its_orders_are_placed_once_where_they_arrived() {
+    let cluster = shared_cluster();
+    let redis = devcluster::Redis::temporary().unwrap();
+    let (_held, urls) = held_ports(3);
+    // The owner, b, is reached through the proxy; it serves its own port behind it.
+    let proxy = ChaosProxy::start(urls[1].rsplit(':').next().unwrap().parse().unwrap()).await;
+    let seen = vec![
+        urls[0].clone(),
+        format!("http://127.0.0.1:{}", proxy.port),
+        urls[2].clone(),
+    ];
+    let (clock_a, clock_c) = (ManualClock::new(), ManualClock::new());
+    let a = peer_with(cluster, None, &redis, &seen, 0, clock_a, vec![]).await;
+    let db = Some(a.database.clone());
+    let b = peer(cluster, db.clone(), &redis, &urls, 1).await;
+    let c = peer_with(cluster, db, &redis, &seen, 2, clock_c, vec![]).await;
+    let owner = seen[1].as_str();
+    let product = owned_by(&a, owner, "peer-frozen");
+    let peers_of = |app: &TestApp| app.state.peers.clone().unwrap();
+    assert_eq!(peers_of(&c).owner_of(&product), Some(owner));
+    assert!(
+        a.create_product(&product, 100, 500)
+            .await
+            .status()
+            .is_success()
+    );
+    contend(&a, &product).await;
+    contend(&c, &product).await;
+    // Sold through the owner before it froze.
+    order_ok(&a, "before-a", &product).await;
+    order_ok(&c, "before-c", &product).await;
+    assert_eq!(forwarded(&a, "answered").await, 1.0);
+    assert_eq!(forwarded(&c, "answered").await, 1.0);
+
+    proxy.cut();
+    let frozen = Instant::now();
+    let (via_a, via_c) = tokio::join!(
+        orders_at_once(&a, "frozen-a", &product, 10),
+        orders_at_once(&c, "frozen-c", &product, 10)
+    );
+    let passed_over = frozen.elapsed();
+    let mut placed = Vec::new();
+    for (user, answered, _) in via_a.iter().chain(&via_c) {
+        assert_eq!(answered.0, StatusCode::CREATED, "{user}: {}", answered.1);
+        placed.push((user.clone(), answered.1["order_id"].clone()));
+    }
+    let slowest = |v: &[(String, (StatusCode, Value), Duration)]| {
+        v.iter().map(|(_, _, took)| *took).max().unwrap()
+    };
+    eprintln!(
+        "frozen owner passed over: every order sent at the freeze answered 201 within {passed_over:?} (slowest via a {:?}, via c {:?})",
+        slowest(&via_a),
+        slowest(&via_c)
+    );
+    for app in [&a, &c] {
+        assert!(
+            forwarded(app, "no_answer").await >= 1.0,
+            "sent, then silence"
+        );
+        assert_eq!(forwarded(app, "unknown").await, 0.0);
+        assert_ne!(
+            peers_of(app).owner_of(&product),
+            Some(owner),
+            "passed over for DOWN_FOR"
+        );
+    }
+
+    // The owner thaws, and places the very same orders late: each key answers the order
+    // that was written where it arrived.
+    proxy.heal();
+    let late: Vec<Value> = placed
+        .iter()
+        .map(|(user, _)| json!({"user": user, "product": product, "quantity": 1, "key": user}))
+        .collect();
+    let (status, answers) = post_to_peer(&b, &urls[1], Some(&b.admin), &json!(late)).await;
+    assert_eq!(status, StatusCode::OK, "{answers}");
+    for ((user, order_id), late) in placed.iter().zip(answers.as_array().unwrap()) {
+        assert_eq!(late["status"], 201, "{user}: {late}");
+        assert_eq!(
+            &late["body"]["order_id"], order_id,
+            "{user}: the same order"
+        );
+    }
+    // 2 + 2 contending orders and 2 other writers' units, 2 before the freeze, 20 after.
+    assert_eq!(a.confirmed_orders(&product).await, (26, 26));
+    assert_eq!(a.stock_on_primary(&product).await, 100 - 2 - 26);
+}
+
+/// Issue #44 item 5, head-of-line blocking: one product's row is held locked while its
+/// forwarded orders fill every request slot the owner's lane has for it, and the owner's
+/// batch for it waits on the lock; another product forwarded to the same owner still sells,
+/// through the owner, while the lock is held and the first product's orders are still
+/// unanswered. Mutation seen failing: one lane per owner (the lane's key without the
+/// product), so the second product's orders wait behind the first's requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_product_held_locked_at_its_owner_leaves_its_other_products_selling() {
+    let cluster = shared_cluster();
+    let redis = devcluster::Redis::temporary().unwrap();
+    let (_held, urls) = held_ports(2);
+    let a = peer(cluster, None, &redis, &urls, 0).await;
+    let _b = peer(cluster, Some(a.database.clone()), &redis, &urls, 1).await;
+    let held = contended_product(&a, &urls[1], "peer-held").await;
+    let free = contended_product(&a, &urls[1], "peer-free").await;
+    let peers = a.state.peers.clone().unwrap();
+
+    let mut lock = a.primary.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM products WHERE product_id = $1 FOR UPDATE")
+        .bind(&held)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    // One forwarded request per order, until every slot is taken.
+    let mut waiting = Vec::new();
+    for i in 1..=4 {
+        let (app, product) = (a.address.clone(), held.clone());
+        let (client, token) = (a.client.clone(), a.user_token(&format!("held-{i}")));
+        waiting.push(tokio::spawn(async move {
+            let key = format!("held-{i}");
+            let sent = client
+                .post(format!("{app}/v1/orders"))
+                .bearer_auth(token)
+                .header("Idempotency-Key", &key)
+                .json(&json!({"product_id": product, "quantity": 1}))
+                .send()
+                .await
+                .unwrap();
+            let retry_after = sent.headers().contains_key("retry-after");
+            (key, answer(sent).await, retry_after)
+        }));
+        wait_for("the forward in flight", Duration::from_secs(20), || async {
+            peers.in_flight(&urls[1]) == i
+        })
+        .await;
+    }
+    wait_for(
+        "the owner's batch waiting on the held row",
+        Duration::from_secs(20),
+        || async { batches_waiting_on(&a.primary, "Lock").await >= 1 },
+    )
+    .await;
+    let answered_before = forwarded(&a, "answered").await;
+
+    let sold = orders_at_once(&a, "free", &free, 5).await;
+    for (user, answered, _) in &sold {
+        assert_eq!(answered.0, StatusCode::CREATED, "{user}: {}", answered.1);
+    }
+    assert_eq!(
+        forwarded(&a, "answered").await - answered_before,
+        5.0,
+        "answered by the owner"
+    );
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "the held product's orders are still waiting"
+    );
+    assert!(batches_waiting_on(&a.primary, "Lock").await >= 1);
+    assert_eq!(forwarded(&a, "no_answer").await, 0.0);
+
+    lock.rollback().await.unwrap();
+    for w in waiting {
+        let (key, (status, body), retry_after) = w.await.unwrap();
+        if status != StatusCode::CREATED {
+            // Honest if slow: unknown, with Retry-After, and the same key tells.
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{key}: {body}");
+            assert!(retry_after, "{key}: {body}");
+            order_ok(&a, &key, &held).await;
+        }
+    }
+    assert_eq!(a.confirmed_orders(&held).await, (6, 6));
+    assert_eq!(a.confirmed_orders(&free).await, (7, 7));
 }
 
 /// Issue #48 item 8: the peer route takes admin tokens only, as peers sign them: a user's
