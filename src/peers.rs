@@ -7,46 +7,83 @@
 //! product whose row another writer keeps taking between this instance's batches ("contended",
 //! [`crate::checkout::Checkout::contended`]) has its single-product orders sent to one owner,
 //! the same for every instance: the live peer that ranks the product highest (rendezvous
-//! hashing over `STOCKGATE_PEERS`). Orders travel in batches, each request carrying
-//! everything queued for that owner when it leaves (up to [`IN_FLIGHT`] out at once), and
-//! join the owner's own batches for the product: one row, one writer, larger batches.
+//! hashing over `STOCKGATE_PEERS`). Orders travel in batches, one lane per owner and
+//! product: each request carries everything queued for that product when it leaves (up to
+//! [`IN_FLIGHT`] out at once per lane), and joins the owner's own batches for the product:
+//! one row, one writer, larger batches. A product whose batch waits at the owner (its row
+//! held locked) fills its own lane only, so the owner's other products keep selling.
 //!
 //! Nothing about correctness rests on this: the owner places each order exactly as if its
 //! client had sent it there (the same guarded UPDATE, key claim and answer), and two instances
 //! that disagree about the owner only contend as before. The answers come back as the owner's
 //! HTTP answers (status, `Retry-After`, body), so a forwarded order is told what the owner
-//! would have told it. An owner that cannot be reached (nothing sent) is skipped for
-//! [`DOWN_FOR`] and the order is placed here; one that fails after the batch was sent leaves
-//! its outcome unknown: 503 `OUTCOME_UNKNOWN`, and the same key tells the truth later.
-//! Read-your-writes needs the shared store, so peers require `STOCKGATE_REDIS_URL`.
+//! would have told it. An owner that cannot be reached (nothing sent), or that takes a
+//! request and then neither answers nor shows a sign of life ([`suspect_after`],
+//! [`ALIVE_PATH`]), is passed over for [`DOWN_FOR`] and the orders are placed here under
+//! their own keys: each key is claimed once in the database, so if that owner places them
+//! after all, it is answered what was written here. One whose link fails after the batch
+//! was sent leaves the outcome unknown: 503 `OUTCOME_UNKNOWN`, and the same key tells the
+//! truth later.
 
 use crate::auth::{Caller, Tokens};
 use crate::checkout::OrderRequest;
+use crate::clock::Clock;
 use crate::metrics::Metrics;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-/// The peer listener's one route.
+/// The peer listener's order route.
 pub const PATH: &str = "/peer/v1/orders";
 
-/// How long an owner that could not be reached is passed over.
+/// The peer listener's sign of life: answered at once, with no database behind it, so an
+/// answer says the owner's process runs, and silence says it does not (frozen, or its host
+/// is gone while its kernel still completes TCP handshakes).
+pub const ALIVE_PATH: &str = "/peer/v1/alive";
+
+/// How long an owner that could not be reached, or that went silent, is passed over.
 pub const DOWN_FOR: Duration = Duration::from_secs(5);
 
-/// Forwarded requests out at once, per owner.
+/// Forwarded requests out at once, per owner and product: a product whose batch waits at the
+/// owner (its row held locked) fills only its own slots, never another product's.
 const IN_FLIGHT: usize = 4;
 
 /// The most orders one forwarded request carries.
-const MAX_FORWARD: usize = 1024;
+pub const MAX_FORWARD: usize = 1024;
 
-/// How long a forwarded batch may take before its orders are told "unknown": the owner's own
-/// batch limit (12 s) and a margin.
+/// The outer bound on a forwarded request whose owner keeps showing signs of life: the
+/// owner's own batch limit (12 s) and a margin. Past it the orders are told "unknown".
 const FORWARD_LIMIT: Duration = Duration::from_secs(15);
+
+/// How long a sign of life may take: the route does no work, so a live process answers in
+/// far less even on a saturated host; a frozen one never does.
+const PROBE_LIMIT: Duration = Duration::from_secs(1);
+
+/// How many answered forwards, per owner, [`suspect_after`] looks back on.
+const RECENT: usize = 32;
+
+/// How long a forwarded request may go unanswered before its owner is asked for a sign of
+/// life, from how long the owner's recent answers took (`recent`, the newest last): four
+/// times the slowest, so an owner that is merely busy is rarely asked; at least
+/// [`SUSPECT_FLOOR`], well above any batch's time on a healthy owner (a batch is a few
+/// milliseconds, and a product waits on another's stalled statement for 25 ms at most);
+/// and at most [`SUSPECT_CAP`], so that a frozen owner is passed over with most of the
+/// client's 10 s still left for the order to be placed here. Being asked costs the owner
+/// one tiny request, so suspecting early is cheap; only silence counts against it.
+pub fn suspect_after(recent: &VecDeque<Duration>) -> Duration {
+    let slowest = recent.iter().max().copied().unwrap_or_default();
+    (slowest * 4).clamp(SUSPECT_FLOOR, SUSPECT_CAP)
+}
+
+/// See [`suspect_after`].
+const SUSPECT_FLOOR: Duration = Duration::from_millis(250);
+/// See [`suspect_after`].
+const SUSPECT_CAP: Duration = Duration::from_secs(2);
 
 /// One order on its way to its owner (the caller was authenticated here; `user` is the one
 /// it acts for).
@@ -92,9 +129,29 @@ impl WireAnswer {
 
 struct Forward {
     order: WireOrder,
-    /// `None`: the owner could not be reached and nothing was sent; place it here.
+    /// `None`: the order is the caller's to place here (nothing was sent, or the owner went
+    /// silent with it: the key claim decides, see [`Sent::Silent`]).
     reply: oneshot::Sender<Option<Response>>,
 }
+
+/// Orders on their way to one owner for one product: those waiting for a slot, and how many
+/// requests are out.
+#[derive(Default)]
+struct Lane {
+    waiting: Vec<Forward>,
+    in_flight: usize,
+}
+
+impl Lane {
+    /// The next request's orders: everything waiting, up to [`MAX_FORWARD`].
+    fn take(&mut self) -> Vec<Forward> {
+        let n = self.waiting.len().min(MAX_FORWARD);
+        self.waiting.drain(..n).collect()
+    }
+}
+
+/// (owner, product).
+type LaneKey = (String, String);
 
 #[derive(Clone)]
 pub struct Peers(Arc<Inner>);
@@ -102,16 +159,31 @@ pub struct Peers(Arc<Inner>);
 struct Inner {
     me: String,
     all: Vec<String>,
+    /// Until when each owner is passed over, on `clock`.
     down: Mutex<HashMap<String, Instant>>,
-    queues: Mutex<HashMap<String, mpsc::UnboundedSender<Forward>>>,
+    clock: Arc<dyn Clock>,
+    lanes: Mutex<HashMap<LaneKey, Lane>>,
+    /// How long each owner's recent answered forwards took, the newest last.
+    recent: Mutex<HashMap<String, VecDeque<Duration>>>,
     client: reqwest::Client,
     tokens: Tokens,
     metrics: Metrics,
 }
 
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Peers {
-    /// `me` is this instance's own entry of `all` (checked by the configuration).
-    pub fn new(me: String, all: Vec<String>, tokens: Tokens, metrics: Metrics) -> Peers {
+    /// `me` is this instance's own entry of `all` (checked by the configuration); `clock`
+    /// times [`DOWN_FOR`].
+    pub fn new(
+        me: String,
+        all: Vec<String>,
+        tokens: Tokens,
+        metrics: Metrics,
+        clock: Arc<dyn Clock>,
+    ) -> Peers {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(8)
             .connect_timeout(Duration::from_secs(1))
@@ -122,7 +194,9 @@ impl Peers {
             me,
             all,
             down: Mutex::default(),
-            queues: Mutex::default(),
+            clock,
+            lanes: Mutex::default(),
+            recent: Mutex::default(),
             client,
             tokens,
             metrics,
@@ -132,8 +206,8 @@ impl Peers {
     /// The peer that owns `product`'s orders when it is contended, or `None` when it is this
     /// instance: the live peer (this one always counts as live) with the highest rank.
     pub fn owner_of(&self, product: &str) -> Option<&str> {
-        let now = Instant::now();
-        let down = self.0.down.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.0.clock.now();
+        let down = locked(&self.0.down);
         let owner = self
             .0
             .all
@@ -143,8 +217,30 @@ impl Peers {
         (*owner != self.0.me).then_some(owner.as_str())
     }
 
-    /// Sends `req` to `owner` with the other orders queued for it. `None`: the owner could
-    /// not be reached, nothing was sent, and the order is the caller's to place.
+    /// Forwarded requests to `owner` that have not been answered yet, over all products.
+    pub fn in_flight(&self, owner: &str) -> usize {
+        locked(&self.0.lanes)
+            .iter()
+            .filter(|((o, _), _)| o == owner)
+            .map(|(_, lane)| lane.in_flight)
+            .sum()
+    }
+
+    fn is_down(&self, owner: &str) -> bool {
+        let now = self.0.clock.now();
+        locked(&self.0.down)
+            .get(owner)
+            .is_some_and(|until| now < *until)
+    }
+
+    fn mark_down(&self, owner: &str) {
+        let until = self.0.clock.now() + DOWN_FOR;
+        locked(&self.0.down).insert(owner.to_string(), until);
+    }
+
+    /// Sends `req` to `owner` with the other orders for its product queued for that owner.
+    /// `None`: the order is the caller's to place here, under the same key (nothing was
+    /// sent, or the owner went silent; either way the key's claim in the database decides).
     pub async fn place(&self, owner: &str, req: &OrderRequest) -> Option<Response> {
         let (tx, rx) = oneshot::channel();
         let forward = Forward {
@@ -156,56 +252,60 @@ impl Peers {
             },
             reply: tx,
         };
-        {
-            let mut queues = self.0.queues.lock().unwrap_or_else(|p| p.into_inner());
-            let sender = queues.entry(owner.to_string()).or_insert_with(|| {
-                let (sender, receiver) = mpsc::unbounded_channel();
-                tokio::spawn(self.clone().sender(owner.to_string(), receiver));
-                sender
-            });
-            if let Err(mpsc::error::SendError(forward)) = sender.send(forward) {
-                // The owner's sender task is gone (a panic): place it here.
-                queues.remove(owner);
-                drop(forward);
-                return None;
-            }
+        let key = (owner.to_string(), req.product.to_string());
+        if let Some(batch) = self.enqueue(&key, forward) {
+            tokio::spawn(self.clone().drive(key, batch));
         }
-        // A dropped reply means the sender task died with the batch in hand: it may have
+        // A dropped reply means the sending task died with the batch in hand: it may have
         // been sent, so the honest answer is "unknown".
         rx.await.unwrap_or_else(|_| Some(unknown()))
     }
 
-    /// Sends `owner`'s queued orders, up to [`IN_FLIGHT`] requests at a time, each with
-    /// everything queued when it left: an order waits for a free slot, never for the
-    /// owner's batch that another request's orders are in.
-    async fn sender(self, owner: String, mut rx: mpsc::UnboundedReceiver<Forward>) {
-        let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-        while let Some(first) = rx.recv().await {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let mut batch = vec![first];
-            while batch.len() < MAX_FORWARD {
-                match rx.try_recv() {
-                    Ok(f) => batch.push(f),
-                    Err(_) => break,
-                }
+    /// Queues `forward` in its lane; the orders to send now when the lane has a free slot
+    /// (which is then the caller's).
+    fn enqueue(&self, key: &LaneKey, forward: Forward) -> Option<Vec<Forward>> {
+        let mut lanes = locked(&self.0.lanes);
+        let lane = lanes.entry(key.clone()).or_default();
+        lane.waiting.push(forward);
+        (lane.in_flight < IN_FLIGHT).then(|| {
+            lane.in_flight += 1;
+            lane.take()
+        })
+    }
+
+    /// Sends `batch`, then whatever its lane gathered meanwhile, until the lane is empty:
+    /// each request carries everything waiting when it leaves, and an order waits for a
+    /// free slot of its own product, never for another request's answer.
+    async fn drive(self, key: LaneKey, mut batch: Vec<Forward>) {
+        let mut slot = Slot {
+            peers: &self,
+            key: &key,
+            held: true,
+        };
+        loop {
+            self.forward(&key.0, batch).await;
+            match slot.next() {
+                Some(next) => batch = next,
+                None => return,
             }
-            let (this, owner) = (self.clone(), owner.clone());
-            tokio::spawn(async move {
-                let _permit = permit;
-                this.forward(&owner, batch).await;
-            });
         }
     }
 
     async fn forward(&self, owner: &str, batch: Vec<Forward>) {
         let (orders, replies): (Vec<WireOrder>, Vec<_>) =
             batch.into_iter().map(|f| (f.order, f.reply)).unzip();
-        let answers = self.send(owner, &orders).await;
+        if self.is_down(owner) {
+            // Passed over since these orders were queued: nothing sent, placed here.
+            for reply in replies {
+                let _ = reply.send(None);
+            }
+            return;
+        }
+        let answers = self.exchange(owner, &orders).await;
         let outcome = match &answers {
             Sent::Answered(_) => "answered",
             Sent::Unreachable => "unreachable",
+            Sent::Silent => "no_answer",
             Sent::Unknown => "unknown",
         };
         self.0
@@ -219,12 +319,8 @@ impl Peers {
                     let _ = reply.send(Some(answer.into_response()));
                 }
             }
-            Sent::Unreachable => {
-                self.0
-                    .down
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(owner.to_string(), Instant::now() + DOWN_FOR);
+            Sent::Unreachable | Sent::Silent => {
+                self.mark_down(owner);
                 for reply in replies {
                     let _ = reply.send(None);
                 }
@@ -235,6 +331,54 @@ impl Peers {
                 }
             }
         }
+    }
+
+    /// Sends `orders` and waits for the answer for as long as `owner` shows signs of life:
+    /// an answer slower than [`suspect_after`] has the owner asked whether it is alive, and
+    /// one that is not is given up ([`Sent::Silent`]). An owner that answers is only slow
+    /// for this product (its row held, say), and the orders would wait as long here.
+    async fn exchange(&self, owner: &str, orders: &[WireOrder]) -> Sent {
+        let started = Instant::now();
+        let send = self.send(owner, orders);
+        tokio::pin!(send);
+        let sent = loop {
+            let suspect = suspect_after(locked(&self.0.recent).entry(owner.into()).or_default());
+            if let Ok(sent) = tokio::time::timeout(suspect, &mut send).await {
+                break sent;
+            }
+            if self.is_down(owner) {
+                // Another request to it went unanswered already.
+                break Sent::Silent;
+            }
+            let alive = tokio::select! {
+                sent = &mut send => break sent,
+                alive = self.alive(owner) => alive,
+            };
+            if !alive {
+                tracing::warn!(%owner, waited_ms = started.elapsed().as_millis() as u64, "a peer does not answer; placing its orders here under their keys");
+                break Sent::Silent;
+            }
+        };
+        if let Sent::Answered(_) = &sent {
+            let mut recent = locked(&self.0.recent);
+            let recent = recent.entry(owner.into()).or_default();
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(started.elapsed());
+        }
+        sent
+    }
+
+    /// Whether `owner`'s process answers at all (any HTTP answer) within [`PROBE_LIMIT`].
+    async fn alive(&self, owner: &str) -> bool {
+        self.0
+            .client
+            .get(format!("{owner}{ALIVE_PATH}"))
+            .timeout(PROBE_LIMIT)
+            .send()
+            .await
+            .is_ok()
     }
 
     async fn send(&self, owner: &str, orders: &[WireOrder]) -> Sent {
@@ -251,8 +395,9 @@ impl Peers {
             .await;
         let response = match sent {
             Ok(r) if r.status().is_success() => r,
-            // The owner refused the whole request (shutting down, overloaded, bad token)
-            // before placing anything: nothing of it was written.
+            // The owner refused the whole request (shutting down, overloaded, bad token),
+            // which it does before placing anything; and placing here is safe in any case,
+            // since the same keys are claimed in the same database.
             Ok(r) => {
                 tracing::warn!(%owner, status = %r.status(), "a peer refused forwarded orders; placing them here");
                 return Sent::Unreachable;
@@ -276,9 +421,63 @@ impl Peers {
     }
 }
 
+/// A lane's slot, held by the task sending its requests: given back once the lane has
+/// nothing waiting, and also when the task dies (a panic), so a lane never stays full.
+struct Slot<'a> {
+    peers: &'a Peers,
+    key: &'a LaneKey,
+    held: bool,
+}
+
+impl Slot<'_> {
+    /// The lane's next orders, or `None` with the slot given back (in one step under the
+    /// lanes' lock, so an order queued meanwhile is never left without a sender).
+    fn next(&mut self) -> Option<Vec<Forward>> {
+        let mut lanes = locked(&self.peers.0.lanes);
+        let lane = lanes.get_mut(self.key)?;
+        if !lane.waiting.is_empty() {
+            return Some(lane.take());
+        }
+        self.held = false;
+        lane.in_flight -= 1;
+        if lane.in_flight == 0 {
+            lanes.remove(self.key);
+        }
+        None
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let mut lanes = locked(&self.peers.0.lanes);
+        let Some(lane) = lanes.get_mut(self.key) else {
+            return;
+        };
+        lane.in_flight -= 1;
+        if lane.in_flight == 0 {
+            // No sender left: the orders waiting were never sent, so they are placed here.
+            for f in lane.waiting.drain(..) {
+                let _ = f.reply.send(None);
+            }
+            lanes.remove(self.key);
+        }
+    }
+}
+
 enum Sent {
     Answered(Vec<WireAnswer>),
+    /// Nothing was sent (or the owner refused the request whole): placed here.
     Unreachable,
+    /// Sent, and the owner gave no answer and no sign of life: it is passed over like an
+    /// unreachable one, and the orders are placed here under their own keys. The owner may
+    /// still place them (a frozen process thaws and carries on), but each key is claimed
+    /// once in the database, so whichever placement comes second answers what the first
+    /// wrote: never two orders, never a refusal beside an order.
+    Silent,
+    /// The link failed after sending: the owner may have committed; 503 `OUTCOME_UNKNOWN`.
     Unknown,
 }
 
@@ -311,6 +510,7 @@ mod tests {
             all,
             Tokens::new("a-secret-of-at-least-16-bytes"),
             Metrics::new(),
+            Arc::new(crate::clock::SystemClock),
         )
     }
 
@@ -364,5 +564,90 @@ mod tests {
             .unwrap()
             .insert(owner.clone(), Instant::now());
         assert_eq!(a.owner_of(&product), Some(owner.as_str()));
+    }
+
+    #[test]
+    fn an_unanswered_forward_is_suspected_after_four_times_the_slowest_recent_answer_within_bounds()
+    {
+        let ms = Duration::from_millis;
+        let recent = |d: &[u64]| d.iter().map(|d| ms(*d)).collect::<VecDeque<_>>();
+        assert_eq!(
+            suspect_after(&recent(&[])),
+            SUSPECT_FLOOR,
+            "nothing seen yet"
+        );
+        assert_eq!(suspect_after(&recent(&[3, 9, 4])), SUSPECT_FLOOR);
+        assert_eq!(
+            suspect_after(&recent(&[3, 100, 4])),
+            ms(400),
+            "the slowest counts"
+        );
+        assert_eq!(suspect_after(&recent(&[3, 9_000])), SUSPECT_CAP);
+        assert!(
+            SUSPECT_CAP + PROBE_LIMIT < Duration::from_secs(5),
+            "well inside the client's 10 s"
+        );
+    }
+
+    fn forward() -> (Forward, oneshot::Receiver<Option<Response>>) {
+        let (reply, rx) = oneshot::channel();
+        let order = WireOrder {
+            user: "u".into(),
+            product: "p".into(),
+            quantity: 1,
+            key: "k".into(),
+        };
+        (Forward { order, reply }, rx)
+    }
+
+    #[test]
+    fn a_product_whose_lane_is_full_leaves_the_owners_other_products_free() {
+        let a = peers("http://a:9000");
+        let lane = |p: &str| ("http://b:9000".to_string(), p.to_string());
+        let mut waiting = Vec::new();
+        for _ in 0..IN_FLIGHT {
+            let (f, rx) = forward();
+            assert!(a.enqueue(&lane("held"), f).is_some(), "a free slot sends");
+            waiting.push(rx);
+        }
+        let (f, _rx) = forward();
+        assert!(
+            a.enqueue(&lane("held"), f).is_none(),
+            "the lane is full: it waits"
+        );
+        assert_eq!(a.in_flight("http://b:9000"), IN_FLIGHT);
+        let (f, _rx) = forward();
+        assert_eq!(
+            a.enqueue(&lane("other"), f).map(|b| b.len()),
+            Some(1),
+            "another product of the same owner goes at once"
+        );
+    }
+
+    #[test]
+    fn a_lane_whose_senders_die_hands_its_waiting_orders_back_to_be_placed_here() {
+        let a = peers("http://a:9000");
+        let key = ("http://b:9000".to_string(), "p".to_string());
+        let (f, _sent) = forward();
+        let _batch = a.enqueue(&key, f).expect("a slot");
+        let (f, mut waiting) = forward();
+        for _ in 1..IN_FLIGHT {
+            let (g, _) = forward();
+            let _ = a.enqueue(&key, g);
+        }
+        let _ = a.enqueue(&key, f);
+        // Every sender dies (its slot dropped while held, as in a panic).
+        for _ in 0..IN_FLIGHT {
+            drop(Slot {
+                peers: &a,
+                key: &key,
+                held: true,
+            });
+        }
+        assert!(
+            matches!(waiting.try_recv(), Ok(None)),
+            "placed here: never sent"
+        );
+        assert_eq!(a.in_flight("http://b:9000"), 0);
     }
 }

@@ -34,8 +34,9 @@ use tokio::net::TcpListener;
 
 pub struct Application {
     listener: TcpListener,
-    /// Where peers send the orders of products this instance owns (`STOCKGATE_PEERS`).
-    peer_listener: Option<TcpListener>,
+    /// Where peers send the orders of products this instance owns (`STOCKGATE_PEERS`), and
+    /// what serves it.
+    peer_listener: Option<(TcpListener, axum::Router)>,
     http_threads: usize,
     router: axum::Router,
     state: AppState,
@@ -81,7 +82,7 @@ async fn build_state(
             window: config.order_batch_window,
         },
         config.order_rate_per_user,
-        clock,
+        clock.clone(),
     );
     let (feed, feed_guard) = Feed::start(db.clone(), metrics.clone(), config.event_retention);
     let peers = config.peer_url.as_ref().map(|me| {
@@ -90,6 +91,7 @@ async fn build_state(
             config.peers.clone(),
             tokens.clone(),
             metrics.clone(),
+            clock.clone(),
         )
     });
     let shared = http::Shared {
@@ -199,6 +201,16 @@ impl Application {
         config.require_token_secret()?;
         let (state, monitor, feed) = build_state(config, clock).await?;
         let router = http::router(state.clone(), config.max_in_flight, config.request_timeout);
+        let peer_router = || {
+            http::peer_router(
+                state.clone(),
+                http::Limits {
+                    max_in_flight: config.max_in_flight,
+                    request_timeout: config.request_timeout,
+                    body: http::BODY_LIMIT,
+                },
+            )
+        };
         // Holds past their time give their units back within a second or so (the contract
         // allows 5 s), from the database's state, on every instance; refusals older than the
         // idempotency window go too.
@@ -209,11 +221,12 @@ impl Application {
             .await
             .with_context(|| format!("binding {}", config.listen))?;
         let peer_listener = match config.peer_listen() {
-            Some(addr) => Some(
+            Some(addr) => Some((
                 TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("binding the peer listener {addr}"))?,
-            ),
+                peer_router(),
+            )),
             None => None,
         };
         Ok(Application {
@@ -252,8 +265,7 @@ impl Application {
         drop(self.router);
         // The peer listener stops and drains with the public one: orders a peer sent are
         // answered before this instance exits.
-        let peers = self.peer_listener.map(|listener| {
-            let router = http::peer_router(self.state.clone());
+        let peers = self.peer_listener.map(|(listener, router)| {
             let mut stopped = stopped.clone();
             tokio::spawn(async move {
                 axum::serve(listener, router)

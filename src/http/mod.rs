@@ -281,30 +281,62 @@ pub fn router(state: AppState, max_in_flight: usize, request_timeout: Duration) 
     let api = api
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
+    let metrics = state.metrics.clone();
+    served(
+        api,
+        state,
+        &metrics,
+        Limits {
+            max_in_flight,
+            request_timeout,
+            body: BODY_LIMIT,
+        },
+    )
+}
+
+/// What a listener's routes may take: requests at once (more are shed with 503), the time
+/// one may run (then 503 `TIMEOUT`), and the largest body (413).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_in_flight: usize,
+    pub request_timeout: Duration,
+    pub body: usize,
+}
+
+/// `routes` with the layers every listener of this service serves behind (the public port
+/// and the peer port alike): a panic is a 500 rather than a lost connection, every request
+/// is counted and timed by route, and `limits` hold.
+fn served<S: Clone + Send + Sync + 'static>(
+    routes: Router<S>,
+    state: S,
+    metrics: &Metrics,
+    limits: Limits,
+) -> Router {
     // One `Arc` for the layers below: the stack is cloned per request, and a bare `Metrics`
     // is two dozen reference counts.
-    let metrics = Arc::new(state.metrics.clone());
+    let metrics = Arc::new(metrics.clone());
     let shed = metrics.clone();
-    api.layer(
-        ServiceBuilder::new()
-            .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
-                ApiError::Internal(anyhow::anyhow!("handler panicked")).into_response()
-            }))
-            .layer(RecordMetricsLayer(metrics))
-            .layer(axum::error_handling::HandleErrorLayer::new(
-                move |e: BoxError| {
-                    let metrics = shed.clone();
-                    async move { overload_error(&metrics, e) }
-                },
-            ))
-            .layer(tower::load_shed::LoadShedLayer::new())
-            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
-                max_in_flight,
-            ))
-            .layer(tower::timeout::TimeoutLayer::new(request_timeout))
-            .layer(DefaultBodyLimit::max(BODY_LIMIT)),
-    )
-    .with_state(state)
+    routes
+        .layer(
+            ServiceBuilder::new()
+                .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
+                    ApiError::Internal(anyhow::anyhow!("handler panicked")).into_response()
+                }))
+                .layer(RecordMetricsLayer(metrics))
+                .layer(axum::error_handling::HandleErrorLayer::new(
+                    move |e: BoxError| {
+                        let metrics = shed.clone();
+                        async move { overload_error(&metrics, e) }
+                    },
+                ))
+                .layer(tower::load_shed::LoadShedLayer::new())
+                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                    limits.max_in_flight,
+                ))
+                .layer(tower::timeout::TimeoutLayer::new(limits.request_timeout))
+                .layer(DefaultBodyLimit::max(limits.body)),
+        )
+        .with_state(state)
 }
 
 fn overload_error(metrics: &Metrics, e: BoxError) -> Response {
@@ -468,6 +500,35 @@ mod tests {
         res.headers()
             .get(REQUEST_ID)
             .map(|v| v.to_str().expect("text").to_string())
+    }
+
+    /// Mutation seen failing: the stack without `CatchPanicLayer` (the panic reaches the
+    /// caller; a server would drop the connection).
+    #[tokio::test]
+    async fn a_panicking_handler_behind_the_served_layers_is_a_500_not_a_lost_connection() {
+        let routes: Router<()> = Router::new().route(
+            "/boom",
+            get(|| async {
+                panic!("a handler's bug");
+                #[allow(unreachable_code)]
+                ""
+            }),
+        );
+        let limits = Limits {
+            max_in_flight: 4,
+            request_timeout: Duration::from_secs(5),
+            body: BODY_LIMIT,
+        };
+        let res = served(routes, (), &Metrics::new(), limits)
+            .oneshot(
+                Request::builder()
+                    .uri("/boom")
+                    .body(axum::body::Body::empty())
+                    .expect("request"),
+            )
+            .await
+            .expect("an answer");
+        assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[tokio::test]

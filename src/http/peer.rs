@@ -2,21 +2,45 @@
 //! this instance owns ([`crate::peers`]). Not part of the public API: it listens on its own
 //! address and takes admin tokens only (peers sign them with the shared secret).
 
-use super::{ApiError, AppState, Json};
+use super::{ApiError, AppState, Json, Limits};
 use crate::auth::Caller;
 use crate::checkout::OrderRequest;
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
-use crate::peers::{WireAnswer, WireOrder};
+use crate::peers::{MAX_FORWARD, WireAnswer, WireOrder};
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::header;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-pub fn router(state: AppState) -> Router {
-    Router::new()
+/// The largest forwarded request: [`MAX_FORWARD`] orders of the longest ids and keys, every
+/// character of a key escaped, is under 1 MiB.
+const BODY_LIMIT: usize = 4 << 20;
+
+/// The peer listener's routes, behind the public port's layers (panics caught, metrics,
+/// load shedding, the request timeout) with `limits`, but for a body limit sized for a
+/// forwarded batch.
+pub fn router(state: AppState, limits: Limits) -> Router {
+    let routes = Router::new()
         .route(crate::peers::PATH, axum::routing::post(place))
-        .layer(DefaultBodyLimit::max(4 << 20))
-        .with_state(state)
+        .route(crate::peers::ALIVE_PATH, axum::routing::get(alive))
+        .fallback(super::not_found)
+        .method_not_allowed_fallback(super::method_not_allowed);
+    let metrics = state.metrics.clone();
+    super::served(
+        routes,
+        state,
+        &metrics,
+        Limits {
+            body: BODY_LIMIT,
+            ..limits
+        },
+    )
+}
+
+/// A sign of life for a peer that has waited long for an answer (src/peers.rs): no token, no
+/// database, nothing to learn from it but that this process runs.
+async fn alive() -> StatusCode {
+    StatusCode::NO_CONTENT
 }
 
 /// Places every order as if its client had sent it here, all at once (they join this
@@ -28,6 +52,12 @@ async fn place(
 ) -> Result<Json<Vec<WireAnswer>>, ApiError> {
     if !caller.is_admin() {
         return Err(ApiError::Forbidden("peers sign admin tokens"));
+    }
+    if orders.len() > MAX_FORWARD {
+        return Err(ApiError::invalid(
+            "TOO_MANY_ORDERS",
+            format!("a peer forwards at most {MAX_FORWARD} orders at once"),
+        ));
     }
     let answers = futures::future::join_all(orders.into_iter().map(|o| {
         let state = state.clone();
