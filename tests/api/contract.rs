@@ -638,3 +638,74 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
         "a frozen export ended as a clean 200 after {got} of {whole} bytes"
     );
 }
+
+/// `ttl_s` is 1–3600 and a cart or hold has 1–50 lines: both ends are accepted, one past
+/// either is 422 and writes nothing, takes nothing and claims no key (the same key then
+/// works with a valid body). Mutations seen failing it: `HoldTtl::parse` accepting
+/// `1..=3601`; `Lines::MAX = 51`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_outside_1_to_3600_and_51_lines_are_422_and_take_nothing() {
+    let app = spawn_app(shared_cluster()).await;
+    let ids: Vec<String> = (0..51).map(|i| format!("many-{i:02}")).collect();
+    for id in &ids {
+        assert_eq!(
+            app.create_product(id, 10, 100).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let one = json!([{"product_id": "many-00", "quantity": 1}]);
+    for ttl in [json!(0), json!(3601), json!(-1), json!(1.5)] {
+        let (s, _, body) = send(
+            app.client
+                .post(app.url("/v1/holds"))
+                .bearer_auth(app.user_token("ada"))
+                .header("Idempotency-Key", format!("ttl-{ttl}"))
+                .json(&json!({"lines": one, "ttl_s": ttl})),
+        )
+        .await;
+        assert_error_for(&format!("ttl_s {ttl}"), &(s, body), 422, "INVALID_TTL");
+    }
+    let all: Vec<Value> = ids
+        .iter()
+        .map(|p| json!({"product_id": p, "quantity": 1}))
+        .collect();
+    let fifty = Value::from(all[..50].to_vec());
+    let fifty_one = Value::from(all.clone());
+    let cart = |key: &str, lines: &Value| {
+        app.client
+            .post(app.url("/v1/orders"))
+            .bearer_auth(app.user_token("ada"))
+            .header("Idempotency-Key", key)
+            .json(&json!({"lines": lines}))
+    };
+    let (s, _, body) = send(cart("cart-51", &fifty_one)).await;
+    assert_error_for("a cart of 51", &(s, body), 422, "INVALID_LINES");
+    let (s, _, body) = send(hold_request(&app, "ada", "hold-51", fifty_one.clone(), 60)).await;
+    assert_error_for("a hold of 51", &(s, body), 422, "INVALID_LINES");
+    let rows: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM holds) \
+              + (SELECT count(*) FROM products WHERE available_quantity <> 10)",
+    )
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+    assert_eq!(rows, 0, "a refused body writes and takes nothing");
+
+    // The ends themselves, under the keys the refused bodies did not claim.
+    for ttl in [1, 3600] {
+        let (s, _, body) = send(hold_request(
+            &app,
+            "ada",
+            &format!("ttl-{ttl}"),
+            one.clone(),
+            ttl,
+        ))
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "ttl_s {ttl}: {body}");
+    }
+    let (s, _, body) = send(cart("cart-51", &fifty)).await;
+    assert_eq!(s, StatusCode::CREATED, "a cart of 50: {body}");
+    assert_eq!(body["lines"].as_array().map(Vec::len), Some(50));
+    let (s, _, body) = send(hold_request(&app, "ada", "hold-51", fifty, 60)).await;
+    assert_eq!(s, StatusCode::CREATED, "a hold of 50: {body}");
+}
