@@ -359,7 +359,8 @@ pub async fn expire_due(db: &Db, limit: i64) -> Result<(usize, Vec<ProductId>), 
                       ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
               ended AS (UPDATE holds h SET status = 'expired', ended_at = clock_timestamp() \
                         FROM due WHERE h.hold_id = due.hold_id RETURNING h.hold_id) \
-         SELECT l.hold_id, l.product_id, l.quantity FROM hold_lines l JOIN ended USING (hold_id)",
+         SELECT e.hold_id, l.product_id, l.quantity FROM ended e \
+         CROSS JOIN LATERAL (SELECT product_id, quantity FROM hold_lines WHERE hold_id = e.hold_id OFFSET 0) l",
     )
     .bind(limit)
     .fetch_all(&mut *tx)
@@ -381,10 +382,15 @@ pub async fn expire_due(db: &Db, limit: i64) -> Result<(usize, Vec<ProductId>), 
     Ok((ended.len(), products))
 }
 
-/// Units held right now, per product (the hottest first), for operators.
+/// Units held right now, per product (the hottest first), for operators. From the live holds
+/// (their partial index) to their lines by key: the lines of every hold ever taken stay in
+/// `hold_lines`, and a join the planner may turn around (it did, without statistics) read all
+/// of them every second, on every instance's sweeper. `OFFSET 0` keeps the lines' lookup a
+/// per-hold subquery.
 pub async fn units_held(db: &Db, top: i64) -> Result<Vec<(String, i64)>, CheckoutError> {
     Ok(sqlx::query_as(
-        "SELECT l.product_id, SUM(l.quantity)::int8 FROM hold_lines l JOIN holds h USING (hold_id) \
+        "SELECT l.product_id, SUM(l.quantity)::int8 FROM holds h \
+         CROSS JOIN LATERAL (SELECT product_id, quantity FROM hold_lines WHERE hold_id = h.hold_id OFFSET 0) l \
          WHERE h.status = 'held' GROUP BY l.product_id ORDER BY 2 DESC, 1 LIMIT $1",
     )
     .bind(top)
@@ -436,13 +442,24 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
     .execute(&mut **tx)
     .await?;
     if single.is_none() {
+        // The lines at the prices read above by key (the total's): a join of `hold_lines` to
+        // `products` here was planned as a hash of the whole catalogue on a deployment
+        // without statistics.
         sqlx::query(
             "INSERT INTO order_lines (order_id, product_id, quantity, unit_price_cents) \
-             SELECT $1, l.product_id, l.quantity, p.price_cents FROM hold_lines l JOIN products p USING (product_id) \
-             WHERE l.hold_id = $2 ORDER BY l.product_id COLLATE \"C\"",
+             SELECT $1, l.product_id, l.quantity, l.price \
+             FROM UNNEST($2::text[], $3::int4[], $4::int4[]) AS l(product_id, quantity, price) \
+             ORDER BY l.product_id COLLATE \"C\"",
         )
         .bind(order_id)
-        .bind(hold.hold_id)
+        .bind(&products)
+        .bind(hold.lines.iter().map(|l| l.quantity).collect::<Vec<i32>>())
+        .bind(
+            hold.lines
+                .iter()
+                .map(|l| price(&l.product_id))
+                .collect::<Vec<i32>>(),
+        )
         .execute(&mut **tx)
         .await?;
     }

@@ -98,17 +98,28 @@ async fn a_write_that_meets_a_read_only_node_is_a_503_with_retry_after_and_write
 }
 
 /// A hold past its `expires_at`: its units are back within 5 s of it (never before), judged
-/// on the database's clock; `GET` says `expired`; a confirm is 409 `HOLD_EXPIRED` and makes
-/// no order.
+/// from what this test saw, not from what the service wrote about itself: the first read of
+/// the stock that found the units back ended less than 5 s after `expires_at` (an upper
+/// bound of the moment they came back) and after it (a read that ended before `expires_at`
+/// and found them back would prove them early). The database and this test read the same
+/// host clock. `GET` then says `expired`, a confirm is 409 `HOLD_EXPIRED` and makes no order,
+/// and the sweeper's ending is one `hold.expired` event in the feed with the hold's lines.
+/// Mutations seen failing: a sweeper 6 s late that dates its ending at `expires_at`
+/// (`expires_at <= clock_timestamp() - interval '6 s'` and `ended_at = h.expires_at` in
+/// `holds::expire_due`: the service's own `ended_at` said 0 ms late, the stock came back
+/// 6 s late); the sweeper ending a hold as `released` (`SET status = 'released'` in
+/// `expire_due`); the ending trigger without `'expired'` (`events_holds_updated` in migration
+/// `20261202000007`: no `hold.expired` before the marker).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_hold_gives_its_units_back_within_5_s_and_says_hold_expired() {
     let app = spawn_app(shared_cluster()).await;
     app.create_product("exp", 10, 100).await;
+    app.create_product("exp-b", 10, 100).await;
     let (s, _, hold) = send(hold_request(
         &app,
         "ada",
         "h1",
-        json!([{"product_id": "exp", "quantity": 3}]),
+        json!([{"product_id": "exp", "quantity": 3}, {"product_id": "exp-b", "quantity": 2}]),
         1,
     ))
     .await;
@@ -116,23 +127,38 @@ async fn an_expired_hold_gives_its_units_back_within_5_s_and_says_hold_expired()
     let hold = parse::<Hold>(&hold);
     assert_eq!(hold.status, HoldStatus::Held);
     let id = hold.hold_id;
-    assert_eq!(app.stock_on_primary("exp").await, 7);
-    app.wait_for("the units back", Duration::from_secs(15), || async {
-        app.stock_on_primary("exp").await == 10
-    })
-    .await;
-    let (status, late_ms): (String, f64) = sqlx::query_as(
-        "SELECT status, extract(epoch FROM ended_at - expires_at)::float8 * 1000 \
-         FROM holds WHERE hold_id = $1::uuid",
-    )
-    .bind(id)
-    .fetch_one(&app.primary)
-    .await
-    .unwrap();
-    assert_eq!(status, "expired");
+    let stock = || async {
+        (
+            app.stock_on_primary("exp").await,
+            app.stock_on_primary("exp-b").await,
+        )
+    };
+    // Precondition: the units were held when the hold came back.
+    assert_eq!(stock().await, (7, 8));
+    let back_seen_at = loop {
+        let read = stock().await;
+        let ended = chrono::Utc::now();
+        match read {
+            (10, 10) => break ended,
+            (7, 8) => {}
+            other => panic!("the hold's units came back in part: {other:?}"),
+        }
+        assert!(
+            ended - hold.expires_at < chrono::Duration::seconds(15),
+            "the units never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let late = back_seen_at - hold.expires_at;
     assert!(
-        (0.0..5_000.0).contains(&late_ms),
-        "units back {late_ms} ms after expires_at"
+        late >= chrono::Duration::zero(),
+        "the units were back {} ms before expires_at",
+        -late.num_milliseconds()
+    );
+    assert!(
+        late < chrono::Duration::seconds(5),
+        "the units were seen back only {} ms after expires_at",
+        late.num_milliseconds()
     );
     let token = app.user_token("ada");
     let (s, got) = app.get_json(&format!("/v1/holds/{id}"), Some(&token)).await;
@@ -147,6 +173,34 @@ async fn an_expired_hold_gives_its_units_back_within_5_s_and_says_hold_expired()
     assert_error(&(s, body), 409, "HOLD_EXPIRED");
     assert_eq!(app.confirmed_orders("exp").await, (0, 0));
     assert_eq!(app.stock_on_primary("exp").await, 10);
+
+    // The sweeper's ending, in the feed: one `hold.expired` naming the lines that went back,
+    // and no other ending of this hold. A product created now is the marker: the feed up to
+    // its creation holds every change that committed before it.
+    assert_eq!(
+        app.create_product("exp-marker", 1, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let feed = feed_until(&app, "the marker's creation", |e| {
+        e["type"] == "stock.changed" && e["data"]["product_id"] == "exp-marker"
+    })
+    .await;
+    let hold_id = id.to_string();
+    let endings: Vec<&Value> = feed
+        .iter()
+        .filter(|e| {
+            e["data"]["hold_id"] == hold_id.as_str()
+                && ["hold.expired", "hold.released", "hold.confirmed"]
+                    .contains(&e["type"].as_str().unwrap_or(""))
+        })
+        .collect();
+    assert_eq!(endings.len(), 1, "one ending: {endings:?}");
+    assert_eq!(
+        endings[0]["data"]["lines"],
+        json!([{"product_id": "exp", "quantity": 3}, {"product_id": "exp-b", "quantity": 2}]),
+        "{}",
+        endings[0]
+    );
 }
 
 /// A hold whose client hung up while it waited on the row: the retry with its key tells the
@@ -583,4 +637,75 @@ async fn an_export_whose_replica_is_cut_mid_stream_fails_instead_of_ending_short
         !clean,
         "a frozen export ended as a clean 200 after {got} of {whole} bytes"
     );
+}
+
+/// `ttl_s` is 1–3600 and a cart or hold has 1–50 lines: both ends are accepted, one past
+/// either is 422 and writes nothing, takes nothing and claims no key (the same key then
+/// works with a valid body). Mutations seen failing it: `HoldTtl::parse` accepting
+/// `1..=3601`; `Lines::MAX = 51`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_outside_1_to_3600_and_51_lines_are_422_and_take_nothing() {
+    let app = spawn_app(shared_cluster()).await;
+    let ids: Vec<String> = (0..51).map(|i| format!("many-{i:02}")).collect();
+    for id in &ids {
+        assert_eq!(
+            app.create_product(id, 10, 100).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let one = json!([{"product_id": "many-00", "quantity": 1}]);
+    for ttl in [json!(0), json!(3601), json!(-1), json!(1.5)] {
+        let (s, _, body) = send(
+            app.client
+                .post(app.url("/v1/holds"))
+                .bearer_auth(app.user_token("ada"))
+                .header("Idempotency-Key", format!("ttl-{ttl}"))
+                .json(&json!({"lines": one, "ttl_s": ttl})),
+        )
+        .await;
+        assert_error_for(&format!("ttl_s {ttl}"), &(s, body), 422, "INVALID_TTL");
+    }
+    let all: Vec<Value> = ids
+        .iter()
+        .map(|p| json!({"product_id": p, "quantity": 1}))
+        .collect();
+    let fifty = Value::from(all[..50].to_vec());
+    let fifty_one = Value::from(all.clone());
+    let cart = |key: &str, lines: &Value| {
+        app.client
+            .post(app.url("/v1/orders"))
+            .bearer_auth(app.user_token("ada"))
+            .header("Idempotency-Key", key)
+            .json(&json!({"lines": lines}))
+    };
+    let (s, _, body) = send(cart("cart-51", &fifty_one)).await;
+    assert_error_for("a cart of 51", &(s, body), 422, "INVALID_LINES");
+    let (s, _, body) = send(hold_request(&app, "ada", "hold-51", fifty_one.clone(), 60)).await;
+    assert_error_for("a hold of 51", &(s, body), 422, "INVALID_LINES");
+    let rows: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM holds) \
+              + (SELECT count(*) FROM products WHERE available_quantity <> 10)",
+    )
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+    assert_eq!(rows, 0, "a refused body writes and takes nothing");
+
+    // The ends themselves, under the keys the refused bodies did not claim.
+    for ttl in [1, 3600] {
+        let (s, _, body) = send(hold_request(
+            &app,
+            "ada",
+            &format!("ttl-{ttl}"),
+            one.clone(),
+            ttl,
+        ))
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "ttl_s {ttl}: {body}");
+    }
+    let (s, _, body) = send(cart("cart-51", &fifty)).await;
+    assert_eq!(s, StatusCode::CREATED, "a cart of 50: {body}");
+    assert_eq!(body["lines"].as_array().map(Vec::len), Some(50));
+    let (s, _, body) = send(hold_request(&app, "ada", "hold-51", fifty, 60)).await;
+    assert_eq!(s, StatusCode::CREATED, "a hold of 50: {body}");
 }

@@ -350,3 +350,47 @@ async fn an_order_names_a_product_that_exists_and_keeps_it() {
     );
     assert_eq!(orders().await, 2);
 }
+
+/// `stockgate token` in a directory with a `.env`: `.env` supplies what the environment
+/// lacks (the token it prints verifies with `.env`'s secret), and the real environment wins
+/// over it. Mutation seen failing it: `Config::from_env` without `dotenvy::dotenv()` (no
+/// secret: exit 2).
+#[test]
+fn a_dot_env_file_is_read_and_the_real_environment_wins_over_it() {
+    let dir = std::env::temp_dir().join(format!("sg-dotenv-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let from_file = "secret-from-the-dot-env-file";
+    std::fs::write(
+        dir.join(".env"),
+        format!("# as .env.example\nSTOCKGATE_TOKEN_SECRET={from_file}\n"),
+    )
+    .unwrap();
+    let token = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stockgate"));
+        cmd.args(["token", "--user", "ada"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .current_dir(&dir);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run stockgate");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let ada = Caller::User(stockgate::domain::UserId::parse("ada").unwrap());
+    let read = token(&[]);
+    assert_eq!(
+        Tokens::new(from_file).verify(&read).ok(),
+        Some(ada.clone()),
+        "signed with the .env file's secret"
+    );
+    let overridden = token(&[("STOCKGATE_TOKEN_SECRET", SECRET)]);
+    assert_eq!(Tokens::new(SECRET).verify(&overridden).ok(), Some(ada));
+    assert!(Tokens::new(from_file).verify(&overridden).is_err());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1039,3 +1039,42 @@ pub async fn decisions(
     }
     out
 }
+
+/// Every event of `app`'s feed from the start (read as the admin, page by page), once one of
+/// them satisfies `done`. The feed's horizon is the cluster's (another test's long
+/// transaction delays it), so this waits for the change the caller made last, long-polling
+/// behind what it has read, for up to 60 s.
+pub async fn feed_until(app: &TestApp, what: &str, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut all: Vec<Value> = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let query = match &next {
+                Some(after) => format!("/v1/events?limit=1000&after={after}"),
+                None => "/v1/events?limit=1000".to_owned(),
+            };
+            let (status, body) = app.get_json(&query, Some(&app.admin)).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let events = body["events"].as_array().expect("events").clone();
+            next = Some(body["next"].as_str().expect("next").to_owned());
+            if events.is_empty() {
+                break;
+            }
+            all.extend(events);
+        }
+        if all.iter().any(&done) {
+            return all;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the feed never showed {what}: {all:?}"
+        );
+        let after = next.expect("a page was read");
+        app.get_json(
+            &format!("/v1/events?after={after}&wait_ms=1000"),
+            Some(&app.admin),
+        )
+        .await;
+    }
+}

@@ -98,3 +98,109 @@ async fn refusals_older_than_the_window_are_purged_and_their_keys_may_buy_anew()
     );
     assert_eq!(app.stock_on_primary("window").await, 0);
 }
+
+/// Ages every refusal of `user` to `age` before now (the primary's clock).
+async fn age_refusals(app: &TestApp, user: &str, age: &str) {
+    sqlx::query(
+        "WITH o AS (UPDATE orders SET created_at = clock_timestamp() - $2::interval \
+                    WHERE user_id = $1 AND status = 'refused' RETURNING 1), \
+              h AS (UPDATE holds SET created_at = clock_timestamp() - $2::interval \
+                    WHERE user_id = $1 AND status = 'refused' RETURNING 1) \
+         SELECT (SELECT count(*) FROM o) + (SELECT count(*) FROM h)",
+    )
+    .bind(user)
+    .bind(age)
+    .fetch_one(&app.primary)
+    .await
+    .unwrap();
+}
+
+async fn refusals_of(app: &TestApp, user: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM orders WHERE user_id = $1 AND status = 'refused') \
+              + (SELECT count(*) FROM holds WHERE user_id = $1 AND status = 'refused')",
+    )
+    .bind(user)
+    .fetch_one(&app.primary)
+    .await
+    .unwrap()
+}
+
+/// The boundary, under the default window (24 h, the one deployments run): an order's and a
+/// hold's refusal aged 23 h 59 min stay, the same aged 24 h 1 min go, in the same sweep. The
+/// margin (a minute) is far wider than the sweeps between the aging and the check, so no
+/// schedule can move a refusal across it. Mutations: the window read in minutes instead of
+/// seconds (`make_interval(mins => $1)` in `refusals::purge`: 24 h becomes 60 d, the outside
+/// refusals stay and the wait times out), or the window cut to minutes (`window.as_secs_f64()
+/// / 60.0`: 24 h becomes 24 min, the inside refusals go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_just_inside_the_window_stays_and_one_just_outside_goes() {
+    let app = spawn_app(shared_cluster()).await;
+    app.create_product("edge", 0, 100).await;
+    for user in ["inside", "outside"] {
+        let (s, body) = send_as(
+            &app,
+            reqwest::Method::POST,
+            "/v1/orders",
+            user,
+            Some("o"),
+            json!({"product_id": "edge", "quantity": 1}),
+        )
+        .await;
+        assert_error(&(s, body), 409, "OUT_OF_STOCK");
+        let (s, body) = send_as(
+            &app,
+            reqwest::Method::POST,
+            "/v1/holds",
+            user,
+            Some("h"),
+            json!({"lines": [{"product_id": "edge", "quantity": 1}]}),
+        )
+        .await;
+        assert_error(&(s, body), 409, "OUT_OF_STOCK");
+        assert_eq!(
+            refusals_of(&app, user).await,
+            2,
+            "{user}: both refusals kept"
+        );
+    }
+    age_refusals(&app, "inside", "23 hours 59 minutes").await;
+    age_refusals(&app, "outside", "24 hours 1 minute").await;
+    // Young refusals that were never aged: they must outlive everything here.
+    let (s, body) = send_as(
+        &app,
+        reqwest::Method::POST,
+        "/v1/orders",
+        "young",
+        Some("o"),
+        json!({"product_id": "edge", "quantity": 1}),
+    )
+    .await;
+    assert_error(&(s, body), 409, "OUT_OF_STOCK");
+
+    app.wait_for(
+        "the refusals past the window purged",
+        Duration::from_secs(20),
+        || async { refusals_of(&app, "outside").await == 0 },
+    )
+    .await;
+    // The purge that took the outside ones ran with the inside ones already aged: they were
+    // judged in the same statement, and stayed.
+    assert_eq!(
+        refusals_of(&app, "inside").await,
+        2,
+        "a refusal a minute inside the window stays"
+    );
+    assert_eq!(refusals_of(&app, "young").await, 1);
+
+    // Their keys, with stock again: the inside key is still final, the outside one buys.
+    app.restock("edge", 1).await;
+    assert_eq!(
+        app.order("inside", "o", "edge", 1).await.status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        app.order("outside", "o", "edge", 1).await.status(),
+        StatusCode::CREATED
+    );
+}

@@ -392,6 +392,39 @@ async fn an_import_keeps_what_was_sold(via: Via) {
     // The other product and the orders were never touched.
     assert_eq!(app.stock_on_primary(other).await, 4);
     assert_eq!(app.confirmed_orders(p).await, (3, 3));
+
+    // Each import that moved stock is one `stock.changed` of reason `import` with the
+    // difference it made: the new products' counts (the creating statement), then +5 and -12
+    // for the restated one (the restating statement); the re-run that changed nothing has
+    // none. Mutations: `'delta', stock` instead of `'delta', delta` in `stock::restate` (the
+    // new stock reported as the change: 12 and 0), `'reason', 'restock'` in
+    // `stock::create_many`.
+    let feed = feed_until(&app, "the lowered count's event", |e| {
+        e["type"] == "stock.changed"
+            && e["data"]["product_id"] == p
+            && e["data"]["available_quantity"] == 0
+    })
+    .await;
+    let changes = |id: &str| -> Vec<(String, i64, i64)> {
+        feed.iter()
+            .filter(|e| e["type"] == "stock.changed" && e["data"]["product_id"] == id)
+            .map(|e| {
+                let d = &e["data"];
+                (
+                    d["reason"].as_str().unwrap_or("").to_owned(),
+                    d["delta"].as_i64().unwrap(),
+                    d["available_quantity"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let import = |delta, available| ("import".to_owned(), delta, available);
+    assert_eq!(
+        changes(p),
+        [import(10, 10), import(5, 12), import(-12, 0)],
+        "{via:?}"
+    );
+    assert_eq!(changes(other), [import(4, 4)], "{via:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,7 @@ mod peers;
 mod plans;
 mod read_your_writes;
 mod reports;
+mod retention;
 mod retries;
 mod robustness;
 mod schemathesis;

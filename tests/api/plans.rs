@@ -8,8 +8,28 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
-/// The tables the order paths write and look up by key.
-const TABLES: [&str; 4] = ["orders", "holds", "order_lines", "restocks"];
+/// Every table the order paths read or write: the orders, carts, holds and restocks and
+/// their keys, the products they lock and judge (stock, limits, sale windows), the lines a
+/// limit counts (`customer_units` reads `hold_lines` on every limited order) and the events
+/// their triggers write.
+const TABLES: [&str; 7] = [
+    "orders",
+    "holds",
+    "order_lines",
+    "restocks",
+    "hold_lines",
+    "products",
+    "events",
+];
+
+/// Tables measured and reported but not judged: the order paths only append to `events`
+/// (their triggers), but the feed's watcher and purge, which run in the same service, read it,
+/// and on a deployment without statistics they read all of it: `feed::newest` orders by its
+/// output column `xid` (`xid::text::int8`, which no index serves), so every tick (4 a second
+/// per instance) reads and sorts every event below the horizon; the purge's first plan scans
+/// the table and sorts it. Judged here once `src/events/feed.rs` no longer does (issue #48,
+/// item 7).
+const READ_BY_THE_FEED: [&str; 1] = ["events"];
 
 /// Per table: (sequential scans, index entries read, index blocks touched), every backend of
 /// the database but this one ended first so their pending statistics are flushed.
@@ -49,7 +69,29 @@ async fn unanalyzed_database() -> (String, sqlx::PgPool) {
          ALTER TABLE order_lines SET (autovacuum_enabled = off); \
          ALTER TABLE restocks SET (autovacuum_enabled = off); \
          ALTER TABLE hold_lines SET (autovacuum_enabled = off); \
-         ALTER TABLE products SET (autovacuum_enabled = off);",
+         ALTER TABLE products SET (autovacuum_enabled = off); \
+         ALTER TABLE events SET (autovacuum_enabled = off);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // A catalogue and a history, never analyzed: on a few pages a sequential scan is the
+    // cheapest plan and says nothing, on many it reads them all. 20,000 products, 10,000
+    // released holds of two lines each, 20,000 rows of events.
+    sqlx::raw_sql(
+        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
+           SELECT 'filler-' || i, 'Filler ' || i, 100, 10, 10 FROM generate_series(1, 20000) i; \
+         INSERT INTO holds (hold_id, user_id, idempotency_key, request_fingerprint, status, expires_at, ended_at) \
+           SELECT ('00000000-0000-4000-8000-' || lpad(i::text, 12, '0'))::uuid, 'filler-' || i, 'k', 'fp', \
+                  'released', now(), now() FROM generate_series(1, 10000) i; \
+         INSERT INTO hold_lines (hold_id, product_id, quantity) \
+           SELECT ('00000000-0000-4000-8000-' || lpad(i::text, 12, '0'))::uuid, 'filler-' || (i + j), 1 \
+           FROM generate_series(1, 10000) i, generate_series(0, 1) j; \
+         INSERT INTO events (types, items, k) \
+           SELECT '{stock.changed}', json_build_array(json_build_object('type', 'stock.changed', \
+                  'data', json_build_object('product_id', 'filler-' || i, 'delta', 10, \
+                  'available_quantity', 10, 'reason', 'create'))), 1 \
+           FROM generate_series(1, 20000) i;",
     )
     .execute(&pool)
     .await
@@ -86,7 +128,12 @@ async fn send(
 /// batch). Mutations seen failing it: without migration 20261202000002 (the batch function's
 /// planner settings) the batches' cached key lookups scan `orders`; without migration
 /// 20261203000001 the cart batches' key lookup and the `order.confirmed` trigger on
-/// `order_lines` do.
+/// `order_lines` do. With 20,000 products and 20,000 hold lines already there, a hold's
+/// confirm that joins `hold_lines` to `products` for its lines' prices hashes the whole of
+/// `products` (100 scans), and the sweeper's `units_held` and `expire_due` (every second) scan
+/// `hold_lines`: each seen failing it before `holds::order_from` took its prices by key and
+/// the two sweeper statements went from the holds to their lines by key (mutations: either
+/// statement back to its join).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statistics() {
     let (db, pool) = unanalyzed_database().await;
@@ -329,7 +376,7 @@ async fn the_order_paths_never_scan_their_tables_on_a_deployment_without_statist
         ));
     }
     println!("{} requests; {}", requests, report.join("; "));
-    for t in TABLES {
+    for t in TABLES.into_iter().filter(|t| !READ_BY_THE_FEED.contains(t)) {
         let (s0, i0, _) = before.get(t).copied().unwrap_or_default();
         let (s1, i1, _) = after.get(t).copied().unwrap_or_default();
         assert_eq!(s1 - s0, 0, "sequential scans of {t}: {report:?}");
