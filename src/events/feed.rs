@@ -99,7 +99,7 @@ pub async fn read_page<'e>(
 pub async fn newest<'e>(exec: impl sqlx::PgExecutor<'e>) -> Result<Cursor, sqlx::Error> {
     let row: Option<(i64, i64)> = sqlx::query_as(
         "SELECT xid::text::int8, n * 65536 + k FROM events \
-         WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY xid DESC, n DESC LIMIT 1",
+         WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY events.xid DESC, events.n DESC LIMIT 1",
     )
     .fetch_optional(exec)
     .await?;
