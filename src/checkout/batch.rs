@@ -93,6 +93,21 @@ pub(super) async fn run(
     })
 }
 
+/// How long a combined statement may wait for one of its rows' locks before it gives up
+/// (55P03, nothing written) and its batches run one by one: a few times a statement's own
+/// time under load, so two instances' batches of a hot product still meet in the row's
+/// queue, while a row held by a long transaction delays the other products that little.
+pub(super) const COMBINED_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// The combined statement. It waits at most [`COMBINED_LOCK_WAIT`] (`$8`) for any of its
+/// rows (`set_config(…, true)` lasts for this statement's own transaction, and the LATERAL
+/// reference makes it run before the function): one product's row held elsewhere must not
+/// hold up the others it carries. Past it, nothing was written, and the coalescer runs the
+/// batches one by one, so only the held product's batch waits.
+const COMBINED: &str = "SELECT f.* FROM (SELECT set_config('lock_timeout', $8, true) AS t) s \
+     CROSS JOIN LATERAL take_order_batches_v3(CASE WHEN s.t IS NOT NULL THEN $1::text[] END, \
+                                              $2, $3, $4, $5, $6, $7) f";
+
 /// Runs the batches of several products (each once) as one statement, one transaction, one
 /// commit: `take_order_batches_v3`, which locks every product row in byte
 /// order, seats the products whose whole batch fits (no limit or window to judge) together,
@@ -126,14 +141,15 @@ pub(super) async fn run_many(
         ends.push(i32::try_from(users.len()).unwrap_or(i32::MAX));
     }
     let ids: Vec<Uuid> = (0..total).map(|_| super::order::new_row_id()).collect();
-    let statement = sqlx::query("SELECT * FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7)")
+    let statement = sqlx::query(COMBINED)
         .bind(&products)
         .bind(&ends)
         .bind(&ids)
         .bind(&users)
         .bind(&keys)
         .bind(&qty)
-        .bind(&fps);
+        .bind(&fps)
+        .bind(format!("{}ms", COMBINED_LOCK_WAIT.as_millis()));
     let (rows, sent, arrived) = send(db, statement).await?;
     let mut by_product: HashMap<&str, Vec<&PgRow>> = HashMap::new();
     for row in &rows {

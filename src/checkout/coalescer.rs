@@ -128,8 +128,10 @@ const STATEMENTS: usize = 1;
 const STALL: Duration = Duration::from_millis(25);
 
 /// How many stalled statements may wait beside the one running normally; beyond this, the
-/// next statement waits for one of them.
-const STALLED: usize = 3;
+/// next statement waits for one of them. A product waiting on a held row ends up in a
+/// statement of its own (a combined one gives up after [`batch::COMBINED_LOCK_WAIT`]), so
+/// this many held products leave the running place free; each holds one connection.
+const STALLED: usize = 8;
 
 /// The most requests one combined statement carries.
 const MAX_COMBINED: usize = 1024;
