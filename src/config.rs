@@ -151,7 +151,7 @@ impl Config {
                 }
                 if self.redis_url.is_none() {
                     return Err(ConfigError(
-                        "STOCKGATE_PEERS needs STOCKGATE_REDIS_URL: an order placed by a peer pins its user's reads there".into(),
+                        "STOCKGATE_PEERS needs STOCKGATE_REDIS_URL: read-your-writes must hold across the instances".into(),
                     ));
                 }
             }
