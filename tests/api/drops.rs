@@ -324,8 +324,8 @@ async fn an_expiry_frees_units_for_new_keys() {
     assert_eq!(units_of(&app, "expirer", "lim-e").await, 2);
 }
 
-/// Sale windows are judged on the primary's clock, not the service's: a service whose clock
-/// runs two hours ahead (an injected clock) still refuses a sale that starts in an hour on
+/// Sale windows are judged on the primary's clock, not the service's: a service whose wall
+/// clock runs two hours ahead (`WallAhead`) still refuses a sale that starts in an hour on
 /// the primary, with the primary's `Retry-After`, and still sells a product whose sale ends
 /// in an hour there, though by its own clock the first started and the second ended an hour
 /// ago. Mutation seen failing it (standing in for "judged on the service's clock", which runs
@@ -333,53 +333,25 @@ async fn an_expiry_frees_units_for_new_keys() {
 /// claim's window (`refusals::CLAIM`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sale_window_follows_the_primarys_clock_not_the_services() {
-    let clock = stockgate::clock::ManualClock::new();
-    clock.advance(Duration::from_secs(2 * 3600));
     let app = spawn_app_with(AppOptions {
-        clock,
+        clock: std::sync::Arc::new(WallAhead(chrono::Duration::hours(2))),
         ..AppOptions::new(shared_cluster())
     })
     .await;
-    let (starts, ends): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
-        sqlx::query_as(
-            "SELECT date_trunc('milliseconds', now() + interval '1 hour'),                     date_trunc('milliseconds', now() + interval '1 hour')",
-        )
-        .fetch_one(&app.primary)
-        .await
-        .unwrap();
-    assert_eq!(
-        create(
-            &app,
-            "skew-soon",
-            10,
-            json!({"sale_starts_at": starts.to_rfc3339()})
-        )
-        .await
-        .0,
-        StatusCode::CREATED
-    );
-    assert_eq!(
-        create(
-            &app,
-            "skew-soon-gone",
-            0,
-            json!({"sale_starts_at": starts.to_rfc3339()})
-        )
-        .await
-        .0,
-        StatusCode::CREATED
-    );
-    assert_eq!(
-        create(
-            &app,
-            "skew-ending",
-            10,
-            json!({"sale_ends_at": ends.to_rfc3339()})
-        )
-        .await
-        .0,
-        StatusCode::CREATED
-    );
+    // An hour ahead on the primary's clock: the service's (two hours ahead) says otherwise.
+    let in_an_hour: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT date_trunc('milliseconds', now() + interval '1 hour')")
+            .fetch_one(&app.primary)
+            .await
+            .unwrap();
+    let at = in_an_hour.to_rfc3339();
+    for (id, stock, window) in [
+        ("skew-soon", 10, json!({"sale_starts_at": at})),
+        ("skew-soon-gone", 0, json!({"sale_starts_at": at})),
+        ("skew-ending", 10, json!({"sale_ends_at": at})),
+    ] {
+        assert_eq!(create(&app, id, stock, window).await.0, StatusCode::CREATED, "{id}");
+    }
     for product in ["skew-soon", "skew-soon-gone"] {
         let r = app.order("skewed", product, product, 1).await;
         let retry: u64 = r

@@ -8,20 +8,6 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use stockgate::clock::Clock;
-
-/// A service host whose wall clock runs an hour ahead of the primary's.
-#[derive(Debug)]
-struct HourAhead;
-
-impl Clock for HourAhead {
-    fn now(&self) -> Instant {
-        Instant::now()
-    }
-    fn wall(&self) -> DateTime<Utc> {
-        Utc::now() + chrono::Duration::hours(1)
-    }
-}
 
 /// `on_sale` in availability is judged on the primary's clock, as orders are: with the
 /// service's clock an hour ahead, a sale that starts in half an hour is not on yet and one
@@ -31,7 +17,7 @@ impl Clock for HourAhead {
 async fn availability_judges_the_sale_window_on_the_primarys_clock() {
     let cluster = shared_cluster();
     let mut opts = AppOptions::new(cluster);
-    opts.clock = Arc::new(HourAhead);
+    opts.clock = Arc::new(WallAhead(chrono::Duration::hours(1)));
     let app = spawn_app_with(opts).await;
     let primary_now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
         .fetch_one(&app.primary)

@@ -74,6 +74,20 @@ impl<'a> AppOptions<'a> {
     }
 }
 
+/// A service host whose wall clock runs `self.0` ahead of the primary's (the monotonic
+/// clock as it is): a rule judged on the primary's clock must not see it.
+#[derive(Debug)]
+pub struct WallAhead(pub chrono::Duration);
+
+impl Clock for WallAhead {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+    fn wall(&self) -> DateTime<Utc> {
+        Utc::now() + self.0
+    }
+}
+
 pub struct TestApp {
     pub address: String,
     pub database: String,
