@@ -350,7 +350,11 @@ async fn a_sale_window_follows_the_primarys_clock_not_the_services() {
         ("skew-soon-gone", 0, json!({"sale_starts_at": at})),
         ("skew-ending", 10, json!({"sale_ends_at": at})),
     ] {
-        assert_eq!(create(&app, id, stock, window).await.0, StatusCode::CREATED, "{id}");
+        assert_eq!(
+            create(&app, id, stock, window).await.0,
+            StatusCode::CREATED,
+            "{id}"
+        );
     }
     for product in ["skew-soon", "skew-soon-gone"] {
         let r = app.order("skewed", product, product, 1).await;
