@@ -225,12 +225,21 @@ impl Drop for FeedGuard {
 const WATCH_TICK: Duration = Duration::from_millis(50);
 const IDLE_TICK: Duration = Duration::from_millis(250);
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+
+/// How often the purge runs for `retention`: once a minute, or four times per retention when
+/// that is shorter, so no event outlives a short retention by more than a quarter of it.
+fn purge_period(retention: Duration) -> Duration {
+    PURGE_EVERY
+        .min(retention / 4)
+        .max(Duration::from_millis(100))
+}
 const PURGE_BATCH: i64 = 10_000;
 
 impl Feed {
     /// Starts the one watcher of this instance: one query of the primary's horizon per tick
     /// (every 50 ms while a long-poll waits, every second otherwise), whatever the number of
-    /// waiting clients; and the purge of events past `retention`, once a minute.
+    /// waiting clients; and the purge of events past `retention`, once a minute (or four times
+    /// per retention, if shorter).
     pub fn start(db: Db, metrics: Metrics, retention: Duration) -> (Feed, FeedGuard) {
         let tx = Arc::new(watch::Sender::new((Cursor::START, None)));
         let newest = tx.clone();
@@ -264,7 +273,7 @@ impl Feed {
                     }
                     Err(e) => tracing::debug!(error = %e, "event horizon unavailable"),
                 }
-                if last_purge.is_none_or(|t| t.elapsed() >= PURGE_EVERY) {
+                if last_purge.is_none_or(|t| t.elapsed() >= purge_period(retention)) {
                     last_purge = Some(tokio::time::Instant::now());
                     purge_past(&db, retention).await;
                 }
@@ -319,4 +328,20 @@ fn distant_past() -> Instant {
         .checked_sub(since_epoch)
         .or_else(|| Instant::now().checked_sub(Duration::from_secs(365 * 86_400)))
         .expect("the monotonic clock reaches a year back")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_purge_runs_once_a_minute_or_four_times_per_short_retention() {
+        assert_eq!(purge_period(Duration::from_secs(7 * 86_400)), PURGE_EVERY);
+        assert_eq!(purge_period(Duration::from_secs(240)), PURGE_EVERY);
+        assert_eq!(
+            purge_period(Duration::from_secs(10)),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(purge_period(Duration::ZERO), Duration::from_millis(100));
+    }
 }

@@ -124,3 +124,66 @@ async fn the_background_purge_keeps_events_younger_than_the_retention_and_remove
         "nothing after it was purged: {body}"
     );
 }
+
+/// Ages `id`'s creation event to `age` on the primary's clock.
+async fn age(primary: &sqlx::PgPool, id: &str, age: &str) {
+    let aged = sqlx::query(
+        "UPDATE events SET at = clock_timestamp() - $2::interval \
+         WHERE items::text LIKE '%\"product_id\" : \"' || $1 || '\"%' \
+            OR items::text LIKE '%\"product_id\":\"' || $1 || '\"%'",
+    )
+    .bind(id)
+    .bind(age)
+    .execute(primary)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(aged, 1, "{id}'s event row");
+}
+
+/// The purge runs again while the service runs, not only at its start: with a 10 s retention
+/// (purged every 2.5 s), an event aged past it after the start goes, while one aged 4 s stays.
+/// Mutations seen failing it: the purge only at start (`PURGE_EVERY` for every retention: the
+/// old event stays past the wait), `purge(pool, retention / 1000, …)` (the 4 s event goes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_runs_again_while_the_service_runs() {
+    let app = spawn_app_with(AppOptions {
+        env: vec![("STOCKGATE_EVENT_RETENTION", "10s".into())],
+        ..AppOptions::new(shared_cluster())
+    })
+    .await;
+    for id in ["later-old", "later-young"] {
+        assert_eq!(
+            app.create_product(id, 1, 100).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    feed_until(&app, "both creations", |e| {
+        e["data"]["product_id"] == "later-young"
+    })
+    .await;
+    // After the start's purge: one past the retention, one well inside it.
+    age(&app.primary, "later-old", "11 seconds").await;
+    age(&app.primary, "later-young", "4 seconds").await;
+    let count = |id: &'static str| {
+        let primary = app.primary.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM events \
+                 WHERE items::text LIKE '%\"product_id\" : \"' || $1 || '\"%' \
+                    OR items::text LIKE '%\"product_id\":\"' || $1 || '\"%'",
+            )
+            .bind(id)
+            .fetch_one(&primary)
+            .await
+            .unwrap()
+        }
+    };
+    app.wait_for(
+        "the event past the retention purged",
+        Duration::from_secs(30),
+        || async { count("later-old").await == 0 },
+    )
+    .await;
+    assert_eq!(count("later-young").await, 1, "the 4 s event stays");
+}
