@@ -415,8 +415,15 @@ impl Checkout {
     pub async fn cancel(&self, order: &Order) -> Result<Order, CheckoutError> {
         let this = self.clone();
         let order_id = order.order_id;
+        let products = order.products();
         whole_or_none(async move {
             let mut tx = this.db.primary().begin().await?;
+            // The products' rows first, in the lock order every writer shares, and only then
+            // the order's: a batch retrying this order's key holds the product row while it
+            // claims the key, so an order row locked first would make the two wait on each
+            // other (a deadlock, found after a second).
+            let names: Vec<&str> = products.iter().map(ProductId::as_str).collect();
+            stock::lock(&mut tx, &names).await?;
             let cancelled: Option<Order> = sqlx::query_as(concat!(
                 "UPDATE orders SET status = 'cancelled', cancelled_at = clock_timestamp() \
                  WHERE order_id = $1 AND status = 'confirmed' RETURNING ",

@@ -135,3 +135,73 @@ async fn products_whose_rows_are_held_never_hold_up_the_other_products() {
         worst.as_millis()
     );
 }
+
+/// A cancel racing a retry of the same order's key, on the same product: the retry's batch
+/// holds the product's row while it claims the key, and the cancel takes the product's row
+/// before the order's, so neither waits on the other. Staged: the product's row is held while
+/// the retry's batch (with a new order beside it) queues for it first and the cancel second;
+/// then it goes. Both answer
+/// (the retry the order, the cancel 200) and PostgreSQL found no deadlock. Mutation seen
+/// failing: the cancel updating the order row before locking its products (a deadlock, and
+/// the retry or the cancel answered 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_racing_a_retry_of_its_key_never_deadlocks() {
+    let cluster = shared_cluster();
+    // A batch waits 100 ms for more orders, so the retry and a new order share one.
+    let app = spawn_app_with(AppOptions {
+        env: vec![("STOCKGATE_ORDER_BATCH_WINDOW_US", "100000".into())],
+        ..AppOptions::new(cluster)
+    })
+    .await;
+    assert_eq!(
+        app.create_product("raced", 5, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let (status, order) = answer(app.order("rita", "k1", "raced", 1).await).await;
+    assert_eq!(status, StatusCode::CREATED, "{order}");
+    let order_id = order["order_id"].as_str().unwrap().to_owned();
+    let deadlocks_before = deadlocks(cluster, &app.database).await;
+
+    let lock = app.lock_rows(&["raced"]).await;
+    // A batch of only known keys answers without the row; a new order beside the retry
+    // makes its batch take the row, then claim both keys.
+    let retry = crate::retries::order_in_background(&app, "rita", "k1", "raced", 1);
+    let fresh = crate::retries::order_in_background(&app, "rosa", "k2", "raced", 1);
+    wait_for(
+        "the retry's batch waiting on the row",
+        Duration::from_secs(10),
+        || async { batches_waiting_on(&app.primary, "Lock").await == 1 },
+    )
+    .await;
+    let cancel = {
+        let req = app
+            .client
+            .post(app.url(&format!("/v1/orders/{order_id}/cancel")))
+            .bearer_auth(app.user_token("rita"));
+        tokio::spawn(async move {
+            let r = req.send().await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+        })
+    };
+    wait_for(
+        "the cancel waiting on a lock",
+        Duration::from_secs(10),
+        || async { sessions_waiting(&app.primary, "Lock", "%products%").await == 1 },
+    )
+    .await;
+    lock.commit().await.unwrap();
+
+    assert_eq!(fresh.await.unwrap().0, StatusCode::CREATED);
+    let (status, retried) = retry.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{retried}");
+    assert_eq!(retried["order_id"], order_id.as_str());
+    let (status, cancelled) = cancel.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    assert_eq!(cancelled["status"], "cancelled");
+    assert_eq!(
+        deadlocks(cluster, &app.database).await,
+        deadlocks_before,
+        "PostgreSQL broke a deadlock"
+    );
+    assert_eq!(app.stock_on_primary("raced").await, 4);
+}
