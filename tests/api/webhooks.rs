@@ -13,7 +13,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::Sha256;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -33,6 +33,8 @@ struct Arrival {
     signature: String,
     body: Bytes,
     accepted: bool,
+    /// When it arrived (the receiver's own clock).
+    at: Instant,
 }
 
 /// The receiver's state: what arrived, how many answers are still to fail, and a gate that,
@@ -44,6 +46,8 @@ struct Inbox {
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     open: watch::Sender<bool>,
+    /// How long each accepted request waits before its answer, in ms (a slow receiver).
+    answer_after_ms: AtomicU64,
 }
 
 /// Counts a request in flight for as long as its handler lives.
@@ -94,6 +98,7 @@ async fn receive(State(inbox): State<Arc<Inbox>>, headers: HeaderMap, body: Byte
         signature: header("stockgate-signature"),
         body,
         accepted: !fail,
+        at: Instant::now(),
     });
     if fail {
         return AxumStatus::INTERNAL_SERVER_ERROR;
@@ -102,6 +107,10 @@ async fn receive(State(inbox): State<Arc<Inbox>>, headers: HeaderMap, body: Byte
     inbox.waiting.fetch_add(1, Ordering::SeqCst);
     let _ = open.wait_for(|open| *open).await;
     inbox.waiting.fetch_sub(1, Ordering::SeqCst);
+    let slow = inbox.answer_after_ms.load(Ordering::SeqCst);
+    if slow > 0 {
+        tokio::time::sleep(Duration::from_millis(slow)).await;
+    }
     AxumStatus::NO_CONTENT
 }
 
@@ -114,6 +123,7 @@ impl Receiver {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             open: watch::Sender::new(true),
+            answer_after_ms: AtomicU64::new(0),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
@@ -417,6 +427,14 @@ async fn a_webhook_gets_every_subscribed_event_in_feed_order_signed_through_fail
     );
 }
 
+/// A deleted webhook gets nothing more: after the DELETE (and the holder's letting it go),
+/// orders are confirmed until a live control webhook of the same types has every one of them,
+/// and the deleted webhook's receiver has none.
+///
+/// Mutation seen failing it: the worker never lets deleted webhooks go (`let_go_of_deleted`
+/// returns nothing at once): the deleted webhook's lock is never released, and the wait for it
+/// fails (the old version, which concluded as soon as a control created after the delete had one
+/// order, could pass it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_webhook_starts_after_the_newest_event_and_a_deleted_one_gets_nothing_more() {
     let app = spawn_app(shared_cluster()).await;
@@ -448,17 +466,26 @@ async fn a_new_webhook_starts_after_the_newest_event_and_a_deleted_one_gets_noth
         "{start} names the newest event"
     );
 
+    // A control webhook of the same types, leased and delivering before the delete: what it
+    // gets after the delete is what the deleted one would have been sent.
+    let control = Receiver::start(0).await;
+    register(&app, &control.url, &["order.confirmed"]).await;
     app.order("wh-u2", "k2", "wh-new", 1).await;
     let want = feed_after(&app.primary, &start, &["order.confirmed"]).await;
     assert_eq!(want.len(), 1, "only the order after the webhook: {want:?}");
     wait_for(
-        "the new order delivered",
+        "the new order delivered to both webhooks",
         Duration::from_secs(30),
-        || async { receiver.delivered() == [want[0].0.clone()] },
+        || async {
+            receiver.delivered() == [want[0].0.clone()]
+                && control.delivered() == [want[0].0.clone()]
+        },
     )
     .await;
 
-    // Deleted: the next order goes to another webhook, and not to this one.
+    // Deleted: the orders after it go to the control, and none to this one. The test concludes
+    // only once the control has every one of them (a condition, not a sleep): by then a
+    // deleted webhook still held by the worker would have been sent them too.
     let id = hook["webhook_id"].as_str().unwrap();
     let (s, _) = admin(
         &app,
@@ -468,16 +495,50 @@ async fn a_new_webhook_starts_after_the_newest_event_and_a_deleted_one_gets_noth
     )
     .await;
     assert_eq!(s, StatusCode::OK);
-    let control = Receiver::start(0).await;
-    register(&app, &control.url, &["order.confirmed"]).await;
-    app.order("wh-u3", "k3", "wh-new", 1).await;
+    // The holder lets a deleted webhook go at its next tick; until then, an event committed
+    // just after the DELETE can still be sent (within one tick, `let_go_of_deleted` runs before
+    // the feed is read). So the orders come once no session holds the deleted webhook's lock.
     wait_for(
-        "the control webhook got the order",
+        "the deleted webhook's lease let go",
         Duration::from_secs(30),
-        || async { control.delivered().len() == 1 },
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_locks l JOIN webhooks w ON l.objid = w.lock_key::oid \
+                 WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                   AND w.webhook_id = $1::uuid",
+            )
+            .bind(id)
+            .fetch_one(&app.primary)
+            .await
+            .unwrap()
+                == 0
+        },
     )
     .await;
-    assert_eq!(receiver.arrivals().len(), 1, "nothing after the delete");
+    for i in 3..8 {
+        let resp = app
+            .order(&format!("wh-u{i}"), &format!("k{i}"), "wh-new", 1)
+            .await;
+        assert_eq!(resp.status(), StatusCode::CREATED);
+    }
+    let after: Vec<String> = feed_after(&app.primary, &want[0].0, &["order.confirmed"])
+        .await
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    assert_eq!(after.len(), 5, "{after:?}");
+    wait_for(
+        "the control webhook got every order after the delete",
+        Duration::from_secs(30),
+        || async {
+            let got = control.delivered();
+            after.iter().all(|c| got.contains(c))
+        },
+    )
+    .await;
+    let sent: Vec<String> = receiver.arrivals().into_iter().map(|a| a.cursor).collect();
+    assert_eq!(sent, [want[0].0.clone()], "nothing after the delete");
     let (s, body) = admin(&app, Method::GET, &format!("/v1/admin/webhooks/{id}"), None).await;
     assert_eq!(
         (s, body["error"]["code"].as_str()),
@@ -872,4 +933,170 @@ async fn events_purged_before_a_webhook_was_sent_them_are_counted_and_said_on_it
     );
     let why = status["last_error"].as_str().unwrap_or("");
     assert!(why.contains("purged"), "{status}");
+}
+
+/// The contract's "no answer in 10 s" (`DELIVERY_TIMEOUT` in the worker).
+const NO_ANSWER_AFTER: Duration = Duration::from_secs(10);
+
+/// A receiver that answers 500 three times, then accepts a POST and never answers: the attempt
+/// must time out (the webhook is not stalled for ever), `failures`/`last_error` say so, and the
+/// same event is retried after the backoff and delivered once the receiver answers. The gaps
+/// between the receiver's own arrival instants are at least `backoff()` of the failures so far
+/// (the timed-out attempt's gap also holds the 10 s), grow, and stay within a generous bound of
+/// it: a correctness bound on the schedule, not a speed claim.
+///
+/// Mutations seen failing it: the client built without `.timeout(DELIVERY_TIMEOUT)` (the
+/// attempt hangs; `last_error` never says "no answer"); `backoff` returning a constant
+/// `FIRST_RETRY` (the second retry comes 0.5 s after the first, not 1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_never_answers_is_timed_out_and_the_event_retried_with_a_growing_backoff() {
+    use stockgate::events::webhooks::backoff;
+    let app = spawn_app(shared_cluster()).await;
+    assert_eq!(
+        app.create_product("wh-slow", 100, 100).await.status(),
+        StatusCode::CREATED
+    );
+    // Three quick 500s, then the gate: the fourth request is accepted and never answered.
+    let receiver = Receiver::start(3).await;
+    receiver.shut_gate();
+    let hook = register(&app, &receiver.url, &["order.confirmed"]).await;
+    let id = hook["webhook_id"].as_str().unwrap().to_string();
+    let order = placed(&app, "wh-t1", "t1", "wh-slow").await;
+    let cursor = event_of_order(&app.primary, &order).await.unwrap();
+
+    wait_for(
+        "the fourth attempt waiting for its answer",
+        Duration::from_secs(30),
+        || async { receiver.inbox.waiting.load(Ordering::SeqCst) >= 1 },
+    )
+    .await;
+    // The unanswered attempt is given up and said on the webhook (the next attempt waits for
+    // backoff(4) = 4 s, then for the shut gate: a window of seconds for this poll).
+    let status = Arc::new(Mutex::new(Value::Null));
+    wait_for(
+        "the unanswered attempt recorded as timed out",
+        Duration::from_secs(30),
+        || async {
+            let (_, now) =
+                admin(&app, Method::GET, &format!("/v1/admin/webhooks/{id}"), None).await;
+            let timed_out = now["failures"] == 4
+                && now["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("no answer"));
+            *status.lock().unwrap() = now;
+            timed_out
+        },
+    )
+    .await;
+    let recorded = status.lock().unwrap().clone();
+    assert_eq!(
+        recorded["delivered_cursor"], hook["delivered_cursor"],
+        "{recorded}"
+    );
+    receiver.open_gate();
+    wait_for(
+        "the same event delivered after the backoff",
+        Duration::from_secs(60),
+        || async { receiver.delivered() == [cursor.clone()] },
+    )
+    .await;
+    wait_for("the delivery recorded", Duration::from_secs(30), || async {
+        let (_, now) = admin(&app, Method::GET, &format!("/v1/admin/webhooks/{id}"), None).await;
+        now["delivered_cursor"] == cursor.as_str() && now["failures"] == 0
+    })
+    .await;
+
+    let arrivals = receiver.arrivals();
+    assert_eq!(arrivals.len(), 5, "three 500s, one timeout, one delivery");
+    assert!(
+        arrivals.iter().all(|a| a.cursor == cursor),
+        "the same event each time, never skipped"
+    );
+    let gaps: Vec<Duration> = arrivals.windows(2).map(|w| w[1].at - w[0].at).collect();
+    // The wait after the n-th failure; after the fourth, the attempt itself took the timeout.
+    let least: Vec<Duration> = (1..=4u32)
+        .map(|f| {
+            backoff(f)
+                + if f == 4 {
+                    NO_ANSWER_AFTER
+                } else {
+                    Duration::ZERO
+                }
+        })
+        .collect();
+    eprintln!("webhook retry gaps {gaps:?}, at least {least:?}");
+    for (i, (gap, least)) in gaps.iter().zip(&least).enumerate() {
+        assert!(
+            gap >= least,
+            "retry {} came {gap:?} after the previous attempt, before the backoff {least:?}",
+            i + 1
+        );
+        // Generous: twice the wait plus 3 s (ticks of 200 ms, statements, a loaded machine).
+        assert!(
+            *gap <= *least * 2 + Duration::from_secs(3),
+            "retry {} came {gap:?} after the previous attempt, far beyond {least:?}",
+            i + 1
+        );
+    }
+    assert!(
+        gaps[0] < gaps[1] && gaps[1] < gaps[2],
+        "the quick failures' retries back off: {gaps:?}"
+    );
+}
+
+/// Two instances, one webhook, a receiver that takes 200 ms over each answer and many events
+/// confirmed on both instances: over the whole run, never more than one `POST` of the webhook
+/// is in flight at once (the receiver counts them itself).
+///
+/// Mutation seen failing it: skip the lease check in `take_one_free` (no `pg_locks` filter, the
+/// `pg_try_advisory_lock` result ignored): each instance delivers, two at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_never_have_two_posts_of_one_webhook_in_flight() {
+    let cluster = shared_cluster();
+    let a = spawn_app(cluster).await;
+    let b = spawn_beside(&a, cluster).await;
+    assert_eq!(
+        a.create_product("wh-one", 100_000, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let receiver = Receiver::start(0).await;
+    receiver.inbox.answer_after_ms.store(200, Ordering::SeqCst);
+    let hook = register(&a, &receiver.url, &["order.confirmed"]).await;
+    let id = hook["webhook_id"].as_str().unwrap().to_string();
+    let start = hook["delivered_cursor"].as_str().unwrap().to_string();
+    for i in 0..15 {
+        let (ua, ka, ub, kb) = (
+            format!("wh-a{i}"),
+            format!("a{i}"),
+            format!("wh-b{i}"),
+            format!("b{i}"),
+        );
+        tokio::join!(
+            placed(&a, &ua, &ka, "wh-one"),
+            placed(&b, &ub, &kb, "wh-one"),
+        );
+    }
+    let want: Vec<String> = feed_after(&a.primary, &start, &["order.confirmed"])
+        .await
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    assert_eq!(want.len(), 30);
+    let last = want.last().unwrap().clone();
+    wait_for("every event delivered", Duration::from_secs(60), || async {
+        let (_, now) = admin(&a, Method::GET, &format!("/v1/admin/webhooks/{id}"), None).await;
+        now["delivered_cursor"] == last.as_str()
+    })
+    .await;
+    // Precondition: both instances were running and could deliver (each ticks every 200 ms);
+    // the whole run took many slow answers.
+    assert!(receiver.arrivals().len() >= 30);
+    assert_eq!(
+        receiver.inbox.max_in_flight.load(Ordering::SeqCst),
+        1,
+        "one POST of the webhook in flight at a time, over the whole run: by a {}, by b {}",
+        delivered_by(&a).await,
+        delivered_by(&b).await
+    );
+    assert_eq!(receiver.delivered(), want, "every event, in feed order");
 }
