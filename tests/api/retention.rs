@@ -41,39 +41,20 @@ async fn the_background_purge_keeps_events_younger_than_the_retention_and_remove
     let primary = writer.primary.clone();
     writer.stop().await;
     // Their ages, on the primary's clock (each creation is a row of its own).
-    for (id, age) in [
+    for (id, age_of) in [
         ("old-1", "2 hours"),
         ("old-2", "2 hours"),
         ("edge-out", "61 minutes"),
         ("edge-in", "59 minutes"),
     ] {
-        let aged = sqlx::query(
-            "UPDATE events SET at = clock_timestamp() - $2::interval \
-             WHERE items::text LIKE '%\"product_id\" : \"' || $1 || '\"%' \
-                OR items::text LIKE '%\"product_id\":\"' || $1 || '\"%'",
-        )
-        .bind(id)
-        .bind(age)
-        .execute(&primary)
-        .await
-        .unwrap()
-        .rows_affected();
-        assert_eq!(aged, 1, "{id}'s event row");
+        age(&primary, id, age_of).await;
     }
     let rows = |ids: &'static [&'static str]| {
         let primary = primary.clone();
         async move {
             let mut n = 0;
             for id in ids {
-                n += sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM events \
-                     WHERE items::text LIKE '%\"product_id\" : \"' || $1 || '\"%' \
-                        OR items::text LIKE '%\"product_id\":\"' || $1 || '\"%'",
-                )
-                .bind(id)
-                .fetch_one(&primary)
-                .await
-                .unwrap();
+                n += event_rows(&primary, id).await;
             }
             n
         }
@@ -125,6 +106,19 @@ async fn the_background_purge_keeps_events_younger_than_the_retention_and_remove
     );
 }
 
+/// The rows of `events` holding `id`'s creation.
+async fn event_rows(primary: &sqlx::PgPool, id: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM events \
+         WHERE items::text LIKE '%\"product_id\" : \"' || $1 || '\"%' \
+            OR items::text LIKE '%\"product_id\":\"' || $1 || '\"%'",
+    )
+    .bind(id)
+    .fetch_one(primary)
+    .await
+    .unwrap()
+}
+
 /// Ages `id`'s creation event to `age` on the primary's clock.
 async fn age(primary: &sqlx::PgPool, id: &str, age: &str) {
     let aged = sqlx::query(
@@ -165,25 +159,15 @@ async fn the_purge_runs_again_while_the_service_runs() {
     // After the start's purge: one past the retention, one well inside it.
     age(&app.primary, "later-old", "11 seconds").await;
     age(&app.primary, "later-young", "4 seconds").await;
-    let count = |id: &'static str| {
-        let primary = app.primary.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM events \
-                 WHERE items::text LIKE '%\"product_id\" : \"' || $1 || '\"%' \
-                    OR items::text LIKE '%\"product_id\":\"' || $1 || '\"%'",
-            )
-            .bind(id)
-            .fetch_one(&primary)
-            .await
-            .unwrap()
-        }
-    };
     app.wait_for(
         "the event past the retention purged",
         Duration::from_secs(30),
-        || async { count("later-old").await == 0 },
+        || async { event_rows(&app.primary, "later-old").await == 0 },
     )
     .await;
-    assert_eq!(count("later-young").await, 1, "the 4 s event stays");
+    assert_eq!(
+        event_rows(&app.primary, "later-young").await,
+        1,
+        "the 4 s event stays"
+    );
 }
