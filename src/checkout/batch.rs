@@ -1,14 +1,14 @@
-//! One order statement: one round trip, its own transaction, the batch of one product
-//! (`take_order_batch_v3`) or the batches of several (`take_order_batches_v3`), both in
-//! migration `20261203000006_order_batches_v3.sql`. Each locks its product rows, in byte
-//! order. A product with no limit, on sale, and stock for its whole batch is seated
-//! set-based: every new key claimed in one `INSERT … ON CONFLICT DO NOTHING`, the units of
-//! the rows inserted taken with ONE guarded `UPDATE … WHERE available_quantity >= total` (a
-//! guard that changes no row raises, and nothing commits). Any other product runs
-//! `take_order_batch_v2` (migration `20261202000005_flash_drops.sql`): its sale window
-//! judged, its requests seated in arrival order (first fit, stock then each user's
-//! allowance), the units of a seat whose key a concurrent transaction claimed handed to its
-//! refused requests. Both return what every request's key holds now. The row locks are held
+//! One order statement: one round trip, its own transaction, the batches of one product or of
+//! several, through the one function `take_order_batches_v4` (migration
+//! `20261205000001_order_sql_v4.sql`; `docs/design/orders.md` draws its calls). It locks its
+//! product rows in byte order; seats each product's requests (a product with no limit whose
+//! whole batch the drop rules let through is seated whole, without looking a key up; any other
+//! request by request in arrival order, each judged by `drop_verdict_v1`, the one home of the
+//! drop rules); claims every key in ONE `INSERT … ON CONFLICT DO NOTHING` in (user, key) byte
+//! order; hands the units of a seat whose key a concurrent transaction claimed to the refused
+//! requests, judged again; and takes each product's units with ONE guarded
+//! `UPDATE … WHERE available_quantity >= total` (a guard that changes no row raises, and
+//! nothing commits). It returns what every request's key holds now. The row locks are held
 //! only while the function runs and its commit is flushed: no round trip to this service
 //! happens under them.
 //!
@@ -31,7 +31,6 @@ use super::order::{OrderRequest, Placed};
 use super::status::OrderStatus;
 use crate::domain::ProductId;
 use crate::routing::{Db, DbError};
-use sqlx::Row;
 use sqlx::postgres::PgRow;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -67,30 +66,39 @@ pub(super) struct RowSeen {
     pub window: Window,
 }
 
-/// Runs one product's batch: one call of `take_order_batch_v3` on the primary.
-pub(super) async fn run(
-    db: &Db,
-    product: &ProductId,
-    reqs: &[&OrderRequest],
-) -> Result<Committed, Failed> {
-    let ids: Vec<Uuid> = reqs.iter().map(|_| super::order::new_row_id()).collect();
-    let (users, keys): (Vec<&str>, Vec<&str>) = reqs.iter().map(|r| r.key_pair()).unzip();
-    let qty: Vec<i32> = reqs.iter().map(|r| r.quantity.get()).collect();
-    let fps: Vec<String> = reqs.iter().map(|r| r.fingerprint()).collect();
-    let statement = sqlx::query("SELECT * FROM take_order_batch_v3($1, $2, $3, $4, $5, $6)")
-        .bind(product.as_str())
-        .bind(&ids)
-        .bind(&users)
-        .bind(&keys)
-        .bind(&qty)
-        .bind(&fps);
-    let (rows, sent, arrived) = send(db, statement).await?;
-    let rows: Vec<&PgRow> = rows.iter().collect();
-    read(reqs, &ids, &rows, sent, arrived).map_err(|e| {
-        // Committed, but its answer cannot be read: every request must retry with its key.
-        tracing::warn!(error = %e, "order batch's answer could not be read");
-        Failed::Unknown
-    })
+/// One row of `take_order_batches_v4`: a request (its product, and its place among that
+/// product's requests), the product's row as the statement saw it, and what the request's
+/// key holds now (`None`: nothing).
+struct BatchRow {
+    head: RowHead,
+    held: Option<Existing>,
+}
+
+/// The columns of a [`BatchRow`] about its request and its product's row.
+#[derive(sqlx::FromRow)]
+struct RowHead {
+    batch_product: String,
+    n: i64,
+    found: i32,
+    left_after: i32,
+    lock_wait_us: i64,
+    starts_in_ms: Option<i64>,
+    sale_starts_at: Option<chrono::DateTime<chrono::Utc>>,
+    sale_ends_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for BatchRow {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        let held = match row.try_get::<Option<Uuid>, _>("order_id")? {
+            Some(_) => Some(Existing::from_row(row)?),
+            None => None,
+        };
+        Ok(BatchRow {
+            head: RowHead::from_row(row)?,
+            held,
+        })
+    }
 }
 
 /// How long a combined statement may wait for one of its rows' locks before it gives up
@@ -99,79 +107,122 @@ pub(super) async fn run(
 /// queue, while a row held by a long transaction delays the other products that little.
 pub(super) const COMBINED_LOCK_WAIT: Duration = Duration::from_millis(100);
 
-/// The combined statement. It waits at most [`COMBINED_LOCK_WAIT`] (`$8`) for any of its
-/// rows (`set_config(…, true)` lasts for this statement's own transaction, and the LATERAL
-/// reference makes it run before the function): one product's row held elsewhere must not
-/// hold up the others it carries. Past it, nothing was written, and the coalescer runs the
-/// batches one by one, so only the held product's batch waits.
+/// One product's batch: it waits for its row as long as the database lets it (the coalescer
+/// lets the next statement start beside one that stalls).
+const ALONE: &str = "SELECT * FROM take_order_batches_v4($1, $2, $3, $4, $5, $6, $7)";
+
+/// Several products' batches. The statement waits at most [`COMBINED_LOCK_WAIT`] (`$8`) for
+/// any of its rows (`set_config(…, true)` lasts for this statement's own transaction, and the
+/// LATERAL reference makes it run before the function): one product's row held elsewhere
+/// must not hold up the others it carries. Past it, nothing was written, and the coalescer
+/// runs the batches one by one, so only the held product's batch waits.
 const COMBINED: &str = "SELECT f.* FROM (SELECT set_config('lock_timeout', $8, true) AS t) s \
-     CROSS JOIN LATERAL take_order_batches_v3(CASE WHEN s.t IS NOT NULL THEN $1::text[] END, \
+     CROSS JOIN LATERAL take_order_batches_v4(CASE WHEN s.t IS NOT NULL THEN $1::text[] END, \
                                               $2, $3, $4, $5, $6, $7) f";
 
+/// Runs one product's batch.
+pub(super) async fn run(
+    db: &Db,
+    product: &ProductId,
+    reqs: &[&OrderRequest],
+) -> Result<Committed, Failed> {
+    let mut done = statement(db, &[(product, reqs.to_vec())], false).await?;
+    done.pop().ok_or(Failed::Unknown)
+}
+
 /// Runs the batches of several products (each once) as one statement, one transaction, one
-/// commit: `take_order_batches_v3`, which locks every product row in byte
-/// order, seats the products whose whole batch fits (no limit or window to judge) together,
-/// and runs `take_order_batch_v2` for the others. Every batch's answer, in `jobs`' order, or
-/// the statement's failure for all of them (an error anywhere rolls every batch back).
+/// commit. Every batch's answer, in `jobs`' order, or the statement's failure for all of them
+/// (an error anywhere rolls every batch back).
 pub(super) async fn run_many(
     db: &Db,
     jobs: &[(&ProductId, Vec<&OrderRequest>)],
 ) -> Result<Vec<Committed>, Failed> {
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| jobs[a].0.as_str().cmp(jobs[b].0.as_str()));
-    let total = jobs.iter().map(|(_, r)| r.len()).sum();
-    let (mut products, mut ends) = (
-        Vec::with_capacity(jobs.len()),
-        Vec::with_capacity(jobs.len()),
-    );
-    let mut users: Vec<&str> = Vec::with_capacity(total);
-    let mut keys: Vec<&str> = Vec::with_capacity(total);
-    let mut qty: Vec<i32> = Vec::with_capacity(total);
-    let mut fps: Vec<String> = Vec::with_capacity(total);
-    for &j in &order {
-        let (product, reqs) = &jobs[j];
-        products.push(product.as_str());
-        for r in reqs {
-            let (u, k) = r.key_pair();
-            users.push(u);
-            keys.push(k);
-            qty.push(r.quantity.get());
-            fps.push(r.fingerprint());
+    statement(db, jobs, true).await
+}
+
+/// The statement's arguments: the products in byte order, each one's last request (`p_ends`,
+/// counted from 1), and the requests' columns in that order, with a new order id each;
+/// `first[j]`: where job j's requests start.
+struct Arrays<'a> {
+    products: Vec<&'a str>,
+    ends: Vec<i32>,
+    ids: Vec<Uuid>,
+    users: Vec<&'a str>,
+    keys: Vec<&'a str>,
+    qty: Vec<i32>,
+    fps: Vec<String>,
+    first: Vec<usize>,
+}
+
+impl<'a> Arrays<'a> {
+    fn of(jobs: &'a [(&'a ProductId, Vec<&'a OrderRequest>)]) -> Self {
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        order.sort_by(|&a, &b| jobs[a].0.as_str().cmp(jobs[b].0.as_str()));
+        let total = jobs.iter().map(|(_, r)| r.len()).sum();
+        let mut a = Arrays {
+            products: Vec::with_capacity(jobs.len()),
+            ends: Vec::with_capacity(jobs.len()),
+            ids: (0..total).map(|_| super::order::new_row_id()).collect(),
+            users: Vec::with_capacity(total),
+            keys: Vec::with_capacity(total),
+            qty: Vec::with_capacity(total),
+            fps: Vec::with_capacity(total),
+            first: vec![0; jobs.len()],
+        };
+        for j in order {
+            let (product, reqs) = &jobs[j];
+            a.first[j] = a.users.len();
+            a.products.push(product.as_str());
+            for r in reqs {
+                let (u, k) = r.key_pair();
+                a.users.push(u);
+                a.keys.push(k);
+                a.qty.push(r.quantity.get());
+                a.fps.push(r.fingerprint());
+            }
+            a.ends
+                .push(i32::try_from(a.users.len()).unwrap_or(i32::MAX));
         }
-        ends.push(i32::try_from(users.len()).unwrap_or(i32::MAX));
+        a
     }
-    let ids: Vec<Uuid> = (0..total).map(|_| super::order::new_row_id()).collect();
-    let statement = sqlx::query(COMBINED)
-        .bind(&products)
-        .bind(&ends)
-        .bind(&ids)
-        .bind(&users)
-        .bind(&keys)
-        .bind(&qty)
-        .bind(&fps)
-        .bind(format!("{}ms", COMBINED_LOCK_WAIT.as_millis()));
+}
+
+/// Sends `jobs` (each product once, with its requests in arrival order) as one call of
+/// `take_order_batches_v4` ([`COMBINED`] when `combined`, else [`ALONE`]) and reads each
+/// job's answer.
+async fn statement(
+    db: &Db,
+    jobs: &[(&ProductId, Vec<&OrderRequest>)],
+    combined: bool,
+) -> Result<Vec<Committed>, Failed> {
+    let a = Arrays::of(jobs);
+    let statement = sqlx::query_as::<_, BatchRow>(if combined { COMBINED } else { ALONE })
+        .bind(&a.products)
+        .bind(&a.ends)
+        .bind(&a.ids)
+        .bind(&a.users)
+        .bind(&a.keys)
+        .bind(&a.qty)
+        .bind(&a.fps);
+    let statement = match combined {
+        true => statement.bind(format!("{}ms", COMBINED_LOCK_WAIT.as_millis())),
+        false => statement,
+    };
     let (rows, sent, arrived) = send(db, statement).await?;
-    let mut by_product: HashMap<&str, Vec<&PgRow>> = HashMap::new();
+    let mut by_product: HashMap<&str, Vec<&BatchRow>> = HashMap::new();
     for row in &rows {
-        let product: &str = row.try_get("batch_product").map_err(|_| Failed::Unknown)?;
-        by_product.entry(product).or_default().push(row);
-    }
-    // Each job's slice of the ids, by the position its product took.
-    let mut first_id = vec![0; jobs.len()];
-    let mut at = 0;
-    for &j in &order {
-        first_id[j] = at;
-        at += jobs[j].1.len();
+        by_product
+            .entry(row.head.batch_product.as_str())
+            .or_default()
+            .push(row);
     }
     jobs.iter()
         .enumerate()
         .map(|(j, (product, reqs))| {
-            let mine = by_product
-                .get(product.as_str())
-                .map_or(&[][..], Vec::as_slice);
-            let ids = &ids[first_id[j]..first_id[j] + reqs.len()];
+            let mine = by_product.remove(product.as_str()).unwrap_or_default();
+            let ids = &a.ids[a.first[j]..a.first[j] + reqs.len()];
             read(reqs, ids, mine, sent, arrived).map_err(|e| {
-                tracing::warn!(error = %e, "a combined order batch's answer could not be read");
+                tracing::warn!(error = %e, "an order batch's answer could not be read");
                 Failed::Unknown
             })
         })
@@ -184,8 +235,8 @@ pub(super) async fn run_many(
 /// outcome unknown.
 async fn send<'q>(
     db: &Db,
-    statement: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-) -> Result<(Vec<PgRow>, Instant, Instant), Failed> {
+    statement: sqlx::query::QueryAs<'q, sqlx::Postgres, BatchRow, sqlx::postgres::PgArguments>,
+) -> Result<(Vec<BatchRow>, Instant, Instant), Failed> {
     let mut conn = db
         .primary()
         .acquire()
@@ -202,36 +253,35 @@ async fn send<'q>(
     Ok((rows, sent, Instant::now()))
 }
 
-/// Reads the function's rows (none: no such product) into every request's answer.
+/// Reads one product's rows (none: no such product) into every request's answer.
 fn read(
     reqs: &[&OrderRequest],
     ids: &[Uuid],
-    rows: &[&PgRow],
+    rows: Vec<&BatchRow>,
     sent: Instant,
     arrived: Instant,
 ) -> Result<Committed, sqlx::Error> {
-    use sqlx::FromRow;
-    let Some(first) = rows.first() else {
+    let Some(first) = rows.first().map(|r| &r.head) else {
         let fates = reqs
             .iter()
             .map(|_| Err(CheckoutError::ProductNotFound))
             .collect();
         return Ok(Committed { fates, row: None });
     };
-    let waited = u64::try_from(first.try_get::<i64, _>("lock_wait_us")?).unwrap_or(0);
+    let waited = u64::try_from(first.lock_wait_us).unwrap_or(0);
     let row = RowSeen {
-        found: first.try_get("found")?,
-        left: first.try_get("left_after")?,
+        found: first.found,
+        left: first.left_after,
         locked_at: locked_at(sent, Duration::from_micros(waited), arrived),
         window: Window {
-            starts: first.try_get("sale_starts_at")?,
-            ends: first.try_get("sale_ends_at")?,
+            starts: first.sale_starts_at,
+            ends: first.sale_ends_at,
         },
     };
-    let starts_in: Option<i64> = first.try_get("starts_in_ms")?;
+    let starts_in = first.starts_in_ms;
     let mut held: Vec<Option<Existing>> = vec![None; reqs.len()];
     for r in rows {
-        let n: i64 = r.try_get("n")?;
+        let n = r.head.n;
         let slot = usize::try_from(n - 1).ok().and_then(|i| held.get_mut(i));
         let Some(slot) = slot else {
             return Err(sqlx::Error::Protocol(format!(
@@ -239,9 +289,7 @@ fn read(
                 reqs.len()
             )));
         };
-        if r.try_get::<Option<Uuid>, _>("order_id")?.is_some() {
-            *slot = Some(Existing::from_row(*r)?);
-        }
+        slot.clone_from(&r.held);
     }
     Ok(Committed {
         fates: decide(reqs, ids, held, starts_in),

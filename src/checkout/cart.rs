@@ -70,7 +70,7 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
     };
-    let verdict = drops::judge_lines(&mut tx, &req.user, req.lines.get(), &locked, false).await?;
+    let verdict = drops::judge_one(&mut tx, (&req.user, req.lines.get()), false).await?;
     let refusal = match verdict.refusal() {
         Ok(refusal) => refusal,
         Err(not_started) => {
@@ -156,7 +156,7 @@ pub async fn place_many(db: &Db, reqs: &[CartRequest]) -> Vec<Result<Placed, Che
 
 /// One transaction for a batch of carts. It reads what their keys hold (one statement),
 /// locks every product they name in lock order (one statement), judges the carts in arrival
-/// order against what the earlier ones left (window, then stock: [`drops::judge_lines`]), and
+/// order against what the earlier ones left (the drop rules: [`drops::judge`]), and
 /// claims every key with its order or refusal, its lines and its units in one statement
 /// ([`stock::claim_carts`]), then commits once. Left to be placed alone (`None`): a repeat of
 /// an earlier cart's key in the batch (it is judged against what that cart wrote), a cart
@@ -180,6 +180,13 @@ async fn seat(db: &Db, reqs: &[CartRequest]) -> Result<Vec<Fate>, CheckoutError>
         // Cannot happen while we hold the rows; if it did, nothing may commit.
         tx.rollback().await?;
         return Err(CheckoutError::OutcomeUnknown);
+    }
+    if claimed.orders.len() < claims.len() {
+        // A cart's key was claimed concurrently: it takes nothing, yet the carts after it were
+        // judged against its units. Nothing of the batch may stand on that; each is placed
+        // alone, against the stock as it is.
+        tx.rollback().await?;
+        return Ok(fates);
     }
     let mut orders: HashMap<_, _> = claimed
         .orders
@@ -236,9 +243,10 @@ async fn free_keys(
 type Judged = (usize, Option<(Refusal, CheckoutError)>);
 
 /// Locks every product the `open` carts name, in lock order, and judges each cart in arrival
-/// order against what the earlier ones left: the rows as locked, and the verdicts of the carts
-/// to claim. A cart with an unknown product is answered (`fates`); one not yet on sale too
-/// (nothing claimed); one with a limited product is left to be placed alone.
+/// order against what the earlier ones that fit left ([`drops::judge`], one round trip). A
+/// cart with an unknown product is answered (`fates`); one not yet on sale too (nothing
+/// claimed); one with a limited product is left to be placed alone (its allowance counts the
+/// user's other orders, which this batch may be writing).
 async fn judge(
     tx: &mut stock::Tx,
     reqs: &[CartRequest],
@@ -253,32 +261,28 @@ async fn judge(
         return Ok((Locked::new(), vec![]));
     }
     let locked = stock::lock(tx, &products.into_iter().collect::<Vec<_>>()).await?;
-    let mut left = locked.clone();
-    let mut judged = Vec::new();
+    let mut batch = Vec::with_capacity(open.len());
     for &i in open {
-        let (req, lines) = (&reqs[i], reqs[i].lines.get());
-        if lines.iter().any(|(p, _)| !left.contains_key(p.as_str())) {
+        let lines = reqs[i].lines.get();
+        if lines.iter().any(|(p, _)| !locked.contains_key(p.as_str())) {
             fates[i] = Some(Err(CheckoutError::ProductNotFound));
-            continue;
-        }
-        if lines.iter().any(|(p, _)| left[p.as_str()].limit.is_some()) {
-            continue;
-        }
-        match drops::judge_lines(tx, &req.user, lines, &left, false)
-            .await?
-            .refusal()
+        } else if lines
+            .iter()
+            .all(|(p, _)| locked[p.as_str()].limit.is_none())
         {
+            batch.push(i);
+        }
+    }
+    let carts: Vec<drops::Lines<'_>> = batch
+        .iter()
+        .map(|&i| (&reqs[i].user, reqs[i].lines.get()))
+        .collect();
+    let verdicts = drops::judge(tx, &carts, false).await?;
+    let mut judged = Vec::with_capacity(batch.len());
+    for (i, verdict) in batch.into_iter().zip(verdicts) {
+        match verdict.refusal() {
             Err(not_started) => fates[i] = Some(Err(not_started)),
-            Ok(refusal) => {
-                if refusal.is_none() {
-                    for (p, q) in lines {
-                        if let Some(row) = left.get_mut(p.as_str()) {
-                            row.available -= q.get();
-                        }
-                    }
-                }
-                judged.push((i, refusal));
-            }
+            Ok(refusal) => judged.push((i, refusal)),
         }
     }
     Ok((locked, judged))

@@ -1,12 +1,13 @@
 //! Flash drops: a product's per-customer limit and its sale window, decided on the primary in
 //! the transaction that takes the stock (the contract's "Flash drops").
 //!
-//! Single-product orders are judged inside the order batch's statement
-//! (`take_order_batch_v2`, migration `20261202000005_flash_drops.sql`); carts and holds are
-//! judged here ([`judge_lines`]) once their product rows are locked. Both count a user's
-//! units with the one SQL function `customer_units`, which is exact for a caller holding the
-//! product's row lock, because every take and return of the product's units locks that row
-//! first. Neither ever reads a replica.
+//! The rules are judged in ONE place, the SQL function `drop_verdict_v1` (migration
+//! `20261205000001_order_sql_v4.sql`): the order batch statement calls it for each request,
+//! the refusal claim for the window, and carts and holds through `lines_verdicts_v1`
+//! ([`judge`]) once their product rows are locked. A user's units are counted by
+//! `customer_units_v2`, exact for a caller holding the product's row lock, because every take
+//! and return of the product's units locks that row first. Nothing here ever reads a replica;
+//! Rust only maps the verdict to its answer ([`Verdict::refusal`]).
 //!
 //! The order of judgement is the same everywhere, so no path turns one answer into another:
 //! the window first (before the start nothing is claimed and the key may be sent again; from
@@ -14,11 +15,10 @@
 //! then the limit.
 
 use super::error::CheckoutError;
-use super::stock::{Locked, Short, Tx, shortfalls};
+use super::stock::{Short, Tx};
 use crate::domain::{ProductId, Quantity, UserId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 /// A product's drop rules as its page states them (`null` when unset).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -111,6 +111,20 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
+    /// What `drop_verdict_v1` stated (`None`: the request may be taken).
+    fn stated(v: Option<serde_json::Value>) -> Result<Verdict, serde_json::Error> {
+        let Some(v) = v else {
+            return Ok(Verdict::Fits);
+        };
+        Ok(match v["code"].as_str() {
+            Some("SALE_NOT_STARTED") => Verdict::NotStarted {
+                retry_after_ms: serde_json::from_value(v["retry_after_ms"].clone())?,
+            },
+            Some("OUT_OF_STOCK") => Verdict::Short(serde_json::from_value(v["lines"].clone())?),
+            _ => Verdict::Refused(serde_json::from_value(v)?),
+        })
+    }
+
     /// What a cart or hold does with its verdict: `Ok(None)` take the lines;
     /// `Ok(Some((refusal, answer)))` claim the key with the refusal and give the answer;
     /// `Err(SALE_NOT_STARTED)` roll back, so nothing is claimed.
@@ -126,64 +140,66 @@ impl Verdict {
     }
 }
 
-/// Judges `lines` (each product once) against their `locked` rows: the window, then stock,
-/// then each limited product's allowance for `user`. `counted` are units of these lines that
-/// `customer_units` already sees (a hold's own lines, written before the lock), subtracted
-/// from the user's count.
-pub(crate) async fn judge_lines(
+/// A cart's (or a hold's) lines, each product once, and its user.
+pub(crate) type Lines<'a> = (&'a UserId, &'a [(ProductId, Quantity)]);
+
+/// The verdicts of `carts`, in order, on their locked product rows: `lines_verdicts_v1`, which
+/// judges each with `drop_verdict_v1` (the one home of the drop rules) against the stock the
+/// carts before it that fit left. `counted`: the user's count already includes these lines
+/// (a hold's own lines, written before the lock). One round trip however many carts.
+pub(crate) async fn judge(
     tx: &mut Tx,
-    user: &UserId,
-    lines: &[(ProductId, Quantity)],
-    locked: &Locked,
+    carts: &[Lines<'_>],
+    counted: bool,
+) -> Result<Vec<Verdict>, sqlx::Error> {
+    if carts.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut users = Vec::with_capacity(carts.len());
+    let mut ends = Vec::with_capacity(carts.len());
+    let (mut products, mut qty) = (vec![], vec![]);
+    for (user, lines) in carts {
+        users.push(user.as_str());
+        for (p, q) in *lines {
+            products.push(p.as_str());
+            qty.push(q.get());
+        }
+        ends.push(i32::try_from(products.len()).unwrap_or(i32::MAX));
+    }
+    let stated: Vec<Option<sqlx::types::Json<serde_json::Value>>> = sqlx::query_scalar(
+        "SELECT verdict FROM lines_verdicts_v1($1, $2, $3, $4, $5) ORDER BY cart",
+    )
+    .bind(&users)
+    .bind(&ends)
+    .bind(&products)
+    .bind(&qty)
+    .bind(counted)
+    .fetch_all(&mut **tx)
+    .await?;
+    if stated.len() != carts.len() {
+        return Err(sqlx::Error::Protocol(format!(
+            "{} verdicts for {} carts",
+            stated.len(),
+            carts.len()
+        )));
+    }
+    stated
+        .into_iter()
+        .map(|v| Verdict::stated(v.map(|j| j.0)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+/// The verdict of one cart's or hold's lines ([`judge`]).
+pub(crate) async fn judge_one(
+    tx: &mut Tx,
+    cart: Lines<'_>,
     counted: bool,
 ) -> Result<Verdict, sqlx::Error> {
-    let not_started = lines
-        .iter()
-        .filter_map(|(p, _)| locked.get(p.as_str())?.starts_in_ms)
-        .max();
-    if let Some(ms) = not_started {
-        return Ok(Verdict::NotStarted { retry_after_ms: ms });
-    }
-    if lines
-        .iter()
-        .any(|(p, _)| locked.get(p.as_str()).is_some_and(|r| r.ended))
-    {
-        return Ok(Verdict::Refused(Refusal::SaleEnded));
-    }
-    let short = shortfalls(lines, locked);
-    if !short.is_empty() {
-        return Ok(Verdict::Short(short));
-    }
-    let limited: Vec<(&ProductId, i32, i32)> = lines
-        .iter()
-        .filter_map(|(p, q)| Some((p, q.get(), locked.get(p.as_str())?.limit?)))
-        .collect();
-    if limited.is_empty() {
-        return Ok(Verdict::Fits);
-    }
-    let products: Vec<&str> = limited.iter().map(|(p, _, _)| p.as_str()).collect();
-    let users: Vec<&str> = limited.iter().map(|_| user.as_str()).collect();
-    let units: HashMap<String, i64> = sqlx::query_as(
-        "SELECT product_id, units::int8 FROM customer_units($1::text[], $2::text[])",
-    )
-    .bind(&products)
-    .bind(&users)
-    .fetch_all(&mut **tx)
-    .await?
-    .into_iter()
-    .collect();
-    for (product, qty, limit) in limited {
-        let seen = units.get(product.as_str()).copied().unwrap_or(0);
-        let already = if counted { seen - i64::from(qty) } else { seen };
-        if already + i64::from(qty) > i64::from(limit) {
-            return Ok(Verdict::Refused(Refusal::LimitExceeded {
-                product_id: product.to_string(),
-                limit,
-                already: i32::try_from(already.max(0)).unwrap_or(i32::MAX),
-            }));
-        }
-    }
-    Ok(Verdict::Fits)
+    judge(tx, &[cart], counted)
+        .await?
+        .pop()
+        .ok_or_else(|| sqlx::Error::Protocol("no verdict".into()))
 }
 
 /// `Retry-After` seconds for a sale that starts in `ms` (at least 1).

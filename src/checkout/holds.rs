@@ -154,12 +154,12 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         tx.rollback().await?;
         return replay_committed(db, req).await;
     };
-    let Some(locked) = stock::lock_lines(&mut tx, req.lines.get()).await? else {
+    if stock::lock_lines(&mut tx, req.lines.get()).await?.is_none() {
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
-    };
+    }
     // The hold's own lines are written already: the user's count includes them.
-    let verdict = drops::judge_lines(&mut tx, &req.user, req.lines.get(), &locked, true).await?;
+    let verdict = drops::judge_one(&mut tx, (&req.user, req.lines.get()), true).await?;
     let refusal = match verdict.refusal() {
         Ok(refusal) => refusal,
         Err(not_started) => {

@@ -155,27 +155,29 @@ type ClaimRow = (
     Option<i64>,
 );
 
-/// The claim statement of [`insert`]: the products' windows on the primary's clock, then a
-/// refusal for every key of a product on sale (`SALE_ENDED` past its end).
-const CLAIM: &str = "WITH w AS (SELECT p.product_id, \
-                           CASE WHEN p.sale_starts_at > clock_timestamp() \
-                                THEN ceil(extract(epoch FROM p.sale_starts_at - clock_timestamp()) * 1000)::int8 END AS starts_in_ms, \
-                           coalesce(p.sale_ends_at <= clock_timestamp(), false) AS ended \
+/// The claim statement of [`insert`]: each request judged by `drop_verdict_v1` (the one home
+/// of the drop rules) on the primary's clock, with nothing left for it (the stock gate found
+/// too little), then a refusal for every key of a product on sale: `SALE_ENDED` past its end,
+/// else for stock. Before a product's start nothing is claimed and its rows say when.
+const CLAIM: &str = "WITH w AS (SELECT p.product_id, p.sale_starts_at, p.sale_ends_at \
                       FROM products p WHERE p.product_id = ANY($2::text[])), \
-              ins AS (INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
-                      SELECT o.order_id, o.product_id, o.user_id, o.quantity, 0, 0, 'refused', o.idempotency_key, o.fingerprint, \
-                             CASE WHEN w.ended THEN '{\"code\": \"SALE_ENDED\"}'::jsonb END \
+              v AS (SELECT o.*, drop_verdict_v1(clock_timestamp(), ARRAY[o.product_id], ARRAY[o.quantity], ARRAY[0], \
+                                                ARRAY[NULL::int4], ARRAY[w.sale_starts_at], ARRAY[w.sale_ends_at], \
+                                                ARRAY[NULL::int8]) AS verdict \
                       FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::text[]) \
                            WITH ORDINALITY AS o(order_id, product_id, user_id, quantity, idempotency_key, fingerprint, n) \
-                      LEFT JOIN w ON w.product_id = o.product_id \
-                      WHERE w.starts_in_ms IS NULL \
-                      ORDER BY o.n \
+                      LEFT JOIN w ON w.product_id = o.product_id), \
+              ins AS (INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
+                      SELECT v.order_id, v.product_id, v.user_id, v.quantity, 0, 0, 'refused', v.idempotency_key, v.fingerprint, \
+                             CASE WHEN v.verdict->>'code' <> 'OUT_OF_STOCK' THEN v.verdict END \
+                      FROM v WHERE v.verdict->>'code' <> 'SALE_NOT_STARTED' \
+                      ORDER BY v.n \
                       ON CONFLICT (user_id, idempotency_key) DO NOTHING \
                       RETURNING user_id, idempotency_key, refusal) \
          SELECT user_id, idempotency_key, refusal, NULL::int8 FROM ins \
-         UNION ALL SELECT product_id, NULL, NULL, starts_in_ms FROM w WHERE starts_in_ms IS NOT NULL";
+         UNION ALL SELECT DISTINCT ON (product_id) product_id, NULL, NULL, (verdict->>'retry_after_ms')::int8 \
+                   FROM v WHERE v.verdict->>'code' = 'SALE_NOT_STARTED'";
 
-/// What a failed claim statement means for its requests.
 fn claim_failed(e: sqlx::Error) -> CheckoutError {
     if matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
         // Never sent: nothing was written.

@@ -27,21 +27,17 @@ pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 /// Each locked product's row, in lock order.
 pub(crate) type Locked = BTreeMap<String, LockedRow>;
 
-/// What a transaction holding a product's row lock knows of it, on the primary's clock.
+/// What a transaction holding a product's row lock takes from it (the drop rules read the
+/// rest themselves: `drops::judge`).
 #[derive(Debug, Clone, Copy, sqlx::FromRow)]
 pub(crate) struct LockedRow {
-    pub available: i32,
     pub price: i32,
     /// `max_per_customer`.
     pub limit: Option<i32>,
-    /// Milliseconds until `sale_starts_at`, while it is ahead.
-    pub starts_in_ms: Option<i64>,
-    /// At or past `sale_ends_at`.
-    pub ended: bool,
 }
 
 /// A line that cannot be served: what was asked and what there is.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Short {
     pub product_id: String,
     pub requested: i32,
@@ -57,8 +53,7 @@ pub(crate) fn per_product(lines: &[(ProductId, i32)]) -> BTreeMap<&str, i32> {
     merged
 }
 
-/// Locks the rows in lock order and reads each (its window judged on the primary's clock once
-/// the lock is held); a missing product is absent from the answer.
+/// Locks the rows in lock order and reads each; a missing product is absent from the answer.
 pub(crate) async fn lock(tx: &mut Tx, products: &[&str]) -> Result<Locked, sqlx::Error> {
     #[derive(sqlx::FromRow)]
     struct Row {
@@ -67,10 +62,7 @@ pub(crate) async fn lock(tx: &mut Tx, products: &[&str]) -> Result<Locked, sqlx:
         row: LockedRow,
     }
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT product_id, available_quantity AS available, price_cents AS price, max_per_customer AS limit, \
-                CASE WHEN sale_starts_at > clock_timestamp() \
-                     THEN ceil(extract(epoch FROM sale_starts_at - clock_timestamp()) * 1000)::int8 END AS starts_in_ms, \
-                coalesce(sale_ends_at <= clock_timestamp(), false) AS ended \
+        "SELECT product_id, price_cents AS price, max_per_customer AS limit \
          FROM products WHERE product_id = ANY($1) ORDER BY product_id COLLATE \"C\" FOR NO KEY UPDATE",
     )
     .bind(products)
@@ -87,21 +79,6 @@ pub(crate) async fn lock_lines(
     let products: Vec<&str> = lines.iter().map(|(p, _)| p.as_str()).collect();
     let locked = lock(tx, &products).await?;
     Ok((locked.len() == products.len()).then_some(locked))
-}
-
-/// The lines the locked stock cannot serve (none: all can).
-pub(crate) fn shortfalls(lines: &[(ProductId, Quantity)], stock: &Locked) -> Vec<Short> {
-    lines
-        .iter()
-        .filter_map(|(p, q)| {
-            let available = stock.get(p.as_str()).map_or(0, |r| r.available);
-            (available < q.get()).then(|| Short {
-                product_id: p.to_string(),
-                requested: q.get(),
-                available,
-            })
-        })
-        .collect()
 }
 
 /// Takes every line's units with ONE guarded UPDATE (`… AND available_quantity >= q` per

@@ -368,18 +368,19 @@ async fn a_batch_dated_by_a_server_clock_running_ahead_never_dates_the_gate_in_t
     let app = spawn_app(shared_cluster()).await;
     app.create_product("ahead", 10, 100).await;
     sqlx::raw_sql(
-        "ALTER FUNCTION take_order_batch_v3(text, uuid[], text[], text[], integer[], text[]) RENAME TO take_order_batch_true; \
-         CREATE FUNCTION take_order_batch_v3(p text, i uuid[], u text[], k text[], q integer[], f text[]) \
-         RETURNS TABLE (n bigint, found integer, left_after integer, lock_wait_us bigint, \
+        "ALTER FUNCTION take_order_batches_v4(text[], integer[], uuid[], text[], text[], integer[], text[]) \
+           RENAME TO take_order_batches_true; \
+         CREATE FUNCTION take_order_batches_v4(p text[], e integer[], i uuid[], u text[], k text[], q integer[], f text[]) \
+         RETURNS TABLE (batch_product text, n bigint, found integer, left_after integer, lock_wait_us bigint, \
            starts_in_ms bigint, sale_starts_at timestamptz, sale_ends_at timestamptz, \
            idempotency_key text, request_fingerprint text, refusal jsonb, order_id uuid, product_id text, \
            quantity integer, user_id text, status text, total_cents bigint, created_at timestamptz, \
            cancelled_at timestamptz, unit_price_cents integer) \
-         LANGUAGE sql AS $$ SELECT t.n, t.found, t.left_after, t.lock_wait_us + 10000000, \
+         LANGUAGE sql AS $$ SELECT t.batch_product, t.n, t.found, t.left_after, t.lock_wait_us + 10000000, \
            t.starts_in_ms, t.sale_starts_at, t.sale_ends_at, \
            t.idempotency_key, t.request_fingerprint, t.refusal, t.order_id, t.product_id, t.quantity, t.user_id, \
            t.status, t.total_cents, t.created_at, t.cancelled_at, t.unit_price_cents \
-           FROM take_order_batch_true(p, i, u, k, q, f) t $$;",
+           FROM take_order_batches_true(p, e, i, u, k, q, f) t $$;",
     )
     .execute(&app.primary)
     .await

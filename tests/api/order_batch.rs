@@ -1,9 +1,9 @@
-//! The order batch's statements, the ones the service calls — `take_order_batch_v3` (one
-//! product) and `take_order_batches_v3` (several), each of which runs `take_order_batch_v2`
-//! for a product with a limit or window to judge or too little stock — called directly on a
-//! real primary:
-//! first-fit seats in arrival order, keys that already hold something, repeats inside a
-//! batch, and a key claimed by a concurrent transaction while the batch waits for it.
+//! The order batch's statement, the one the service calls — `take_order_batches_v4`, for one
+//! product or several, which judges each request of a product with a limit or window to judge
+//! or too little stock with `drop_verdict_v1` — called directly on a real primary: first-fit
+//! seats in arrival order, keys that already hold something, repeats inside a batch, a key
+//! claimed by a concurrent transaction while the batch waits for it, and the order keys are
+//! claimed in.
 
 use crate::helpers::*;
 use sqlx::{PgPool, Row};
@@ -66,8 +66,9 @@ async fn take<'e>(
     let keys: Vec<&str> = reqs.iter().map(|r| r.1).collect();
     let qty: Vec<i32> = reqs.iter().map(|r| r.2).collect();
     let fps: Vec<String> = reqs.iter().map(|r| format!("{product}:{}", r.2)).collect();
-    let rows = sqlx::query("SELECT * FROM take_order_batch_v3($1, $2, $3, $4, $5, $6)")
-        .bind(product)
+    let rows = sqlx::query("SELECT * FROM take_order_batches_v4($1, $2, $3, $4, $5, $6, $7)")
+        .bind([product])
+        .bind([reqs.len() as i32])
         .bind(&ids)
         .bind(&users)
         .bind(&keys)
@@ -252,6 +253,116 @@ async fn units_of_a_seat_whose_key_was_claimed_meanwhile_go_to_the_refused_in_ar
     assert_eq!(paid, 2 * 250, "the reseated orders carry the price");
 }
 
+/// #44 item 7: when a seat's key is claimed concurrently, every refused request of the batch
+/// is judged again, refusals for a limit included: a sibling of the same user that was
+/// refused for the seat that was never taken is confirmed, and one still over the limit
+/// states the count it was judged on. Mutation seen failing it: the re-seating skipping rows
+/// refused for a reason (`CONTINUE WHEN v_why[i] IS NOT NULL`, as version 3 did): a2 stayed
+/// refused with `already` 2, counting a seat that a's key never took.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_refusal_is_judged_again_when_a_seat_of_its_batch_is_not_taken() {
+    let pool = pool().await;
+    product(&pool, "lim", 10).await;
+    sqlx::query("UPDATE products SET max_per_customer = 2 WHERE product_id = 'lim'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // a's key "1" is claimed elsewhere (uncommitted): the batch seats it (2 units, a at the
+    // limit), so a's keys "2" and "3" are refused for the limit, already 2.
+    let other = claim_a1_uncommitted(&pool, "lim").await;
+    let reqs = [("a", "1", 2), ("a", "2", 1), ("a", "3", 2)];
+    let batch = {
+        let pool = pool.clone();
+        tokio::spawn(async move { take(&pool, "lim", &reqs).await })
+    };
+    commit_once_a_batch_waits(&pool, other).await;
+    let out = batch.await.unwrap().unwrap();
+    let statuses: Vec<(&str, bool)> = out
+        .held
+        .iter()
+        .map(|h| (h.status.as_str(), h.ours))
+        .collect();
+    assert_eq!(
+        statuses,
+        [("refused", false), ("confirmed", true), ("refused", true)],
+        "a's seat went to the other transaction; a2 fits the limit once it is judged again"
+    );
+    let already: Option<i32> = sqlx::query_scalar(
+        "SELECT (refusal->>'already')::int4 FROM orders WHERE user_id = 'a' AND idempotency_key = '3'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(already, Some(1), "a3's refusal counts a2's unit, not a1's");
+    assert_eq!((out.found, out.left), (10, 9));
+    assert_eq!(stock_on(&pool, "lim").await, 9);
+}
+
+/// #44 item 8: one statement claims all of its keys in ONE (user, key) byte order, whichever
+/// products they are for, so two statements never wait on each other's keys in a circle.
+/// Here a's key "1" (product p, judged: it has a limit) is held by another transaction while
+/// the statement also carries b's key "1" (product q, seated whole). Waiting for a's key, the
+/// statement must not yet hold b's (a < b): a probe claiming b's key goes through at once.
+/// Mutation seen failing it: version 3's two passes (the products seated whole first, then
+/// each judged product's own insert): the statement held b's key while it waited, and the
+/// probe hit its lock timeout (55P03).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_statement_claims_its_keys_in_one_order_across_products() {
+    let pool = pool().await;
+    product(&pool, "p", 10).await;
+    product(&pool, "q", 10).await;
+    sqlx::query("UPDATE products SET max_per_customer = 5 WHERE product_id = 'p'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let other = claim_a1_uncommitted(&pool, "p").await;
+    let batch = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let p: &[Req] = &[("a", "1", 1)];
+            let q: &[Req] = &[("b", "1", 1)];
+            take_many(&pool, &[("p", p), ("q", q)]).await
+        })
+    };
+    wait_for(
+        "the statement to wait on a's claimed key",
+        Duration::from_secs(10),
+        || async { batches_waiting_on(&pool, "Lock").await == 1 },
+    )
+    .await;
+    let mut probe = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *probe)
+        .await
+        .unwrap();
+    let claimed = sqlx::query(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         VALUES ($1, 'q', 'b', 1, 0, 0, 'refused', '1', 'probe') ON CONFLICT DO NOTHING",
+    )
+    .bind(Uuid::new_v4())
+    .execute(&mut *probe)
+    .await;
+    assert!(
+        claimed.is_ok(),
+        "b's key was held by the statement while it waited for a's: {claimed:?}"
+    );
+    probe.rollback().await.unwrap();
+    other.commit().await.unwrap();
+    let got = batch.await.unwrap().unwrap();
+    let statuses: Vec<(&str, &str, bool)> = got
+        .iter()
+        .map(|(p, _, s, _, ours)| (p.as_str(), s.as_str(), *ours))
+        .collect();
+    assert_eq!(
+        statuses,
+        [("p", "refused", false), ("q", "confirmed", true)]
+    );
+    assert_eq!(
+        (stock_on(&pool, "p").await, stock_on(&pool, "q").await),
+        (10, 9)
+    );
+}
+
 /// The refusal reasons the batch stored, in `reqs`' order (`None`: confirmed or a stock
 /// refusal).
 async fn reasons(pool: &PgPool, reqs: &[Req<'_>]) -> Vec<Option<String>> {
@@ -328,7 +439,7 @@ fn ends_of(sizes: impl Iterator<Item = usize>) -> Vec<i32> {
         .collect()
 }
 
-/// Calls `take_order_batches_v3` as the service does: `batches` in the order given, each
+/// Calls `take_order_batches_v4` as the service does: `batches` in the order given, each
 /// `(product, requests)`. Its rows as (product, n, status, the row's product, ours).
 async fn take_many<'e>(
     exec: impl sqlx::PgExecutor<'e>,
@@ -341,7 +452,7 @@ async fn take_many<'e>(
     let ids: Vec<Uuid> = all.iter().map(|_| Uuid::new_v4()).collect();
     let products: Vec<&str> = batches.iter().map(|b| b.0).collect();
     let ends = ends_of(batches.iter().map(|b| b.1.len()));
-    let rows = sqlx::query("SELECT * FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7)")
+    let rows = sqlx::query("SELECT * FROM take_order_batches_v4($1, $2, $3, $4, $5, $6, $7)")
         .bind(&products)
         .bind(&ends)
         .bind(&ids)
@@ -370,16 +481,17 @@ async fn take_many<'e>(
     Ok(got)
 }
 
-/// The batches of several products in one statement (`take_order_batches_v3`, the one the
+/// The batches of several products in one statement (`take_order_batches_v4`, the one the
 /// service calls): products whose whole batch fits and that have no limit or window to judge
-/// are seated together (one insert, one guarded update for all), the others by their own
-/// batch's first fit, all in one commit; a repeated key takes one seat, a key that holds an
-/// order already takes nothing, a missing product returns no rows; products out of byte
-/// order are refused whole (nothing written), so no two such statements lock rows in
-/// opposite orders. Mutations seen failing it: every product through the set-based path (A's
-/// second request confirmed past its stock: the guard raised); the guarded update taking each
-/// product's requested units rather than the rows inserted (c left 93, not 94); every product
-/// through `take_order_batch_v2` (3 calls, not 2: the answers alone cannot tell).
+/// are seated whole (no verdict per request), the others by their own batch's first fit, each
+/// request judged by `drop_verdict_v1`, all in one insert and one commit; a repeated key takes
+/// one seat, a key that holds an order already takes nothing, a missing product returns no
+/// rows; products out of byte order are refused whole (nothing written), so no two such
+/// statements lock rows in opposite orders. Mutations seen failing it: every product seated
+/// whole (A's second request confirmed past its stock: the guard raised); the guarded update
+/// taking each product's requested units rather than the rows inserted (c left 93, not 94);
+/// every product judged request by request (10 verdicts, not 8: the answers alone cannot
+/// tell).
 #[tokio::test(flavor = "multi_thread")]
 async fn batches_of_several_products_share_one_statement_and_keep_their_own_seats() {
     let pool = pool().await;
@@ -402,8 +514,8 @@ async fn batches_of_several_products_share_one_statement_and_keep_their_own_seat
     assert!(take_many(&pool, &[("b", b), ("A", a)]).await.is_err());
     assert_eq!(rows_of(&pool, "u1").await + rows_of(&pool, "u3").await, 0);
 
-    // In a transaction that counts its function calls: which products took the per-product
-    // path is observed, not assumed.
+    // In a transaction that counts its function calls: which products were judged request by
+    // request is observed, not assumed.
     let mut tx = pool.begin().await.unwrap();
     sqlx::query("SET LOCAL track_functions = 'pl'")
         .execute(&mut *tx)
@@ -412,17 +524,18 @@ async fn batches_of_several_products_share_one_statement_and_keep_their_own_seat
     let got = take_many(&mut *tx, &[("A", a), ("b", b), ("c", c), ("zz", gone)])
         .await
         .unwrap();
-    let per_product: i64 = sqlx::query_scalar(
+    let verdicts: i64 = sqlx::query_scalar(
         "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_xact_user_functions \
-         WHERE funcname = 'take_order_batch_v2'",
+         WHERE funcname = 'drop_verdict_v1'",
     )
     .fetch_one(&mut *tx)
     .await
     .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(
-        per_product, 2,
-        "A and b (short) by their own batch, c set-based"
+        verdicts,
+        3 + 4 + 1,
+        "one per product found, and one per request of A and b (short); c seated whole"
     );
     let row = |p: &str, n, status: &str, ours| {
         (p.to_owned(), n, status.to_owned(), Some(p.to_owned()), ours)
@@ -500,11 +613,7 @@ async fn a_key_claimed_while_the_set_based_batch_waits_takes_no_stock() {
 async fn each_batch_function_returns_the_order_columns_in_their_order() {
     let pool = pool().await;
     let want: Vec<&str> = stockgate::checkout::ORDER_COLUMNS.split(", ").collect();
-    for function in [
-        "take_order_batch_v2",
-        "take_order_batch_v3",
-        "take_order_batches_v3",
-    ] {
+    for function in ["take_order_batches_v4"] {
         let returned: Vec<String> = sqlx::query_scalar(
             "SELECT a.name FROM pg_proc p, \
                     unnest(p.proargnames, p.proargmodes) WITH ORDINALITY AS a(name, mode, i) \
@@ -521,19 +630,17 @@ async fn each_batch_function_returns_the_order_columns_in_their_order() {
 }
 
 /// When every request of a batch writes its own row (no key twice, none held already),
-/// `take_order_batch_v3` and `take_order_batches_v3` answer from what the INSERT returned
-/// instead of reading every key back (and the latter, every product found and seated
-/// together, from its arrays by position instead of joining them); their answers must
-/// still be the rows the table holds, column for column, `created_at` included (each row's
-/// own, found by the order ids' rank), with the stock each batch found and left. Mutations
-/// seen failing it: `created_at` by arrival order (`v_at[x.n]`) instead of by rank, in either
-/// function; a unit price of 0 in the answers; the stock left stated as the stock found; every
-/// order of a combined statement written at its first product's price. The
-/// fast path taken whatever was written fails other tests: in `take_order_batch_v3`,
-/// `a_key_repeated_in_one_batch_takes_one_seat` (the repeat answered as a new order); in
-/// `take_order_batches_v3`, `a_key_claimed_while_the_set_based_batch_waits_takes_no_stock`
-/// (the key claimed concurrently). Keeping the last of a repeated key rather than the first
-/// also fails `a_key_repeated_in_one_batch_takes_one_seat`.
+/// `take_order_batches_v4` answers from what the INSERT returned instead of reading every key
+/// back; its answers must still be the rows the table holds, column for column, `created_at`
+/// included (each row's own, found by the order ids' rank), with the stock each batch found
+/// and left. Mutations seen failing it: `created_at` by arrival order (`v_at[x.i]`) instead
+/// of by rank; a unit price of 0 in the answers; the stock left stated as the stock found;
+/// every order of a combined statement written at its first product's price. The fast path
+/// taken whatever was written fails other tests: `a_key_repeated_in_one_batch_takes_one_seat`
+/// (the repeat answered as a new order) and
+/// `a_key_claimed_while_the_set_based_batch_waits_takes_no_stock` (the key claimed
+/// concurrently). Keeping the last of a repeated key rather than the first also fails
+/// `a_key_repeated_in_one_batch_takes_one_seat`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
     let pool = pool().await;
@@ -571,21 +678,12 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
         let fps: Vec<String> = all.iter().map(|(p, r)| format!("{p}:{}", r.2)).collect();
         let products: Vec<&str> = batches.iter().map(|b| b.0).collect();
         let ends = ends_of(batches.iter().map(|b| b.1.len()));
-        let sql = if products.len() == 1 {
-            concat!(
-                "SELECT ",
-                row!(),
-                ", t.product_id, t.found, t.left_after \
-                 FROM take_order_batch_v3($1[1], $3, $4, $5, $6, $7) t"
-            )
-        } else {
-            concat!(
-                "SELECT ",
-                row!(),
-                ", t.product_id, t.found, t.left_after \
-                 FROM take_order_batches_v3($1, $2, $3, $4, $5, $6, $7) t"
-            )
-        };
+        let sql = concat!(
+            "SELECT ",
+            row!(),
+            ", t.product_id, t.found, t.left_after \
+             FROM take_order_batches_v4($1, $2, $3, $4, $5, $6, $7) t"
+        );
         let mut before = std::collections::HashMap::new();
         for p in &products {
             before.insert(p.to_string(), stock_on(&pool, p).await);
