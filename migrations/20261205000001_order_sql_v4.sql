@@ -10,7 +10,7 @@
 -- Kept for binaries that still call version 3 (a rolling deploy never mixes bodies), each
 -- marked "superseded by" its successor and dropped once no binary calls it:
 -- take_order_batch_v3, take_order_batches_v3, and what they call (take_order_batch_v2,
--- customer_units). tests/api/plans.rs (`only_live_sql_is_installed`) reads pg_proc and
+-- customer_units). tests/api/order_batch.rs (`only_live_sql_is_installed`) reads pg_proc and
 -- refuses any other function: dead SQL fails the build.
 --
 -- Dropped here: versions 1 and 2 of the batches, which no binary has called since version 3.

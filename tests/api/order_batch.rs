@@ -736,3 +736,89 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
         (1000 - 79 - 50, 1000 - 22)
     );
 }
+
+/// The text of every Rust file under `dir`.
+fn rust_sources(dir: &std::path::Path, out: &mut String) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+}
+
+/// #45: the SQL installed in every database is exactly what the binary calls, plus at most
+/// the immediate predecessors of those functions (marked "superseded by" one the binary
+/// calls, kept while a rolling deploy may still run the binary before), plus what those and
+/// the triggers call. Dead SQL fails the build. Mutations seen failing it: the v4 migration
+/// without its `DROP FUNCTION take_order_batches_v2` (a version two steps back, called by
+/// nothing); `take_order_batch_v3` without its "superseded by" mark.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_live_sql_is_installed() {
+    let pool = pool().await;
+    let functions: Vec<(String, String, bool, Option<String>)> = sqlx::query_as(
+        "SELECT p.proname::text, p.prosrc, p.prorettype = 'trigger'::regtype \
+                AND EXISTS (SELECT FROM pg_trigger t WHERE t.tgfoid = p.oid), \
+                obj_description(p.oid, 'pg_proc') \
+           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+          WHERE n.nspname = 'public'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut src = String::new();
+    rust_sources(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut src,
+    );
+    let calls = |text: &str, name: &str| text.contains(&format!("{name}("));
+    let called: Vec<&str> = functions
+        .iter()
+        .filter(|(name, ..)| calls(&src, name))
+        .map(|(name, ..)| name.as_str())
+        .collect();
+    assert!(
+        called.contains(&"take_order_batches_v4") && called.contains(&"drop_verdict_v1"),
+        "the scan of src/ finds the calls: {called:?}"
+    );
+    let mut live: std::collections::BTreeSet<&str> = functions
+        .iter()
+        .filter(|(name, _, used_by_trigger, comment)| {
+            called.contains(&name.as_str())
+                || *used_by_trigger
+                || comment
+                    .as_deref()
+                    .and_then(|c| c.strip_prefix("superseded by "))
+                    .is_some_and(|next| called.contains(&next))
+        })
+        .map(|(name, ..)| name.as_str())
+        .collect();
+    // What the live functions call is live too.
+    loop {
+        let more: Vec<&str> = functions
+            .iter()
+            .filter(|(name, ..)| !live.contains(name.as_str()))
+            .filter(|(name, ..)| {
+                functions
+                    .iter()
+                    .any(|(caller, body, ..)| live.contains(caller.as_str()) && calls(body, name))
+            })
+            .map(|(name, ..)| name.as_str())
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        live.extend(more);
+    }
+    let dead: Vec<&str> = functions
+        .iter()
+        .map(|(name, ..)| name.as_str())
+        .filter(|name| !live.contains(name))
+        .collect();
+    assert!(
+        dead.is_empty(),
+        "installed but called by nothing live: {dead:?}"
+    );
+}
