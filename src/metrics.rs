@@ -110,6 +110,7 @@ metrics! {
     /// Single-product orders sent to their product's owner instance (src/peers.rs).
     orders_forwarded: IntCounterVec("orders_forwarded_total", "Orders sent to the owner instance of their contended product, by outcome: answered, unreachable (placed here instead), no_answer (the owner went silent: placed here under the same keys), unknown (the link failed after sending)", ["outcome"]);
     order_queue_depth: IntGauge("order_queue_depth", "Orders waiting for their product's next batch");
+    cart_queue_depth: IntGauge("cart_queue_depth", "Carts waiting for the next batch of carts");
     /// Holds taken, confirmed, released, expired.
     holds: IntCounterVec("holds_total", "Holds by event: taken, confirmed, released, expired", ["event"]);
     /// Units held right now (all products).

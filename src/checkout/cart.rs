@@ -297,22 +297,26 @@ const MAX_CARTS: usize = 256;
 /// request that sent it: a client that hangs up leaves the whole cart or none.
 pub(crate) struct CartQueue {
     tx: mpsc::UnboundedSender<Queued>,
+    metrics: Metrics,
 }
 
 impl CartQueue {
     pub(crate) fn start(db: Db, metrics: Metrics, cache: Arc<GateCache>) -> CartQueue {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(db, metrics, cache, rx));
-        CartQueue { tx }
+        tokio::spawn(dispatch(db, metrics.clone(), cache, rx));
+        CartQueue { tx, metrics }
     }
 
     /// The cart's answer from the batch it joins. A batch whose task died may have committed:
     /// that is [`CheckoutError::OutcomeUnknown`], and the same key tells.
     pub(crate) async fn place(&self, req: CartRequest) -> Result<Placed, CheckoutError> {
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send((req, reply))
-            .map_err(|_| CheckoutError::OutcomeUnknown)?;
+        // Counted before it can be taken, so the gauge never reads below zero.
+        self.metrics.cart_queue_depth.inc();
+        if self.tx.send((req, reply)).is_err() {
+            self.metrics.cart_queue_depth.dec();
+            return Err(CheckoutError::OutcomeUnknown);
+        }
         answer.await.unwrap_or(Err(CheckoutError::OutcomeUnknown))
     }
 }
@@ -339,6 +343,7 @@ async fn dispatch(
                 Err(_) => break,
             }
         }
+        metrics.cart_queue_depth.sub(batch.len() as i64);
         let (db, metrics, cache) = (db.clone(), metrics.clone(), cache.clone());
         let (placed, done) = oneshot::channel::<()>();
         tokio::spawn(async move {

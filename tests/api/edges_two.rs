@@ -205,3 +205,88 @@ async fn a_cancel_racing_a_retry_of_its_key_never_deadlocks() {
     );
     assert_eq!(app.stock_on_primary("raced").await, 4);
 }
+
+/// Sends a cart of `lines` for `user` under `key`, in the background.
+fn cart_in_background(
+    app: &TestApp,
+    user: &str,
+    key: &str,
+    lines: &[&str],
+) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    let lines: Vec<Value> = lines
+        .iter()
+        .map(|p| json!({"product_id": p, "quantity": 1}))
+        .collect();
+    let req = app
+        .client
+        .post(app.url("/v1/orders"))
+        .bearer_auth(app.user_token(user))
+        .header("Idempotency-Key", key)
+        .json(&json!({ "lines": lines }));
+    tokio::spawn(async move { answer(req.send().await.unwrap()).await })
+}
+
+/// Item 7: a 422 key reuse changes no other request's answer. Two carts share a batch: A, whose
+/// key another transaction holds with another body (not yet committed, so the batch cannot see
+/// it), and B, for the same last unit. The batch judges A first (it fits) and B short; then
+/// A's claim meets the other transaction's key and takes nothing. B must not keep the 409 it
+/// was judged on while the unit is still there. Staging: a cart on a held row occupies the cart
+/// queue's one batch at a time, so A and B queue behind it and leave as one batch; the gauge
+/// `stockgate_cart_queue_depth` shows both queued. Mutation seen failing it: `seat` without
+/// its roll-back when fewer carts were claimed than judged (B answered 409 `OUT_OF_STOCK`,
+/// the unit left unsold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cart_whose_key_is_reused_concurrently_changes_no_other_carts_answer() {
+    let app = spawn_app(shared_cluster()).await;
+    for (p, stock) in [("cq-r", 5), ("cq-s", 5), ("cq-p", 1), ("cq-q", 5)] {
+        assert_eq!(
+            app.create_product(p, stock, 100).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let held = app.lock_rows(&["cq-r"]).await;
+    let first = cart_in_background(&app, "cq-c", "k", &["cq-r", "cq-s"]);
+    wait_for(
+        "the first cart's batch waiting on the held row",
+        Duration::from_secs(10),
+        || async { sessions_waiting(&app.primary, "Lock", "%FOR NO KEY UPDATE%").await == 1 },
+    )
+    .await;
+    // A's key, claimed with another body by a transaction that has not committed.
+    let mut other = app.primary.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
+         VALUES (gen_random_uuid(), 'cq-p', 'cq-a', 1, 100, 100, 'confirmed', 'k', 'cq-p:1')",
+    )
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let a = cart_in_background(&app, "cq-a", "k", &["cq-p", "cq-q"]);
+    let b = cart_in_background(&app, "cq-b", "k", &["cq-p", "cq-q"]);
+    app.wait_for(
+        "A and B queued together",
+        Duration::from_secs(10),
+        || async { app.metric("stockgate_cart_queue_depth").await == 2.0 },
+    )
+    .await;
+    held.commit().await.unwrap();
+    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+    wait_for(
+        "the batch of A and B waiting on A's key",
+        Duration::from_secs(10),
+        || async { sessions_waiting(&app.primary, "Lock", "%WITH claim AS%").await == 1 },
+    )
+    .await;
+    // The other transaction's order takes no stock of its own: it stands for a body that
+    // would have, so the unit is B's to buy.
+    other.commit().await.unwrap();
+    let (status, body) = a.await.unwrap();
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let (status, body) = b.await.unwrap();
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "B was refused a unit that was there: {body}"
+    );
+    assert_eq!(app.stock_on_primary("cq-p").await, 0);
+}
