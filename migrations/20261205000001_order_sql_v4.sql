@@ -486,9 +486,10 @@ BEGIN
        AND v_wrote = (SELECT count(*) FROM generate_series(1, v_count) AS u(i)
                        WHERE v_state[u.i] IS NOT NULL)
        AND v_wrote = (SELECT count(*) FROM generate_series(1, v_count) AS u(i)
-                       WHERE v_found[v_of[u.i]] AND v_starts_in[v_of[u.i]] IS NULL) THEN
-        -- Every request of a product found and on sale wrote the row it offered: its answer
-        -- is that row, as inserted. Its `created_at` is found by rank: the rows' ids are the
+                       WHERE v_found[v_of[u.i]]) THEN
+        -- Every request of a product found wrote the row it offered (so none is before its
+        -- sale, where a key that holds nothing must be told apart from one that holds
+        -- something): its answer is that row, as inserted. Its `created_at` is found by rank: the rows' ids are the
         -- offered ids, so the k-th offered id in id order wrote the k-th row in id order.
         RETURN QUERY
             SELECT p_products[x.j], (x.i - v_lo[x.j] + 1)::bigint, v_stock[x.j], v_left[x.j],

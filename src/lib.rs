@@ -24,10 +24,11 @@
 //! orders, carts and holds in [`checkout`], settings and profiles in `http/users.rs`. A read
 //! lives next to its only caller, as a string literal (column lists are macros, such as
 //! `order_columns!`, so queries stay literals). Server-side functions are versioned: a
-//! change is a new function (`take_order_batch_v3`, `take_order_batches_v3`) in a new
+//! change is a new function (`take_order_batches_v4`, `drop_verdict_v1`) in a new
 //! migration, the old one dropped only once no binary calls it, so a change is a
-//! reviewable diff and a rolling deploy never mixes bodies; a test holds each version's
-//! returned columns to the Rust that reads them.
+//! reviewable diff and a rolling deploy never mixes bodies; a test reads `pg_proc` and
+//! fails on dead SQL, another holds each version's returned columns to the Rust that reads
+//! them (`docs/design/orders.md`, "The order SQL").
 
 pub mod auth;
 pub mod checkout;
