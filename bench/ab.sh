@@ -13,8 +13,8 @@
 # by that turn's binary and never analyzed (autovacuum off on its tables), dropped after the
 # turn; so two binaries whose migrations differ are each measured on their own schema. Its
 # load is AB_LOAD: `hot` (one product, as above), `spread` (1,000 products, each request one
-# at random: bench/spread.sh's shape) or `carts` (three-line carts over 20 products:
-# bench/carts.sh's shape).
+# at random: the `spread` shape of bench/fresh.sh) or `carts` (three-line carts over 20
+# products: its `carts` shape).
 #
 # Prints a table (one row a turn, then the medians of each side) and appends it to
 # bench/results/ab-<YYYY-MM-DD>.md.

@@ -94,11 +94,11 @@ pgbench_best() {
 # range: the smallest and the largest of the numbers on stdin, as "lo–hi"
 range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
 
-# bench_setup NAME PORT [TOOL…]: the common start of bench/NAME.sh, a benchmark that serves
-# on PORT: ROUNDS (3), SECS (BENCH_SECONDS, 8) and BIN (STOCKGATE_BIN,
-# target/release/stockgate); wrk, each TOOL and BIN checked; bench_service_env; stamp (the
-# start's time, for database names); work (a directory of its own) and pid (the service's,
-# once started), which an EXIT trap stops and removes.
+# bench_setup NAME PORT [TOOL…]: the common start of a benchmark (NAME, for its messages, as
+# `fresh.sh scale`) that serves on PORT: ROUNDS (3), SECS (BENCH_SECONDS, 8) and BIN
+# (STOCKGATE_BIN, target/release/stockgate); wrk, each TOOL and BIN checked; bench_service_env;
+# stamp (the start's time, for database names); work (a directory of its own) and pid (the
+# service's, once started), which an EXIT trap stops and removes.
 bench_setup() {
   local name="$1" tool
   ROUNDS="${ROUNDS:-3}"
@@ -106,9 +106,9 @@ bench_setup() {
   PORT="$2"
   BIN="${STOCKGATE_BIN:-target/release/stockgate}"
   for tool in wrk "${@:3}"; do
-    command -v "$tool" >/dev/null || { echo "$name.sh: $tool is missing (apt-get install wrk postgresql-contrib)" >&2; exit 1; }
+    command -v "$tool" >/dev/null || { echo "$name: $tool is missing (apt-get install wrk postgresql-contrib)" >&2; exit 1; }
   done
-  [ -x "$BIN" ] || { echo "$name.sh: $BIN is missing (cargo build --release)" >&2; exit 1; }
+  [ -x "$BIN" ] || { echo "$name: $BIN is missing (cargo build --release)" >&2; exit 1; }
   bench_service_env "$PORT"
   stamp="$(date -u +%H%M%S)"
   work="$(mktemp -d)"

@@ -11,7 +11,7 @@ function setup(thread)
 end
 
 -- This wrk process's id: several wrk processes started in the same second (one per
--- instance, bench/scale.sh) must not draw the same buyers and keys, or their "orders" are
+-- instance, bench/fresh.sh scale) must not draw the same buyers and keys, or their "orders" are
 -- replays of each other's.
 local function pid()
   local f = io.open("/proc/self/stat")

@@ -323,12 +323,11 @@ impl CartQueue {
 
 /// Takes every cart queued when the last batch is done (up to [`MAX_CARTS`]) as the next batch
 /// ([`place_many`]), one batch at a time: a batch locks most of the products it names, so a
-/// second one in flight only waited for the first's locks, and sold fewer carts (two in flight
-/// against one: 2,067–2,500 carts/s against 2,511–2,912 in four rounds side by side, 20
-/// products, `wrk -c64`; three: 1,859–2,000). Each batch runs in a task of its own, so a
-/// panic ends only that batch (its carts are told "unknown") and not the queue. A batch that
-/// waits on a row lock (an import's, another instance's) holds up the carts behind it, for at
-/// most the database's lock timeout.
+/// second one in flight only waited for the first's locks, and two or three in flight sold
+/// fewer carts than one, side by side (bench/results/carts-2026-12-03.md). Each batch runs in
+/// a task of its own, so a panic ends only that batch (its carts are told "unknown") and not
+/// the queue. A batch that waits on a row lock (an import's, another instance's) holds up the
+/// carts behind it, for at most the database's lock timeout.
 async fn dispatch(
     db: Db,
     metrics: Metrics,

@@ -112,19 +112,18 @@ struct Job {
 /// become ready queue for the next, so a spread of orders over many products commits many
 /// products at a time, and a hot product alone sends one batch at a time, which runs alone.
 /// One statement at a time makes the largest statements, and an order statement's fixed
-/// cost (its executor start-ups, triggers and commit: about 1 ms, against some 70 µs an
-/// order) is paid fewest times. Over 1,000 products (`bench/spread.sh`, three pairs side by
-/// side, a new database each: bench/results/spread-2026-12-04.md) one at a time sold
-/// 5,786–7,058 orders/s with p99 17.7–20.7 ms where two sold 4,425–5,212 with p99
-/// 24.8–29.5, in statements of 30 orders instead of 15. Letting a second statement start
-/// once the first had run 1.5 or 3 ms (an overlap) lost to one at a time in each of three
-/// rounds, on throughput, p99 and PostgreSQL's CPU per order.
+/// cost (its executor start-ups, triggers and commit, many times an order's own share) is
+/// paid fewest times. Over 1,000 products, side by side on a new database each, two in
+/// flight made smaller statements and sold less with a higher p99; letting a second
+/// statement start once the first had run a while (an overlap) lost to one at a time in
+/// every round, on throughput, p99 and PostgreSQL's CPU per order. The runs:
+/// bench/results/spread-2026-12-04.md; the fixed cost: bench/results/README.md.
 const STATEMENTS: usize = 1;
 
 /// A statement that has run this long without an answer is taken to be waiting on a row
 /// lock (an import's, another instance's, a long transaction's): it gives its place to the
-/// next statement, so the other products' orders go on beside it. Statements take 3–15 ms
-/// under full load.
+/// next statement, so the other products' orders go on beside it. A statement under full
+/// load with no row held answers well within it (bench/results/spread-2026-12-04.md).
 const STALL: Duration = Duration::from_millis(25);
 
 /// How many stalled statements may wait beside the one running normally; beyond this, the
