@@ -40,7 +40,6 @@ pub mod http;
 pub mod import;
 pub mod lsn;
 pub mod metrics;
-pub mod peers;
 pub mod rates;
 pub mod routing;
 pub mod ryw;
