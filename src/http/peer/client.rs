@@ -127,12 +127,11 @@ impl Peers {
     }
 
     /// Where an order for `product` is placed, `contended` saying whether it is contended
-    /// here: the peers passed over for now are read at this moment.
+    /// here. The down list is read only for a contended product, so an order that stays here
+    /// takes no lock.
     pub fn placement(&self, product: &str, contended: bool) -> Placement<'_> {
-        let now = self.0.clock.now();
-        let down = locked(&self.0.down);
         placement::decide(product, contended, &self.0.me, &self.0.all, |p| {
-            down.get(p).is_some_and(|until| now < *until)
+            self.is_down(p)
         })
     }
 
