@@ -10,7 +10,9 @@
 //! - [`events`]: the event feed (one order with no gaps: read below the snapshot's xmin) and
 //!   webhooks (leased, signed, retried in feed order).
 //! - [`ryw`]: the read-your-writes store (in-process or Redis), failing closed.
-//! - [`http`]: the REST API, its extractors, errors and middleware.
+//! - [`http`]: the REST API, its extractors, errors and middleware; and [`http::peer`],
+//!   where a contended product's order is placed (a `Placement`) and the peer client and
+//!   listener that carry it to its owner.
 //! - [`domain`]: input types parsed at the boundary.
 //! - [`auth`]: bearer tokens and who may act for whom.
 //! - [`import`]: bulk import throttled against live replica staleness.
@@ -41,7 +43,6 @@ pub mod http;
 pub mod import;
 pub mod lsn;
 pub mod metrics;
-pub mod peers;
 pub mod rates;
 pub mod routing;
 pub mod ryw;

@@ -107,7 +107,7 @@ metrics! {
     /// Batches rerun after losing a lock race (a deadlock or a serialization failure): rare by
     /// design, and never hidden.
     order_batch_reruns: IntCounterVec("order_batch_reruns_total", "Order batches rerun after a deadlock or serialization failure (nothing of the first run was written)", ["sqlstate"]);
-    /// Single-product orders sent to their product's owner instance (src/peers.rs).
+    /// Single-product orders sent to their product's owner instance (src/http/peer/).
     orders_forwarded: IntCounterVec("orders_forwarded_total", "Orders sent to the owner instance of their contended product, by outcome: answered, unreachable (placed here instead), no_answer (the owner went silent: placed here under the same keys), unknown (the link failed after sending)", ["outcome"]);
     order_queue_depth: IntGauge("order_queue_depth", "Orders waiting for their product's next batch");
     cart_queue_depth: IntGauge("cart_queue_depth", "Carts waiting for the next batch of carts");
@@ -157,7 +157,7 @@ pub const RYW_STEPS: &[&str] = &["get", "advance", "position"];
 /// The `step` labels of `post_commit_failures_total`.
 pub const POST_COMMIT_STEPS: &[&str] = &["reopen"];
 
-/// `stockgate_orders_forwarded_total`'s outcomes (src/peers.rs).
+/// `stockgate_orders_forwarded_total`'s outcomes (src/http/peer/).
 pub const FORWARD_OUTCOMES: &[&str] = &["answered", "unreachable", "no_answer", "unknown"];
 /// The order route's statuses that the 5xx alert divides (`deploy/prometheus/alerts.yml`):
 /// the confirmations and the failures, so neither side of the ratio starts absent.

@@ -86,7 +86,7 @@ async fn build_state(
     );
     let (feed, feed_guard) = Feed::start(db.clone(), metrics.clone(), config.event_retention);
     let peers = config.peer_url.as_ref().map(|me| {
-        crate::peers::Peers::new(
+        http::peer::Peers::new(
             me.clone(),
             config.peers.clone(),
             tokens.clone(),

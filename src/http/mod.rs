@@ -10,7 +10,7 @@ mod imports;
 mod openapi;
 mod orders;
 mod overview;
-mod peer;
+pub mod peer;
 pub use peer::router as peer_router;
 mod pages;
 mod products;
@@ -66,7 +66,7 @@ pub struct Shared {
     /// The event feed's watcher (long-polls wait on it).
     pub feed: crate::events::feed::Feed,
     /// Other instances that own contended products' orders (`STOCKGATE_PEERS`), if any.
-    pub peers: Option<crate::peers::Peers>,
+    pub peers: Option<peer::Peers>,
     /// The counter samples behind the overview's rates (`GET /v1/admin/overview`).
     pub rates: std::sync::Mutex<crate::rates::RateWindow>,
 }

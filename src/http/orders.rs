@@ -1,5 +1,6 @@
 //! Orders: place (idempotent), look up, cancel.
 
+use super::peer::Placement;
 use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable,
 };
@@ -209,12 +210,13 @@ pub(super) fn created(placed: Placed) -> Response {
     (StatusCode::CREATED, Json(order)).into_response()
 }
 
-/// A single-product order: placed here, or, when its product is contended and another peer
-/// owns it, by that peer (src/peers.rs), whose answer is this answer.
+/// A single-product order: placed where its [`Placement`] says. At its product's owner, the
+/// owner's answer is this answer, unless nothing reached the owner (or it went silent), in
+/// which case it is placed here under the same key.
 async fn place_single(state: &AppState, req: OrderRequest) -> Result<Response, ApiError> {
     if let Some(peers) = &state.peers
-        && state.checkout.contended(&req.product)
-        && let Some(owner) = peers.owner_of(req.product.as_str())
+        && let Placement::Owner(owner) =
+            peers.placement(req.product.as_str(), state.checkout.contended(&req.product))
         && let Some(answer) = peers.place(owner, &req).await
     {
         return Ok(answer);

@@ -1,4 +1,4 @@
-//! Peers (`STOCKGATE_PEERS`, src/peers.rs): a contended product's orders go to one owner
+//! Peers (`STOCKGATE_PEERS`, src/http/peer/): a contended product's orders go to one owner
 //! instance, which places them as if they had been sent to it; the answers are the owner's,
 //! and they are the database's truth.
 
@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stockgate::clock::{Clock, ManualClock, SystemClock};
 use stockgate::domain::ProductId;
+use stockgate::http::peer::Placement;
 
 /// Ports for `n` instances' peer listeners, held by this test until it ends: each is bound
 /// here (`SO_REUSEADDR`, never listening), so no other test's listener or outgoing connection
@@ -84,7 +85,7 @@ fn owned_by(app: &TestApp, owner: &str, prefix: &str) -> String {
     let peers = app.state.peers.as_ref().expect("peers configured");
     (0..)
         .map(|i| format!("{prefix}-{i}"))
-        .find(|p| peers.owner_of(p) == Some(owner))
+        .find(|p| peers.placement(p, true) == Placement::Owner(owner))
         .unwrap()
 }
 
@@ -151,8 +152,8 @@ async fn a_contended_products_orders_go_to_its_owner_and_every_answer_is_the_tru
     let b = peer(cluster, Some(a.database.clone()), &redis, &urls, 1).await;
     let product = owned_by(&a, &urls[1], "peer-hot");
     assert_eq!(
-        b.state.peers.as_ref().unwrap().owner_of(&product),
-        None,
+        b.state.peers.as_ref().unwrap().placement(&product, true),
+        Placement::Here,
         "b owns it in its own view too"
     );
     assert!(
@@ -274,16 +275,16 @@ async fn an_owner_that_cannot_be_reached_is_passed_over_and_the_order_is_placed_
     assert_eq!(a.stock_on_primary(&product).await, 5);
 
     let peers = a.state.peers.as_ref().unwrap();
-    clock.advance(stockgate::peers::DOWN_FOR - Duration::from_millis(1));
+    clock.advance(stockgate::http::peer::DOWN_FOR - Duration::from_millis(1));
     assert_ne!(
-        peers.owner_of(&product),
-        Some(urls[1].as_str()),
+        peers.placement(&product, true),
+        Placement::Owner(&urls[1]),
         "still down"
     );
     clock.advance(Duration::from_millis(1));
     assert_eq!(
-        peers.owner_of(&product),
-        Some(urls[1].as_str()),
+        peers.placement(&product, true),
+        Placement::Owner(&urls[1]),
         "tried again once DOWN_FOR has passed"
     );
 }
@@ -359,7 +360,7 @@ async fn post_to_peer(
 ) -> (StatusCode, Value) {
     let mut req = app
         .client
-        .post(format!("{peer_url}{}", stockgate::peers::PATH))
+        .post(format!("{peer_url}{}", stockgate::http::peer::PATH))
         .json(orders);
     if let Some(token) = token {
         req = req.bearer_auth(token);
@@ -396,7 +397,10 @@ async fn a_frozen_owner_is_passed_over_and_its_orders_are_placed_once_where_they
     let owner = seen[1].as_str();
     let product = owned_by(&a, owner, "peer-frozen");
     let peers_of = |app: &TestApp| app.state.peers.clone().unwrap();
-    assert_eq!(peers_of(&c).owner_of(&product), Some(owner));
+    assert_eq!(
+        peers_of(&c).placement(&product, true),
+        Placement::Owner(owner)
+    );
     assert!(
         a.create_product(&product, 100, 500)
             .await
@@ -438,8 +442,8 @@ async fn a_frozen_owner_is_passed_over_and_its_orders_are_placed_once_where_they
         );
         assert_eq!(forwarded(app, "unknown").await, 0.0);
         assert_ne!(
-            peers_of(app).owner_of(&product),
-            Some(owner),
+            peers_of(app).placement(&product, true),
+            Placement::Owner(owner),
             "passed over for DOWN_FOR"
         );
     }
@@ -664,7 +668,7 @@ async fn the_peer_listener_has_the_public_ports_limits_timeout_and_metrics() {
     let order = json!([{"user": "slow", "product": "peer-slow", "quantity": 1, "key": "slow"}]);
     let sent = a
         .client
-        .post(format!("{}{}", urls[0], stockgate::peers::PATH))
+        .post(format!("{}{}", urls[0], stockgate::http::peer::PATH))
         .bearer_auth(&a.admin)
         .json(&order)
         .send()
@@ -678,7 +682,7 @@ async fn the_peer_listener_has_the_public_ports_limits_timeout_and_metrics() {
     for status in ["413", "503"] {
         let series = format!(
             "stockgate_http_requests_total{{route=\"{}\",status=\"{status}\"}} 1",
-            stockgate::peers::PATH
+            stockgate::http::peer::PATH
         );
         assert!(page.contains(&series), "{series} missing from:\n{page}");
     }

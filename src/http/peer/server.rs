@@ -1,12 +1,12 @@
 //! The peer listener (`STOCKGATE_PEERS`): where other instances send the orders of products
-//! this instance owns ([`crate::peers`]). Not part of the public API: it listens on its own
+//! this instance owns ([`super`]). Not part of the public API: it listens on its own
 //! address and takes admin tokens only (peers sign them with the shared secret).
 
-use super::{ApiError, AppState, Json, Limits};
+use super::{ALIVE_PATH, MAX_FORWARD, PATH, WireAnswer, WireOrder};
 use crate::auth::Caller;
 use crate::checkout::OrderRequest;
 use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
-use crate::peers::{MAX_FORWARD, WireAnswer, WireOrder};
+use crate::http::{ApiError, AppState, Json, Limits};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -21,12 +21,12 @@ const BODY_LIMIT: usize = 4 << 20;
 /// forwarded batch.
 pub fn router(state: AppState, limits: Limits) -> Router {
     let routes = Router::new()
-        .route(crate::peers::PATH, axum::routing::post(place))
-        .route(crate::peers::ALIVE_PATH, axum::routing::get(alive))
-        .fallback(super::not_found)
-        .method_not_allowed_fallback(super::method_not_allowed);
+        .route(PATH, axum::routing::post(place))
+        .route(ALIVE_PATH, axum::routing::get(alive))
+        .fallback(crate::http::not_found)
+        .method_not_allowed_fallback(crate::http::method_not_allowed);
     let metrics = state.metrics.clone();
-    super::served(
+    crate::http::served(
         routes,
         state,
         &metrics,
@@ -37,7 +37,7 @@ pub fn router(state: AppState, limits: Limits) -> Router {
     )
 }
 
-/// A sign of life for a peer that has waited long for an answer (src/peers.rs): no token, no
+/// A sign of life for a peer that has waited long for an answer (the client, [`super::Peers`]): no token, no
 /// database, nothing to learn from it but that this process runs.
 async fn alive() -> StatusCode {
     StatusCode::NO_CONTENT
@@ -78,7 +78,7 @@ async fn place_one(state: &AppState, o: WireOrder) -> Response {
     })();
     match req {
         Ok(req) => match state.checkout.place(req).await {
-            Ok(placed) => super::orders::created(placed),
+            Ok(placed) => crate::http::orders::created(placed),
             Err(e) => ApiError::from(e).into_response(),
         },
         Err(e) => e.into_response(),

@@ -1,50 +1,18 @@
-//! One owner per contended product across instances (issue #31, part 2).
-//!
-//! Several instances selling one product each take its row for their own batches, and each
-//! batch is smaller (an instance gathers only the orders it holds): four instances with 16
-//! connections each ran batches of 15.7 orders against one instance's 34.4, and sold 0.61×
-//! of one (bench/results/scale-2026-12-03.md). Here a
-//! product whose row another writer keeps taking between this instance's batches ("contended",
-//! [`crate::checkout::Checkout::contended`]) has its single-product orders sent to one owner,
-//! the same for every instance: the live peer that ranks the product highest (rendezvous
-//! hashing over `STOCKGATE_PEERS`). Orders travel in batches, one lane per owner and
-//! product: each request carries everything queued for that product when it leaves (up to
-//! [`IN_FLIGHT`] out at once per lane), and joins the owner's own batches for the product:
-//! one row, one writer, larger batches. A product whose batch waits at the owner (its row
-//! held locked) fills its own lane only, so the owner's other products keep selling.
-//!
-//! Nothing about correctness rests on this: the owner places each order exactly as if its
-//! client had sent it there (the same guarded UPDATE, key claim and answer), and two instances
-//! that disagree about the owner only contend as before. The answers come back as the owner's
-//! HTTP answers (status, `Retry-After`, body), so a forwarded order is told what the owner
-//! would have told it. An owner that cannot be reached (nothing sent), or that takes a
-//! request and then neither answers nor shows a sign of life ([`suspect_after`],
-//! [`ALIVE_PATH`]), is passed over for [`DOWN_FOR`] and the orders are placed here under
-//! their own keys: each key is claimed once in the database, so if that owner places them
-//! after all, it is answered what was written here. One whose link fails after the batch
-//! was sent leaves the outcome unknown: 503 `OUTCOME_UNKNOWN`, and the same key tells the
-//! truth later.
+//! The peer client: forwards a contended product's orders to its owner in lanes, one per
+//! owner and product, and passes over an owner that cannot be reached or goes silent (the
+//! why is in [`super`]).
 
+use super::placement::{self, Placement};
+use super::{ALIVE_PATH, MAX_FORWARD, PATH, WireAnswer, WireOrder};
 use crate::auth::{Caller, Tokens};
 use crate::checkout::OrderRequest;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
-
-/// The peer listener's order route.
-pub const PATH: &str = "/peer/v1/orders";
-
-/// The peer listener's sign of life: answered at once, with no database behind it, so an
-/// answer says the owner's process runs, and silence says it does not (frozen, or its host
-/// is gone while its kernel still completes TCP handshakes).
-pub const ALIVE_PATH: &str = "/peer/v1/alive";
 
 /// How long an owner that could not be reached, or that went silent, is passed over.
 pub const DOWN_FOR: Duration = Duration::from_secs(5);
@@ -52,9 +20,6 @@ pub const DOWN_FOR: Duration = Duration::from_secs(5);
 /// Forwarded requests out at once, per owner and product: a product whose batch waits at the
 /// owner (its row held locked) fills only its own slots, never another product's.
 const IN_FLIGHT: usize = 4;
-
-/// The most orders one forwarded request carries.
-pub const MAX_FORWARD: usize = 1024;
 
 /// The outer bound on a forwarded request whose owner keeps showing signs of life: the
 /// owner's own batch limit (12 s) and a margin. Past it the orders are told "unknown".
@@ -84,48 +49,6 @@ pub fn suspect_after(recent: &VecDeque<Duration>) -> Duration {
 const SUSPECT_FLOOR: Duration = Duration::from_millis(250);
 /// See [`suspect_after`].
 const SUSPECT_CAP: Duration = Duration::from_secs(2);
-
-/// One order on its way to its owner (the caller was authenticated here; `user` is the one
-/// it acts for).
-#[derive(Debug, Serialize, Deserialize)]
-pub struct WireOrder {
-    pub user: String,
-    pub product: String,
-    pub quantity: i32,
-    pub key: String,
-}
-
-/// The owner's HTTP answer to one order.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct WireAnswer {
-    pub status: u16,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_after: Option<String>,
-    /// The JSON body as the owner wrote it, passed on untouched.
-    pub body: Box<serde_json::value::RawValue>,
-}
-
-impl WireAnswer {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_GATEWAY);
-        let mut response = (
-            status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            String::from(Box::<str>::from(self.body)),
-        )
-            .into_response();
-        if let Some(v) = self
-            .retry_after
-            .and_then(|v| HeaderValue::from_str(&v).ok())
-        {
-            response.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        response
-    }
-}
 
 struct Forward {
     order: WireOrder,
@@ -203,18 +126,13 @@ impl Peers {
         }))
     }
 
-    /// The peer that owns `product`'s orders when it is contended, or `None` when it is this
-    /// instance: the live peer (this one always counts as live) with the highest rank.
-    pub fn owner_of(&self, product: &str) -> Option<&str> {
-        let now = self.0.clock.now();
-        let down = locked(&self.0.down);
-        let owner = self
-            .0
-            .all
-            .iter()
-            .filter(|p| **p == self.0.me || down.get(*p).is_none_or(|until| *until <= now))
-            .max_by_key(|p| rank(p, product))?;
-        (*owner != self.0.me).then_some(owner.as_str())
+    /// Where an order for `product` is placed, `contended` saying whether it is contended
+    /// here. The down list is read only for a contended product, so an order that stays here
+    /// takes no lock.
+    pub fn placement(&self, product: &str, contended: bool) -> Placement<'_> {
+        placement::decide(product, contended, &self.0.me, &self.0.all, |p| {
+            self.is_down(p)
+        })
     }
 
     /// Forwarded requests to `owner` that have not been answered yet, over all products.
@@ -481,17 +399,6 @@ enum Sent {
     Unknown,
 }
 
-/// Rendezvous rank of `peer` for `product`: every instance computes the same owner from the
-/// same list, and removing a peer moves only its own products.
-fn rank(peer: &str, product: &str) -> u64 {
-    // SipHash with fixed keys: the same on every instance and build.
-    #[allow(deprecated)]
-    let mut h = std::hash::SipHasher::new_with_keys(0x7374_6f63_6b67_6174, 0x6f77_6e65_7273);
-    peer.hash(&mut h);
-    product.hash(&mut h);
-    h.finish()
-}
-
 fn unknown() -> Response {
     crate::http::error::ApiError::from(crate::checkout::CheckoutError::OutcomeUnknown)
         .into_response()
@@ -514,6 +421,14 @@ mod tests {
         )
     }
 
+    /// The owner `p` names for `product` when it is contended; `None` when that is `p`.
+    fn owner<'a>(p: &'a Peers, product: &str) -> Option<&'a str> {
+        match p.placement(product, true) {
+            Placement::Here => None,
+            Placement::Owner(owner) => Some(owner),
+        }
+    }
+
     #[test]
     fn every_instance_names_the_same_owner_and_none_names_itself() {
         let (a, b, c) = (
@@ -525,9 +440,9 @@ mod tests {
         for i in 0..300 {
             let product = format!("p-{i}");
             let views = [
-                a.owner_of(&product),
-                b.owner_of(&product),
-                c.owner_of(&product),
+                owner(&a, &product),
+                owner(&b, &product),
+                owner(&c, &product),
             ];
             // Exactly one instance owns it (sees None); the others name that one.
             let me = ["http://a:9000", "http://b:9000", "http://c:9000"];
@@ -551,19 +466,19 @@ mod tests {
         let a = peers("http://a:9000");
         let product = (0..)
             .map(|i| format!("p-{i}"))
-            .find(|p| a.owner_of(p).is_some())
+            .find(|p| owner(&a, p).is_some())
             .unwrap();
-        let owner = a.owner_of(&product).unwrap().to_string();
+        let named = owner(&a, &product).unwrap().to_string();
         a.0.down
             .lock()
             .unwrap()
-            .insert(owner.clone(), Instant::now() + DOWN_FOR);
-        assert_ne!(a.owner_of(&product), Some(owner.as_str()));
+            .insert(named.clone(), Instant::now() + DOWN_FOR);
+        assert_ne!(owner(&a, &product), Some(named.as_str()));
         a.0.down
             .lock()
             .unwrap()
-            .insert(owner.clone(), Instant::now());
-        assert_eq!(a.owner_of(&product), Some(owner.as_str()));
+            .insert(named.clone(), Instant::now());
+        assert_eq!(owner(&a, &product), Some(named.as_str()));
     }
 
     #[test]
