@@ -16,7 +16,8 @@ use super::error::CheckoutError;
 use super::gate_cache::GateCache;
 use super::idempotency::{existing_under, judge_held};
 use super::order::{Placed, with_lines};
-use super::stock::{self, Short};
+use super::stock;
+use super::tx::{self, Locked};
 use super::tx::commit;
 use crate::domain::{IdempotencyKey, Lines, ProductId, UserId};
 use crate::metrics::Metrics;
@@ -24,7 +25,7 @@ use crate::routing::Db;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
-use super::stock::{CartClaim, Locked};
+use super::stock::CartClaim;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// A cart order as the boundary parsed it.
@@ -66,7 +67,7 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
             return answer?.ok_or(CheckoutError::OutcomeUnknown);
         }
     }
-    let Some(locked) = stock::lock_lines(&mut tx, req.lines.get()).await? else {
+    let Some(locked) = tx::lock_lines(&mut tx, req.lines.get()).await? else {
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
     };
@@ -260,7 +261,7 @@ async fn judge(
     if products.is_empty() {
         return Ok((Locked::new(), vec![]));
     }
-    let locked = stock::lock(tx, &products.into_iter().collect::<Vec<_>>()).await?;
+    let locked = tx::lock(tx, &products.into_iter().collect::<Vec<_>>()).await?;
     let mut batch = Vec::with_capacity(open.len());
     for &i in open {
         let lines = reqs[i].lines.get();
@@ -371,7 +372,7 @@ async fn dispatch(
                 })
                 .flatten()
                 .collect();
-            super::reopen(&db, &metrics, &cache, &took.into_iter().collect::<Vec<_>>()).await;
+            super::gate_cache::reopen(&db, &metrics, &cache, &took.into_iter().collect::<Vec<_>>()).await;
             for (reply, fate) in replies.into_iter().zip(fates) {
                 let _ = reply.send(fate);
             }
@@ -389,18 +390,4 @@ fn total(req: &CartRequest, locked: &Locked) -> i64 {
         .iter()
         .map(|(p, q)| i64::from(locked[p.as_str()].price) * i64::from(q.get()))
         .sum()
-}
-
-/// The lines a cart would need that the stock cannot give (for a 409's `lines`).
-pub fn describe(short: &[Short]) -> String {
-    short
-        .iter()
-        .map(|s| {
-            format!(
-                "{} (asked {}, {} left)",
-                s.product_id, s.requested, s.available
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }

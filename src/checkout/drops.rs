@@ -15,7 +15,8 @@
 //! then the limit.
 
 use super::error::CheckoutError;
-use super::stock::{Short, Tx};
+use super::error::Short;
+use super::tx::Tx;
 use crate::domain::{ProductId, Quantity, UserId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,5 @@
 //! Every way placing, holding, cancelling or restocking can end without success.
 
-use super::{cart, stock};
 use crate::routing::DbError;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -23,8 +22,8 @@ pub enum CheckoutError {
     OutcomeUnknown,
     /// Not enough stock for some lines of a cart or hold; nothing was taken, and the
     /// refusal holds the key.
-    #[error("not enough stock for: {}", cart::describe(.0))]
-    Short(Vec<stock::Short>),
+    #[error("not enough stock for: {}", describe(.0))]
+    Short(Vec<Short>),
     /// The request would take its user past the product's `max_per_customer`; nothing was
     /// taken, and the refusal holds the key.
     #[error(
@@ -60,4 +59,26 @@ impl From<sqlx::Error> for CheckoutError {
     fn from(e: sqlx::Error) -> Self {
         CheckoutError::Db(e.into())
     }
+}
+
+/// A line that cannot be served: what was asked and what there is.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Short {
+    pub product_id: String,
+    pub requested: i32,
+    pub available: i32,
+}
+
+/// The lines a cart would need that the stock cannot give (for a 409's `lines`).
+fn describe(short: &[Short]) -> String {
+    short
+        .iter()
+        .map(|s| {
+            format!(
+                "{} (asked {}, {} left)",
+                s.product_id, s.requested, s.available
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

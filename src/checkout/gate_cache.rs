@@ -10,7 +10,8 @@
 use super::drops::Window;
 use crate::domain::ProductId;
 use crate::lsn::Lsn;
-use crate::routing::Route;
+use crate::metrics::Metrics;
+use crate::routing::{Db, Route};
 use crate::routing::policy::QueryClass;
 use crate::routing::route::ceil_ms;
 use std::collections::HashMap;
@@ -227,6 +228,43 @@ impl GateCache {
         maps.slots.remove(product);
     }
 }
+
+/// The one path every change of stock outside an order batch (restock, cancel, import,
+/// cart, hold and its ending) takes after its commit: this instance's gate forgets its
+/// cached answer and reads only where the change is. It cannot fail: if the primary's
+/// position cannot be read, the product is read from the primary alone until the entry ages
+/// out (fail safe), and that is counted. One read of the primary's position serves every
+/// product the write changed.
+pub(super) async fn reopen(
+    db: &Db,
+    metrics: &Metrics,
+    cache: &GateCache,
+    products: &[ProductId],
+) {
+    if products.is_empty() {
+        return;
+    }
+    let lsn = match db.primary().current_lsn().await {
+        Ok(lsn) => lsn,
+        Err(e) => {
+            post_commit_failed(metrics, "reopen", &e);
+            // No replica ever replays this far: the gate reads the primary.
+            Lsn::MAX
+        }
+    };
+    for product in products {
+        cache.reopen(product, lsn);
+    }
+}
+
+fn post_commit_failed(metrics: &Metrics, step: &str, e: &dyn std::fmt::Display) {
+    metrics
+        .post_commit_failures
+        .with_label_values(&[step])
+        .inc();
+    tracing::warn!(step, error = %e, "a step after a committed write failed; failing safe");
+}
+
 
 #[cfg(test)]
 mod tests {

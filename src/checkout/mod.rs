@@ -17,22 +17,26 @@
 //! None of this depends on Redis. When a COMMIT's outcome is unknown the answer says so
 //! ([`CheckoutError::OutcomeUnknown`], 503); the same key resolves it.
 
-pub mod batch;
-pub mod cart;
-pub mod coalescer;
-pub mod drops;
+mod batch;
+mod cart;
+mod coalescer;
+mod drops;
 mod error;
-pub mod gate_cache;
-pub mod holds;
-pub mod idempotency;
+mod gate_cache;
+mod holds;
+mod idempotency;
 mod order;
 mod rate_limit;
-pub mod refusals;
+mod refusals;
 mod status;
-pub mod stock;
+pub(crate) mod stock;
 mod tx;
 
-pub use error::CheckoutError;
+pub use cart::CartRequest;
+pub use drops::{Rules, retry_after_secs};
+pub(crate) use drops::rule_columns;
+pub use error::{CheckoutError, Short};
+pub use holds::{Hold, HoldRequest};
 pub use order::{ORDER_COLUMNS, Order, OrderLine, OrderRequest, Placed};
 pub(crate) use order::{order_columns, with_lines};
 pub use rate_limit::RateLimiter;
@@ -43,7 +47,6 @@ use tx::whole_or_none;
 
 use crate::clock::Clock;
 use crate::domain::{IdempotencyKey, ProductId};
-use crate::lsn::Lsn;
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
 use crate::routing::{Db, DbError, ReadCtx};
@@ -53,37 +56,6 @@ use gate_cache::{Answer, GateCache};
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
-
-/// The one path every change of stock outside an order batch (restock, cancel, import,
-/// cart, hold and its ending) takes after its commit: this instance's gate forgets its
-/// cached answer and reads only where the change is. It cannot fail: if the primary's
-/// position cannot be read, the product is read from the primary alone until the entry ages
-/// out (fail safe), and that is counted. One read of the primary's position serves every
-/// product the write changed.
-async fn reopen(db: &Db, metrics: &Metrics, cache: &GateCache, products: &[ProductId]) {
-    if products.is_empty() {
-        return;
-    }
-    let lsn = match db.primary().current_lsn().await {
-        Ok(lsn) => lsn,
-        Err(e) => {
-            post_commit_failed(metrics, "reopen", &e);
-            // No replica ever replays this far: the gate reads the primary.
-            Lsn::MAX
-        }
-    };
-    for product in products {
-        cache.reopen(product, lsn);
-    }
-}
-
-fn post_commit_failed(metrics: &Metrics, step: &str, e: &dyn std::fmt::Display) {
-    metrics
-        .post_commit_failures
-        .with_label_values(&[step])
-        .inc();
-    tracing::warn!(step, error = %e, "a step after a committed write failed; failing safe");
-}
 
 #[derive(Clone)]
 pub struct Checkout {
@@ -149,9 +121,9 @@ impl Checkout {
         }
     }
 
-    /// After a committed change of these products' stock: [`reopen`].
+    /// After a committed change of these products' stock: [`gate_cache::reopen`].
     pub async fn reopened(&self, products: &[ProductId]) {
-        reopen(&self.db, &self.metrics, &self.cache, products).await;
+        gate_cache::reopen(&self.db, &self.metrics, &self.cache, products).await;
     }
 
     /// Places an order: the gate's early "no", or a seat in the product's next batch.
@@ -423,7 +395,7 @@ impl Checkout {
             // claims the key, so an order row locked first would make the two wait on each
             // other (a deadlock, found after a second).
             let names: Vec<&str> = products.iter().map(ProductId::as_str).collect();
-            stock::lock(&mut tx, &names).await?;
+            tx::lock(&mut tx, &names).await?;
             let cancelled: Option<Order> = sqlx::query_as(concat!(
                 "UPDATE orders SET status = 'cancelled', cancelled_at = clock_timestamp() \
                  WHERE order_id = $1 AND status = 'confirmed' RETURNING ",

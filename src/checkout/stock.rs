@@ -18,31 +18,9 @@
 use super::drops::{Refusal, Rules, rule_columns};
 use super::order::{Order, OrderLine, new_row_id, order_columns};
 use super::status::OrderStatus;
-use crate::domain::{IdempotencyKey, ProductId, Quantity};
+use crate::domain::{IdempotencyKey, ProductId};
+pub(crate) use super::tx::Tx;
 use std::collections::BTreeMap;
-
-/// A write transaction on the primary.
-pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
-
-/// Each locked product's row, in lock order.
-pub(crate) type Locked = BTreeMap<String, LockedRow>;
-
-/// What a transaction holding a product's row lock takes from it (the drop rules read the
-/// rest themselves: `drops::judge`).
-#[derive(Debug, Clone, Copy, sqlx::FromRow)]
-pub(crate) struct LockedRow {
-    pub price: i32,
-    /// `max_per_customer`.
-    pub limit: Option<i32>,
-}
-
-/// A line that cannot be served: what was asked and what there is.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct Short {
-    pub product_id: String,
-    pub requested: i32,
-    pub available: i32,
-}
 
 /// Units per product, merged and in lock order.
 pub(crate) fn per_product(lines: &[(ProductId, i32)]) -> BTreeMap<&str, i32> {
@@ -51,34 +29,6 @@ pub(crate) fn per_product(lines: &[(ProductId, i32)]) -> BTreeMap<&str, i32> {
         *merged.entry(p.as_str()).or_insert(0) += q;
     }
     merged
-}
-
-/// Locks the rows in lock order and reads each; a missing product is absent from the answer.
-pub(crate) async fn lock(tx: &mut Tx, products: &[&str]) -> Result<Locked, sqlx::Error> {
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        product_id: String,
-        #[sqlx(flatten)]
-        row: LockedRow,
-    }
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT product_id, price_cents AS price, max_per_customer AS limit \
-         FROM products WHERE product_id = ANY($1) ORDER BY product_id COLLATE \"C\" FOR NO KEY UPDATE",
-    )
-    .bind(products)
-    .fetch_all(&mut **tx)
-    .await?;
-    Ok(rows.into_iter().map(|r| (r.product_id, r.row)).collect())
-}
-
-/// Locks the lines' products ([`lock`]); `None` when one of them does not exist.
-pub(crate) async fn lock_lines(
-    tx: &mut Tx,
-    lines: &[(ProductId, Quantity)],
-) -> Result<Option<Locked>, sqlx::Error> {
-    let products: Vec<&str> = lines.iter().map(|(p, _)| p.as_str()).collect();
-    let locked = lock(tx, &products).await?;
-    Ok((locked.len() == products.len()).then_some(locked))
 }
 
 /// Takes every line's units with ONE guarded UPDATE (`… AND available_quantity >= q` per
@@ -286,7 +236,7 @@ pub(crate) async fn give_back(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result
     let merged = per_product(lines);
     let products: Vec<&str> = merged.keys().copied().collect();
     let qty: Vec<i32> = merged.values().copied().collect();
-    lock(tx, &products).await?;
+    super::tx::lock(tx, &products).await?;
     sqlx::query(
         "UPDATE products p SET available_quantity = p.available_quantity + l.q, updated_at = clock_timestamp() \
          FROM UNNEST($1::text[], $2::int4[]) AS l(product_id, q) WHERE p.product_id = l.product_id",

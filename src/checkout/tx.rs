@@ -1,7 +1,53 @@
-//! How a change's transaction ends: wholly or not at all, and never with a guessed outcome.
+//! A change's transaction: the product rows it locks (in the one lock order every writer
+//! shares), and how it ends: wholly or not at all, and never with a guessed outcome.
 
 use super::error::CheckoutError;
+use crate::domain::{ProductId, Quantity};
+use std::collections::BTreeMap;
 use std::future::Future;
+
+/// A write transaction on the primary.
+pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+/// Each locked product's row, in lock order.
+pub(crate) type Locked = BTreeMap<String, LockedRow>;
+
+/// What a transaction holding a product's row lock takes from it (the drop rules read the
+/// rest themselves: `drops::judge`).
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub(crate) struct LockedRow {
+    pub price: i32,
+    /// `max_per_customer`.
+    pub limit: Option<i32>,
+}
+
+/// Locks the rows in lock order and reads each; a missing product is absent from the answer.
+pub(crate) async fn lock(tx: &mut Tx, products: &[&str]) -> Result<Locked, sqlx::Error> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        product_id: String,
+        #[sqlx(flatten)]
+        row: LockedRow,
+    }
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT product_id, price_cents AS price, max_per_customer AS limit \
+         FROM products WHERE product_id = ANY($1) ORDER BY product_id COLLATE \"C\" FOR NO KEY UPDATE",
+    )
+    .bind(products)
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.product_id, r.row)).collect())
+}
+
+/// Locks the lines' products ([`lock`]); `None` when one of them does not exist.
+pub(crate) async fn lock_lines(
+    tx: &mut Tx,
+    lines: &[(ProductId, Quantity)],
+) -> Result<Option<Locked>, sqlx::Error> {
+    let products: Vec<&str> = lines.iter().map(|(p, _)| p.as_str()).collect();
+    let locked = lock(tx, &products).await?;
+    Ok((locked.len() == products.len()).then_some(locked))
+}
 
 /// Runs `work` in a task of its own and awaits it: a client that hangs up (dropping the
 /// request's future) cannot cut a change short between its commit and what must follow it
@@ -19,7 +65,7 @@ pub(crate) async fn whole_or_none<T: Send + 'static>(
 /// Commits, telling "nothing was written" apart from "the outcome is unknown": an error
 /// on COMMIT itself may come after the server made the transaction durable.
 pub(crate) async fn commit(
-    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    tx: Tx,
 ) -> Result<(), CheckoutError> {
     tx.commit().await.map_err(|e| {
         tracing::warn!(error = %e, "COMMIT failed; its outcome is unknown");

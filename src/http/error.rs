@@ -33,7 +33,7 @@ pub enum ApiError {
     /// 409 `OUT_OF_STOCK` for a cart or hold, naming the short lines
     /// (`[{"product_id","requested","available"}]`); nothing was taken.
     #[error("not enough stock for every line; nothing was taken")]
-    ShortLines(Vec<crate::checkout::stock::Short>),
+    ShortLines(Vec<crate::checkout::Short>),
     /// 409 `LIMIT_EXCEEDED`: the request would take its user past the product's
     /// `max_per_customer`; says the limit and the units the user already has.
     #[error(
@@ -284,7 +284,7 @@ impl From<CheckoutError> for ApiError {
                 already,
             },
             CheckoutError::SaleNotStarted { retry_after_ms } => ApiError::SaleNotStarted {
-                retry_after_s: crate::checkout::drops::retry_after_secs(retry_after_ms),
+                retry_after_s: crate::checkout::retry_after_secs(retry_after_ms),
             },
             CheckoutError::SaleEnded => ApiError::conflict(
                 "SALE_ENDED",

@@ -5,7 +5,7 @@ use super::responses::{BadRequest, ErrorBody, PayloadTooLarge, Unauthorized, Una
 use super::{Admin, ApiError, AppState, Json, Path};
 use crate::auth::Caller;
 use crate::checkout::Order;
-use crate::checkout::holds::{Hold, HoldRequest};
+use crate::checkout::{Hold, HoldRequest};
 use crate::domain::HoldTtl;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

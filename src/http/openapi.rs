@@ -229,7 +229,7 @@ mod tests {
     async fn the_error_schema_names_every_field_api_error_writes() {
         let errors = [
             ApiError::bad_request("INVALID_QUERY", "qty must be a whole number"),
-            ApiError::ShortLines(vec![crate::checkout::stock::Short {
+            ApiError::ShortLines(vec![crate::checkout::Short {
                 product_id: "a".into(),
                 requested: 2,
                 available: 1,

@@ -6,7 +6,7 @@ use super::responses::{
 };
 use super::{ApiError, AppState, Json, Path};
 use crate::auth::Caller;
-use crate::checkout::cart::CartRequest;
+use crate::checkout::CartRequest;
 use crate::checkout::{Order, OrderRequest, Placed};
 use crate::domain::{Lines, ProductId, Quantity};
 use axum::extract::State;

@@ -6,7 +6,7 @@ use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable, Unprocessable,
 };
 use super::{Admin, ApiError, AppState, Json, Path, Query, Stated, stated, with_route_headers};
-use crate::checkout::drops::{Rules, rule_columns};
+use crate::checkout::{Rules, rule_columns};
 use crate::checkout::{CheckoutError, Stocked, stock};
 use crate::domain::{CustomerLimit, PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;

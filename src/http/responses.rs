@@ -23,7 +23,7 @@ pub(crate) struct ErrorDetail {
     /// With 409 `OUT_OF_STOCK` for a cart or hold: the short lines
     /// (`{"product_id", "requested", "available"}`); nothing was taken.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) lines: Option<Vec<crate::checkout::stock::Short>>,
+    pub(crate) lines: Option<Vec<crate::checkout::Short>>,
     /// With 409 `LIMIT_EXCEEDED`: the limited product, its `max_per_customer`, and the units
     /// the user already had of it.
     #[serde(skip_serializing_if = "Option::is_none")]
