@@ -22,7 +22,7 @@
 //!
 //! # Where SQL lives
 //! A statement that writes a table lives with the module that owns the table:
-//! `products.available_quantity` in [`checkout::stock`] (and nowhere else, a test holds),
+//! `products.available_quantity` in `checkout::stock` (and nowhere else, a test holds),
 //! orders, carts and holds in [`checkout`], settings and profiles in `http/users.rs`. A read
 //! lives next to its only caller, as a string literal (column lists are macros, such as
 //! `order_columns!`, so queries stay literals). Server-side functions are versioned: a
@@ -33,6 +33,7 @@
 //! them (`docs/design/orders.md`, "The order SQL").
 
 pub mod auth;
+pub(crate) mod batching;
 pub mod checkout;
 pub mod cli;
 pub mod clock;

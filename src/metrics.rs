@@ -102,7 +102,7 @@ metrics! {
     order_batch_seconds: Histogram("order_batch_seconds", "Time of one order batch's transaction on the primary (statement and commit)", buckets ORDER_STAGE_BUCKETS);
     order_transactions: IntCounter("order_transactions_total", "Primary transactions run to place orders");
     /// Order statements that ran past the stall limit (a row lock, most likely) and let the
-    /// next statement start beside them (src/checkout/coalescer.rs).
+    /// next statement start beside them (src/checkout/orders/).
     order_statements_stalled: IntCounter("order_statements_stalled_total", "Order statements that waited past the stall limit (a held row lock, most likely) and let the next statement start beside them");
     /// Batches rerun after losing a lock race (a deadlock or a serialization failure): rare by
     /// design, and never hidden.

@@ -10,19 +10,20 @@
 //! commit, so a hot product's batch waits at most that long. Some carts are placed alone
 //! ([`place`]), in a transaction of their own, with the same statement.
 
-use super::coalescer::BATCH_LIMIT;
 use super::drops::{self, Refusal};
 use super::error::CheckoutError;
 use super::gate_cache::GateCache;
 use super::idempotency::{existing_under, judge_held};
 use super::order::{Placed, with_lines};
 use super::stock;
-use super::tx::{self, Locked};
 use super::tx::commit;
+use super::tx::{self, Locked};
+use crate::batching::{BATCH_LIMIT, answer, gather};
 use crate::domain::{IdempotencyKey, Lines, ProductId, UserId};
 use crate::metrics::Metrics;
 use crate::routing::Db;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::stock::CartClaim;
@@ -311,14 +312,14 @@ impl CartQueue {
     /// The cart's answer from the batch it joins. A batch whose task died may have committed:
     /// that is [`CheckoutError::OutcomeUnknown`], and the same key tells.
     pub(crate) async fn place(&self, req: CartRequest) -> Result<Placed, CheckoutError> {
-        let (reply, answer) = oneshot::channel();
+        let (reply, slot) = oneshot::channel();
         // Counted before it can be taken, so the gauge never reads below zero.
         self.metrics.cart_queue_depth.inc();
         if self.tx.send((req, reply)).is_err() {
             self.metrics.cart_queue_depth.dec();
             return Err(CheckoutError::OutcomeUnknown);
         }
-        answer.await.unwrap_or(Err(CheckoutError::OutcomeUnknown))
+        answer(slot, Err(CheckoutError::OutcomeUnknown)).await
     }
 }
 
@@ -336,13 +337,7 @@ async fn dispatch(
     mut rx: mpsc::UnboundedReceiver<Queued>,
 ) {
     while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < MAX_CARTS {
-            match rx.try_recv() {
-                Ok(queued) => batch.push(queued),
-                Err(_) => break,
-            }
-        }
+        let batch = gather(first, &mut rx, MAX_CARTS, Duration::ZERO, |_| 1).await;
         metrics.cart_queue_depth.sub(batch.len() as i64);
         let (db, metrics, cache) = (db.clone(), metrics.clone(), cache.clone());
         let (placed, done) = oneshot::channel::<()>();
@@ -372,7 +367,8 @@ async fn dispatch(
                 })
                 .flatten()
                 .collect();
-            super::gate_cache::reopen(&db, &metrics, &cache, &took.into_iter().collect::<Vec<_>>()).await;
+            super::gate_cache::reopen(&db, &metrics, &cache, &took.into_iter().collect::<Vec<_>>())
+                .await;
             for (reply, fate) in replies.into_iter().zip(fates) {
                 let _ = reply.send(fate);
             }

@@ -11,9 +11,9 @@ use super::drops::Window;
 use crate::domain::ProductId;
 use crate::lsn::Lsn;
 use crate::metrics::Metrics;
-use crate::routing::{Db, Route};
 use crate::routing::policy::QueryClass;
 use crate::routing::route::ceil_ms;
+use crate::routing::{Db, Route};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -235,12 +235,7 @@ impl GateCache {
 /// position cannot be read, the product is read from the primary alone until the entry ages
 /// out (fail safe), and that is counted. One read of the primary's position serves every
 /// product the write changed.
-pub(super) async fn reopen(
-    db: &Db,
-    metrics: &Metrics,
-    cache: &GateCache,
-    products: &[ProductId],
-) {
+pub(super) async fn reopen(db: &Db, metrics: &Metrics, cache: &GateCache, products: &[ProductId]) {
     if products.is_empty() {
         return;
     }
@@ -264,7 +259,6 @@ fn post_commit_failed(metrics: &Metrics, step: &str, e: &dyn std::fmt::Display) 
         .inc();
     tracing::warn!(step, error = %e, "a step after a committed write failed; failing safe");
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -154,7 +154,10 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         tx.rollback().await?;
         return replay_committed(db, req).await;
     };
-    if super::tx::lock_lines(&mut tx, req.lines.get()).await?.is_none() {
+    if super::tx::lock_lines(&mut tx, req.lines.get())
+        .await?
+        .is_none()
+    {
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
     }

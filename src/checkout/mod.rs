@@ -3,38 +3,38 @@
 //! An order is confirmed only by a guarded
 //! `UPDATE products SET available_quantity = available_quantity - $total WHERE … AND available_quantity >= $total`
 //! on the primary, in the same transaction as the orders' insert, and only if that UPDATE
-//! changed a row ([`coalescer`] batches concurrent orders for one product into one such
-//! transaction, [`batch`] is that transaction). The pre-check through the stock gate
-//! ([`gate_cache`], a replica ≤ 250 ms stale, or the primary) may only say "no" early; it
+//! changed a row (`orders` batches concurrent orders for one product into one such
+//! transaction). The pre-check through the stock gate
+//! (`gate_cache`, a replica ≤ 250 ms stale, or the primary) may only say "no" early; it
 //! never confirms anything.
 //!
 //! **Every answer is final for its key.** Idempotency keys are unique per user
 //! (`orders_user_idempotency_key` on `orders`), and both outcomes claim the key on the
-//! primary: a confirmed order by its row, a refusal by a `refused` row ([`refusals`] for the
+//! primary: a confirmed order by its row, a refusal by a `refused` row (`refusals` for the
 //! gate's early "no", the batch for its own losers). Whichever commits first owns the key, so
 //! a retry — on this instance or another, while its original is still queued or after — gets
 //! the original's outcome, and a 409 is only said once no order for that key can still commit.
 //! None of this depends on Redis. When a COMMIT's outcome is unknown the answer says so
 //! ([`CheckoutError::OutcomeUnknown`], 503); the same key resolves it.
 
-mod batch;
 mod cart;
-mod coalescer;
 mod drops;
 mod error;
 mod gate_cache;
 mod holds;
 mod idempotency;
 mod order;
+mod orders;
 mod rate_limit;
 mod refusals;
 mod status;
 pub(crate) mod stock;
+mod sweeper;
 mod tx;
 
 pub use cart::CartRequest;
-pub use drops::{Rules, retry_after_secs};
 pub(crate) use drops::rule_columns;
+pub use drops::{Rules, retry_after_secs};
 pub use error::{CheckoutError, Short};
 pub use holds::{Hold, HoldRequest};
 pub use order::{ORDER_COLUMNS, Order, OrderLine, OrderRequest, Placed};
@@ -42,6 +42,7 @@ pub(crate) use order::{order_columns, with_lines};
 pub use rate_limit::RateLimiter;
 pub use status::{HoldStatus, OrderStatus};
 pub use stock::Stocked;
+pub use sweeper::SweeperGuard;
 pub(crate) use tx::commit;
 use tx::whole_or_none;
 
@@ -51,8 +52,8 @@ use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
 use crate::routing::{Db, DbError, ReadCtx};
 use chrono::{DateTime, Utc};
-use coalescer::Coalescer;
 use gate_cache::{Answer, GateCache};
+use orders::Coalescer;
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
@@ -67,15 +68,6 @@ pub struct Checkout {
     /// Per-user token buckets (orders per second), when a limit is configured.
     limiter: Option<Arc<RateLimiter>>,
     refusals: refusals::Refusals,
-}
-
-/// Stops the sweeper (holds, old refusals) when dropped (with the application).
-pub struct SweeperGuard(tokio::task::JoinHandle<()>);
-
-impl Drop for SweeperGuard {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// How orders are batched (`STOCKGATE_ORDER_BATCH_MAX`, `STOCKGATE_ORDER_BATCH_WINDOW_US`).
@@ -121,7 +113,7 @@ impl Checkout {
         }
     }
 
-    /// After a committed change of these products' stock: [`gate_cache::reopen`].
+    /// After a committed change of these products' stock: `gate_cache::reopen`.
     pub async fn reopened(&self, products: &[ProductId]) {
         gate_cache::reopen(&self.db, &self.metrics, &self.cache, products).await;
     }
@@ -137,7 +129,7 @@ impl Checkout {
     }
 
     /// Whether another writer keeps taking `product`'s row between this instance's batches
-    /// (its orders then go to the product's owner, when there are peers: src/peers.rs).
+    /// (its orders then go to the product's owner, when there are peers: src/http/peer/).
     pub fn contended(&self, product: &ProductId) -> bool {
         self.coalescer.contended(product)
     }
@@ -208,71 +200,6 @@ impl Checkout {
     /// Units held now per product, the most first (up to `top`).
     pub async fn units_held(&self, top: i64) -> Result<Vec<(String, i64)>, CheckoutError> {
         holds::units_held(&self.db, top).await
-    }
-
-    /// Sweeps, every `every`, until the guard drops: holds past their time (their units go
-    /// back exactly once, whichever instance sweeps, and reopen this instance's gate), and
-    /// refusals older than `idempotency_window` (their keys may be used anew).
-    pub fn start_sweeper(&self, every: Duration, idempotency_window: Duration) -> SweeperGuard {
-        let this = self.clone();
-        SweeperGuard(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                this.sweep_holds().await;
-                this.purge_refusals(idempotency_window).await;
-            }
-        }))
-    }
-
-    /// Deletes refusals older than `window`, in statements of a thousand, until none is left
-    /// (every instance does; `SKIP LOCKED` keeps them apart).
-    async fn purge_refusals(&self, window: Duration) {
-        const BATCH: i64 = 1000;
-        loop {
-            match refusals::purge(&self.db, window, BATCH).await {
-                Ok((orders, holds)) => {
-                    self.metrics
-                        .refusals_purged
-                        .inc_by(u64::try_from(orders + holds).unwrap_or(0));
-                    if orders.max(holds) < BATCH {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not purge old refusals; retrying next tick");
-                    break;
-                }
-            }
-        }
-    }
-
-    async fn sweep_holds(&self) {
-        const BATCH: i64 = 500;
-        loop {
-            match holds::expire_due(&self.db, BATCH).await {
-                Ok((ended, products)) => {
-                    self.metrics
-                        .holds
-                        .with_label_values(&["expired"])
-                        .inc_by(ended as u64);
-                    self.reopened(&products).await;
-                    if ended == 0 {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not sweep expired holds; retrying next tick");
-                    break;
-                }
-            }
-        }
-        if let Ok(held) = holds::units_held(&self.db, i64::MAX).await {
-            self.metrics
-                .units_held
-                .set(held.iter().map(|(_, u)| u).sum());
-        }
     }
 
     fn count(&self, outcome: &Result<Placed, CheckoutError>) {

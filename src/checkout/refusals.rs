@@ -15,6 +15,7 @@ use super::drops::Refusal;
 use super::error::CheckoutError;
 use super::idempotency::{decided_on_primary, existing_for, judge, key_of};
 use super::order::{OrderRequest, Placed};
+use crate::batching::{answer, gather};
 use crate::metrics::Metrics;
 use crate::routing::{Db, DbError, Internal, is_connection_error};
 use std::collections::{HashMap, HashSet};
@@ -53,7 +54,7 @@ impl Refusals {
             .send((req, reply))
             .map_err(|_| DbError::Internal(Internal::WorkerGone("refusal worker")))?;
         // Dropped only if the claim's task died mid-statement: it may have committed.
-        rx.await.map_err(|_| CheckoutError::OutcomeUnknown)?
+        answer(rx, Err(CheckoutError::OutcomeUnknown)).await
     }
 }
 
@@ -63,13 +64,7 @@ async fn worker(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<(Order
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
-            }
-        }
+        let batch = gather(first, &mut rx, MAX_BATCH, std::time::Duration::ZERO, |_| 1).await;
         let db = db.clone();
         metrics.refusal_statements.inc();
         tokio::spawn(async move {

@@ -1,5 +1,5 @@
 //! The one owner of `products.available_quantity`. Every write of it is here: an order
-//! batch's take (in the versioned server-side function this module's [`crate::checkout::batch`]
+//! batch's take (in the versioned server-side function `checkout/orders/statement.rs`
 //! calls), a cart's or a hold's [`take`], a cancel's, a release's or an expiry's
 //! [`give_back`], a [`restock`], a product's [`create`], and an import's [`create_many`] and
 //! [`restate`]. The rule: **every take is a guarded UPDATE on the primary** (`… AND
@@ -18,8 +18,8 @@
 use super::drops::{Refusal, Rules, rule_columns};
 use super::order::{Order, OrderLine, new_row_id, order_columns};
 use super::status::OrderStatus;
-use crate::domain::{IdempotencyKey, ProductId};
 pub(crate) use super::tx::Tx;
+use crate::domain::{IdempotencyKey, ProductId};
 use std::collections::BTreeMap;
 
 /// Units per product, merged and in lock order.
@@ -433,7 +433,7 @@ pub(crate) async fn restate(
 #[cfg(test)]
 mod tests {
     /// Every statement that writes `products.available_quantity` lives in this file (or in
-    /// a versioned server-side function, which batch.rs calls by name). A write anywhere else
+    /// a versioned server-side function, which orders/statement.rs calls by name). A write anywhere else
     /// in `src/` fails here: move it into this module.
     #[test]
     fn only_this_module_writes_stock() {

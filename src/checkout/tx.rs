@@ -64,9 +64,7 @@ pub(crate) async fn whole_or_none<T: Send + 'static>(
 
 /// Commits, telling "nothing was written" apart from "the outcome is unknown": an error
 /// on COMMIT itself may come after the server made the transaction durable.
-pub(crate) async fn commit(
-    tx: Tx,
-) -> Result<(), CheckoutError> {
+pub(crate) async fn commit(tx: Tx) -> Result<(), CheckoutError> {
     tx.commit().await.map_err(|e| {
         tracing::warn!(error = %e, "COMMIT failed; its outcome is unknown");
         CheckoutError::OutcomeUnknown

@@ -2,7 +2,7 @@
 //! gaps (contract, "Events").
 //!
 //! Events are written by the database in the transaction of the change (triggers on
-//! `orders`, `order_lines` and `holds`; `stock.changed` by [`crate::checkout::stock`]'s
+//! `orders`, `order_lines` and `holds`; `stock.changed` by `checkout::stock`'s
 //! statements), so every writer, the batch functions included, writes them without an extra
 //! round trip, and a rolled-back change has none (migration `20261202000007_events.sql`).
 //!

@@ -6,8 +6,8 @@ use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable, Unprocessable,
 };
 use super::{Admin, ApiError, AppState, Json, Path, Query, Stated, stated, with_route_headers};
-use crate::checkout::{Rules, rule_columns};
 use crate::checkout::{CheckoutError, Stocked, stock};
+use crate::checkout::{Rules, rule_columns};
 use crate::domain::{CustomerLimit, PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
 use crate::routing::{ReadCtx, Route};

@@ -24,11 +24,11 @@
 //! back (nothing written), while a link that fails after the statement was sent leaves the
 //! outcome unknown.
 
-use super::drops::Window;
-use super::error::CheckoutError;
-use super::idempotency::{Existing, judge};
-use super::order::{OrderRequest, Placed};
-use super::status::OrderStatus;
+use crate::checkout::drops::Window;
+use crate::checkout::error::CheckoutError;
+use crate::checkout::idempotency::{Existing, judge};
+use crate::checkout::order::{OrderRequest, Placed};
+use crate::checkout::status::OrderStatus;
 use crate::domain::ProductId;
 use crate::routing::{Db, DbError};
 use sqlx::postgres::PgRow;
@@ -162,7 +162,9 @@ impl<'a> Arrays<'a> {
         let mut a = Arrays {
             products: Vec::with_capacity(jobs.len()),
             ends: Vec::with_capacity(jobs.len()),
-            ids: (0..total).map(|_| super::order::new_row_id()).collect(),
+            ids: (0..total)
+                .map(|_| crate::checkout::order::new_row_id())
+                .collect(),
             users: Vec::with_capacity(total),
             keys: Vec::with_capacity(total),
             qty: Vec::with_capacity(total),

@@ -2,7 +2,7 @@
 //!
 //! Concurrent orders for one product queue up for that product's worker, which takes them
 //! in batches: everything queued when it is free, up to `max_batch` (optionally waiting a
-//! short window for more), and runs each as one primary transaction ([`super::batch`]).
+//! short window for more), and runs each as one primary transaction ([`statement`]).
 //! The guarded UPDATE and the CHECK constraint stay, so correctness never depends on this
 //! module: with several instances, their batches simply take turns on the row lock.
 //!
@@ -27,14 +27,19 @@
 //! Sends happen under the queue map's lock, and a worker retires itself under the same lock
 //! only when its queue is empty, so no order is ever sent to a worker that has gone.
 
-use super::batch::{self, Committed, Failed, RowSeen};
-use super::error::CheckoutError;
-use super::gate_cache::{Answer, GateCache};
-use super::order::{OrderRequest, Placed};
+mod combiner;
+mod statement;
+
+use crate::batching::{BATCH_LIMIT, answer, gather};
+use crate::checkout::error::CheckoutError;
+use crate::checkout::gate_cache::{Answer, GateCache};
+use crate::checkout::order::{OrderRequest, Placed};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
 use crate::routing::{Db, DbError, Internal};
+use combiner::{Job, combiner};
+use statement::{Committed, Failed, RowSeen};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -62,12 +67,6 @@ const CONTENDED_FOR: Duration = Duration::from_secs(5);
 
 /// How many times a batch is rerun after a deadlock or serialization failure.
 const RERUNS: usize = 3;
-
-/// The longest a batch (of orders, or of carts: src/checkout/cart.rs) may take before its
-/// requests are told "unknown". The database's own timeouts (lock 10 s, statement 30 s)
-/// cannot fire when the link itself goes silent, and a worker stuck on a dead link would
-/// stall its product (or every cart) for good.
-pub(super) const BATCH_LIMIT: Duration = Duration::from_secs(12);
 
 /// What a committed batch saw of its product's row, and how long it waited for it.
 #[derive(Debug, Clone, Copy)]
@@ -99,120 +98,6 @@ pub struct Coalescer {
     contended: Mutex<HashMap<ProductId, Instant>>,
     /// The products' batches, on their way to a shared statement ([`combiner`]).
     jobs: mpsc::UnboundedSender<Job>,
-}
-
-/// One product's batch, for the [`combiner`].
-struct Job {
-    product: ProductId,
-    reqs: Vec<OrderRequest>,
-    reply: oneshot::Sender<Result<Committed, Failed>>,
-}
-
-/// Order statements in flight at once, normally: one. While it runs, the batches that
-/// become ready queue for the next, so a spread of orders over many products commits many
-/// products at a time, and a hot product alone sends one batch at a time, which runs alone.
-/// One statement at a time makes the largest statements, and an order statement's fixed
-/// cost (its executor start-ups, triggers and commit, many times an order's own share) is
-/// paid fewest times. Over 1,000 products, side by side on a new database each, two in
-/// flight made smaller statements and sold less with a higher p99; letting a second
-/// statement start once the first had run a while (an overlap) lost to one at a time in
-/// every round, on throughput, p99 and PostgreSQL's CPU per order. The runs:
-/// bench/results/spread-2026-12-04.md; the fixed cost: bench/results/README.md.
-const STATEMENTS: usize = 1;
-
-/// A statement that has run this long without an answer is taken to be waiting on a row
-/// lock (an import's, another instance's, a long transaction's): it gives its place to the
-/// next statement, so the other products' orders go on beside it. A statement under full
-/// load with no row held answers well within it (bench/results/spread-2026-12-04.md).
-const STALL: Duration = Duration::from_millis(25);
-
-/// How many stalled statements may wait beside the one running normally; beyond this, the
-/// next statement waits for one of them. A product waiting on a held row ends up in a
-/// statement of its own (a combined one gives up after [`batch::COMBINED_LOCK_WAIT`]), so
-/// this many held products leave the running place free; each holds one connection.
-const STALLED: usize = 8;
-
-/// The most requests one combined statement carries.
-const MAX_COMBINED: usize = 1024;
-
-/// Runs the products' batches: each alone when nothing else is ready, else every batch ready
-/// at that moment in one statement ([`batch::run_many`]: one transaction, rows locked in the
-/// shared product order, one commit). If a combined statement fails, nothing of it was
-/// written, and its batches run again one by one, so each product's worker sees its own
-/// outcome (a row-level error it splits around, a lock race it reruns) exactly as if it had
-/// run alone. No two statements in flight hold a batch of the same product (a product's
-/// worker waits for its batch's answer), so a stalled statement never blocks the next one.
-async fn combiner(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<Job>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(STATEMENTS));
-    let stalled = Arc::new(tokio::sync::Semaphore::new(STALLED));
-    while let Some(first) = rx.recv().await {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let mut size = first.reqs.len();
-        let mut jobs = vec![first];
-        while size < MAX_COMBINED {
-            match rx.try_recv() {
-                Ok(job) => {
-                    size += job.reqs.len();
-                    jobs.push(job);
-                }
-                Err(_) => break,
-            }
-        }
-        let (db, metrics, stalled) = (db.clone(), metrics.clone(), stalled.clone());
-        tokio::spawn(async move {
-            let run = run_jobs(&db, &metrics, jobs);
-            tokio::pin!(run);
-            if tokio::time::timeout(STALL, &mut run).await.is_ok() {
-                return;
-            }
-            // Stalled: trade the running place for a stalled one, if one is free.
-            let _place = match stalled.try_acquire_owned() {
-                Ok(aside) => {
-                    drop(permit);
-                    metrics.order_statements_stalled.inc();
-                    aside
-                }
-                Err(_) => permit,
-            };
-            run.await;
-        });
-    }
-}
-
-async fn run_jobs(db: &Db, metrics: &Metrics, jobs: Vec<Job>) {
-    if jobs.len() > 1 {
-        metrics.order_transactions.inc();
-        let views: Vec<(&ProductId, Vec<&OrderRequest>)> = jobs
-            .iter()
-            .map(|j| (&j.product, j.reqs.iter().collect()))
-            .collect();
-        match batch::run_many(db, &views).await {
-            Ok(committed) => {
-                for (job, c) in jobs.into_iter().zip(committed) {
-                    let _ = job.reply.send(Ok(c));
-                }
-                return;
-            }
-            Err(Failed::Unknown) => {
-                for job in jobs {
-                    let _ = job.reply.send(Err(Failed::Unknown));
-                }
-                return;
-            }
-            Err(Failed::NothingWritten(e)) => {
-                tracing::warn!(error = %e, batches = jobs.len(), "a combined order statement failed; running its batches one by one");
-            }
-        }
-    }
-    futures::future::join_all(jobs.into_iter().map(|job| async move {
-        metrics.order_transactions.inc();
-        let reqs: Vec<&OrderRequest> = job.reqs.iter().collect();
-        let result = batch::run(db, &job.product, &reqs).await;
-        let _ = job.reply.send(result);
-    }))
-    .await;
 }
 
 /// Sends `item` to `key`'s worker, starting one if there is none or if the one there has
@@ -310,7 +195,7 @@ impl Coalescer {
         }
         // The reply is dropped only if the worker died holding this order: it may have
         // committed, so the honest answer is "unknown".
-        rx.await.map_err(|_| CheckoutError::OutcomeUnknown)?
+        answer(rx, Err(CheckoutError::OutcomeUnknown)).await
     }
 
     async fn worker(self: Arc<Self>, product: ProductId, mut rx: mpsc::UnboundedReceiver<Pending>) {
@@ -330,20 +215,9 @@ impl Coalescer {
                     continue;
                 }
             };
-            let mut batch = vec![first];
             // Let requests that arrived together join, then take all that is queued.
             tokio::task::yield_now().await;
-            let deadline = tokio::time::Instant::now() + window;
-            while batch.len() < self.max_batch {
-                match rx.try_recv() {
-                    Ok(p) => batch.push(p),
-                    Err(_) if window.is_zero() => break,
-                    Err(_) => match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(p)) => batch.push(p),
-                        _ => break,
-                    },
-                }
-            }
+            let batch = gather(first, &mut rx, self.max_batch, window, |_| 1).await;
             self.metrics.order_queue_depth.sub(batch.len() as i64);
             self.metrics.order_batch_size.observe(batch.len() as f64);
             let taken = Instant::now();
@@ -418,7 +292,7 @@ impl Coalescer {
             });
             let result = tokio::time::timeout(BATCH_LIMIT, async {
                 sent?;
-                rx.await.unwrap_or(Err(Failed::Unknown))
+                answer(rx, Err(Failed::Unknown)).await
             })
             .await
             .unwrap_or_else(|_| {
