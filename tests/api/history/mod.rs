@@ -188,7 +188,11 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
         .collect();
     std::fs::write(&file, lines.join("\n")).unwrap();
     let line = summary(seed, secs, &history, &nemesis.injected, &anomalies);
-    eprintln!("{line}\nfull history: {}", file.display());
+    eprintln!(
+        "{line}\nfaults: {:?}\nfull history: {}",
+        nemesis.windows,
+        file.display()
+    );
     let mut missing = coverage(&history, &nemesis.injected, &nemesis.windows);
     if imports == 0 {
         missing.push("an import that re-stated the products".into());

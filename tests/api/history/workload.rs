@@ -212,9 +212,15 @@ pub(super) const SHOPPERS: usize = 38;
 pub(super) const RESTOCKERS: usize = 2;
 
 /// Users whose own records (settings, profile) are written and read back, each from two
-/// devices (two clients with their own choices) through either instance.
-pub(super) const RYW_USERS: usize = 5;
+/// devices (two clients with their own choices). An even user's devices both write and read
+/// through either instance; an odd user writes only from the phone, through one instance, and
+/// reads from both devices through either: the other instance then never holds that user's
+/// position itself, and only the shared store keeps its reads off a replica that lacks a write.
+pub(super) const RYW_USERS: usize = 6;
 pub(super) const DEVICES: [&str; 2] = ["phone", "laptop"];
+/// How long a device waits for a save before it hangs up (a save takes milliseconds unless the
+/// store is down and it waits for the replicas).
+const SAVE_PATIENCE: Duration = Duration::from_millis(400);
 /// A user who never writes: the nemesis reads its settings to learn where own data is served.
 pub(super) const PROBE_USER: &str = "probe";
 
@@ -453,6 +459,8 @@ impl Shopper {
 pub(super) struct Device {
     user: String,
     name: String,
+    /// Whether it writes, and through which instance (`None`: either).
+    writes: Option<Option<usize>>,
     rng: fastrand::Rng,
     world: Arc<World>,
     saved: usize,
@@ -461,9 +469,15 @@ pub(super) struct Device {
 impl Device {
     /// Device `d` of RYW user `u`.
     pub(super) fn new(u: usize, d: usize, rng: fastrand::Rng, world: Arc<World>) -> Device {
+        let writes = match (u % 2, d) {
+            (0, _) => Some(None),
+            (_, 0) => Some(Some(u / 2 % 2)),
+            _ => None,
+        };
         Device {
             user: format!("ryw-{u}"),
             name: DEVICES[d].to_string(),
+            writes,
             rng,
             world,
             saved: 0,
@@ -480,16 +494,19 @@ impl Device {
                 Record::Profile
             };
             let instance = self.rng.instance();
-            if self.rng.chance(40) {
+            if let Some(through) = self.writes.filter(|_| self.rng.chance(40)) {
+                let instance = through.unwrap_or(instance);
                 self.saved += 1;
                 let target = Target::Save {
                     user: self.user.clone(),
                     record,
                     value: format!("{client}#{}", self.saved),
                 };
+                // A write the store cannot record waits for the replicas (paused, perhaps): the
+                // user gives up on it, as on a slow page, and carries on reading.
                 let answer = self
                     .world
-                    .call(&client, Kind::Save, instance, target, None)
+                    .call(&client, Kind::Save, instance, target, Some(SAVE_PATIENCE))
                     .await;
                 if answer.status() != Some(200) || !self.rng.chance(50) {
                     continue;
