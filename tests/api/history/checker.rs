@@ -1433,8 +1433,7 @@ fn history_checker_flags_a_limit_exceeded_that_misstates_the_limit() {
 /// is within the limit (ada holds 1); after k2's commit ada held 3. This is what the service
 /// does if its limit rule lets one order too many through (e.g. `take_order_batch_v2` judging
 /// `already + qty > limit + 1`) and the user then cancels. Mutations of the checker that make
-/// it fail: `limits` without `peaks` (the final state only, as before issue 48), or `peaks`
-/// judging each transaction before applying it.
+/// it fail: `limits` without `peaks` (the final state only, as before issue 48).
 #[test]
 fn history_checker_flags_a_limit_passed_and_then_undone_by_a_cancel() {
     let (initial, mut history, mut db) = drops();

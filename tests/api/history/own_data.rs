@@ -293,7 +293,8 @@ fn read_your_writes_passes_reads_of_the_newest_or_an_unheard_write() {
 
 /// A read sent after b was acknowledged returns a (a replica that lacked b, as `src/ryw.rs`
 /// without its pin would send it to), and another returns `{}`. Mutations of the checker that
-/// make it fail: `check` without `read_your_writes`; `older` comparing `x.at_ms > w.sent_ms`.
+/// make it fail: `older` comparing `x.at_ms > w.sent_ms`; `older` true only for `{}` (`seen`
+/// must be `None`).
 #[test]
 fn read_your_writes_flags_a_read_older_than_an_acknowledged_write() {
     let mut history = two_devices();
