@@ -2,7 +2,8 @@
 //! hold that it can fail.
 
 use super::model::*;
-use super::nemesis::{FAULTS, Fault};
+use super::nemesis::{FAULTS, Fault, Window};
+use super::own_data;
 use super::workload::WINDOWED;
 use crate::helpers::ErrorBody;
 use chrono::{DateTime, Utc};
@@ -13,7 +14,7 @@ use uuid::Uuid;
 
 /// What an anomaly is about; it selects the operations printed with it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Subject {
+pub(super) enum Subject {
     Key {
         user: String,
         key: String,
@@ -27,14 +28,19 @@ enum Subject {
         product: String,
     },
     Database,
+    /// One user's settings or profile.
+    Own {
+        user: String,
+        record: Record,
+    },
 }
 
 #[derive(Clone, Debug)]
 pub(super) struct Anomaly {
     /// What kind of lie, for the tally.
-    class: &'static str,
-    subject: Subject,
-    what: String,
+    pub(super) class: &'static str,
+    pub(super) subject: Subject,
+    pub(super) what: String,
 }
 
 impl Subject {
@@ -46,6 +52,10 @@ impl Subject {
             },
             Target::Cancel { order_id, .. } => Subject::Order(*order_id),
             Target::Restock { key, .. } => Subject::Restock(key.clone()),
+            Target::Save { user, record, .. } | Target::Read { user, record } => Subject::Own {
+                user: user.clone(),
+                record: *record,
+            },
         }
     }
 
@@ -97,6 +107,8 @@ pub(super) fn check(
                 .push(op),
             Target::Cancel { order_id, .. } => cancels.entry(*order_id).or_default().push(op),
             Target::Restock { key, .. } => restocks.entry(key.clone()).or_default().push(op),
+            // Judged on their own, below.
+            Target::Save { .. } | Target::Read { .. } => {}
         }
     }
     let rows: HashMap<(&str, &str), &Row> = db
@@ -118,10 +130,11 @@ pub(super) fn check(
     c.conservation(&restocked);
     c.limits();
     c.windows(history);
+    c.found.extend(own_data::read_your_writes(history));
     c.found
 }
 
-impl Checker<'_> {
+impl<'a> Checker<'a> {
     fn flag(&mut self, class: &'static str, subject: Subject, what: impl Into<String>) {
         self.found.push(Anomaly {
             class,
@@ -159,6 +172,13 @@ impl Checker<'_> {
                 }
                 (Target::Order { .. }, 201 | 422 | 503) => None,
                 (Target::Cancel { .. } | Target::Restock { .. }, 200 | 503) => None,
+                // A read of own data may fail closed; a write's outcome may be unknown.
+                (Target::Save { .. } | Target::Read { .. }, 200 | 503) => None,
+                (Target::Read { record, .. }, 404)
+                    if *record == Record::Profile && code == "PROFILE_NOT_FOUND" =>
+                {
+                    None
+                }
                 _ => Some("a status this request may not get"),
             };
             if let Some(wrong) = wrong {
@@ -565,11 +585,16 @@ impl Checker<'_> {
         }
     }
 
-    /// No user holds more of a limited product than its limit: the units of its confirmed
-    /// orders plus the lines of its confirmed carts and live holds, in the final state (the
-    /// limits never change during the run, so the final one is the bound).
+    /// No user holds more of a limited product than its limit, at the end or at any commit
+    /// before it. At the end: the units of its confirmed orders plus the lines of its confirmed
+    /// carts and live holds (the limits never change during the run, so the final one is the
+    /// bound). At every commit: its single-product orders' confirms and cancels replayed in the
+    /// primary's commit order ([`Step`] says why that order is sound), so a 201 past the limit
+    /// that a cancel later undid is seen too. (The workload places no carts or holds, which the
+    /// replay leaves out.)
     fn limits(&mut self) {
         let db = self.db;
+        let limit = |product: &str| db.rules.get(product).and_then(|r| r.limit);
         let mut units: BTreeMap<(&str, &str), i64> = BTreeMap::new();
         let rows = db.orders.iter().filter(|r| r.status == "confirmed");
         for (user, product, quantity) in rows
@@ -578,21 +603,89 @@ impl Checker<'_> {
         {
             *units.entry((user, product)).or_default() += quantity;
         }
-        for ((user, product), held) in units {
-            let Some(limit) = db.rules.get(product).and_then(|r| r.limit) else {
+        let peaks = self.peaks();
+        let customers: BTreeSet<(&str, &str)> = units.keys().chain(peaks.keys()).copied().collect();
+        for (user, product) in customers {
+            let Some(limit) = limit(product) else {
                 continue;
             };
-            if held > limit {
+            let held = units.get(&(user, product)).copied().unwrap_or(0);
+            let what = match peaks.get(&(user, product)) {
+                _ if held > limit => {
+                    format!("{user} holds {held} of {product}, whose limit is {limit}")
+                }
+                Some((peak, xid)) if *peak > limit => format!(
+                    "{user} held {peak} of {product} once transaction {xid} committed (now {held}), whose limit is {limit}"
+                ),
+                _ => continue,
+            };
+            let subject = Subject::Customer {
+                user: user.into(),
+                product: product.into(),
+            };
+            self.flag("a user past a limit", subject, what);
+        }
+    }
+
+    /// Replays the confirms and cancels of limited products' orders, a transaction at a time in
+    /// commit order, and returns each user's most units of each product after any commit (and
+    /// that commit's transaction). Flags an order of a limited product that has no place in the
+    /// commit order, which the replay would miss.
+    fn peaks(&mut self) -> BTreeMap<(&'a str, &'a str), (i64, &'a str)> {
+        let db = self.db;
+        let limited = |r: &&Row| db.rules.get(&r.product).is_some_and(|p| p.limit.is_some());
+        let rows: HashMap<Uuid, &Row> = db
+            .orders
+            .iter()
+            .filter(limited)
+            .map(|r| (r.order_id, r))
+            .collect();
+        for r in rows.values().filter(|r| is_order(r)) {
+            let has = |cancel| {
+                db.steps
+                    .iter()
+                    .any(|s| s.order_id == r.order_id && s.cancel == cancel)
+            };
+            if !has(false) || (r.status == "cancelled" && !has(true)) {
                 self.flag(
-                    "a user past a limit",
-                    Subject::Customer {
-                        user: user.into(),
-                        product: product.into(),
-                    },
-                    format!("{user} holds {held} of {product}, whose limit is {limit}"),
+                    "an order with no place in the commit order",
+                    Subject::Order(r.order_id),
+                    format!("{} with no event to replay it by: {r:?}", r.status),
                 );
             }
         }
+        let mut steps: Vec<&Step> = db.steps.iter().collect();
+        steps.sort_by_key(|s| s.n);
+        // A transaction's steps in one group, the groups in the order of their first step.
+        let mut commits: Vec<(&str, Vec<&Step>)> = vec![];
+        for s in steps {
+            match commits.iter_mut().find(|(xid, _)| *xid == s.xid) {
+                Some((_, group)) => group.push(s),
+                None => commits.push((&s.xid, vec![s])),
+            }
+        }
+        let mut held: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+        let mut peaks: BTreeMap<(&str, &str), (i64, &str)> = BTreeMap::new();
+        for (xid, group) in commits {
+            let mut touched = BTreeSet::new();
+            for s in group {
+                let Some(r) = rows.get(&s.order_id) else {
+                    continue;
+                };
+                let customer = (r.user.as_str(), r.product.as_str());
+                *held.entry(customer).or_default() +=
+                    if s.cancel { -r.quantity } else { r.quantity };
+                touched.insert(customer);
+            }
+            for customer in touched {
+                let now = held[&customer];
+                let peak = peaks.entry(customer).or_insert((now, xid));
+                if now > peak.0 {
+                    *peak = (now, xid);
+                }
+            }
+        }
+        peaks
     }
 
     /// Nothing is claimed before a product's sale starts (no order row of any status, no cart
@@ -719,6 +812,8 @@ pub(super) fn summary(
             Target::Order { .. } => "order",
             Target::Cancel { .. } => "cancel",
             Target::Restock { .. } => "restock",
+            Target::Save { .. } => "save",
+            Target::Read { .. } => "read",
         };
         let heard = match op.answer.status() {
             None => "lost".to_string(),
@@ -769,7 +864,7 @@ fn windowed_bought_after_not_started(history: &[Op]) -> bool {
 pub(super) fn coverage(
     history: &[Op],
     faults: &BTreeMap<Fault, usize>,
-    windows: &[(Fault, u64, u64)],
+    windows: &[Window],
 ) -> Vec<String> {
     let seen = |f: &dyn Fn(&Op) -> bool| history.iter().any(f);
     let order = |o: &Op| matches!(o.target, Target::Order { .. });
@@ -778,7 +873,7 @@ pub(super) fn coverage(
     let during_cut = |o: &Op| {
         windows
             .iter()
-            .any(|&(f, from, to)| f == Fault::PrimaryCut && (from..to + 11_000).contains(&o.at_ms))
+            .any(|w| w.fault == Fault::PrimaryCut && (w.from..w.to + 11_000).contains(&o.at_ms))
     };
     let mut missing: Vec<String> = [
         (
@@ -824,6 +919,24 @@ pub(super) fn coverage(
         (
             "a 201 for the windowed product, sent after a SALE_NOT_STARTED was heard",
             windowed_bought_after_not_started(history),
+        ),
+        (
+            "a settings or profile write read back as written",
+            seen(&|o| match &o.target {
+                Target::Read { record, .. } => {
+                    matches!(o.answer.seen(*record), Some(Seen::Value(_)))
+                }
+                _ => false,
+            }),
+        ),
+        // A fault counts only if it met read-your-writes: an inert one is missing coverage.
+        (
+            "fault ReplicasPaused exercised: a replica served own data while a write made in the pause was read back",
+            own_data::pause_exercised(history, windows),
+        ),
+        (
+            "fault RedisRestartedEmpty exercised: a write before Redis stopped read back on the other instance after it restarted empty, replicas paused throughout",
+            own_data::redis_restart_exercised(history, windows),
         ),
         (
             "a key told SALE_NOT_STARTED, then answered for good",
@@ -1104,11 +1217,22 @@ fn cancel(seq: usize, order_id: Uuid) -> Op {
     }
 }
 
+/// A confirm (or cancel) of `order_id`, committed by transaction `xid`, `n`th in the feed.
+fn step(xid: &str, n: i64, order_id: Uuid, cancel: bool) -> Step {
+    Step {
+        xid: xid.into(),
+        n,
+        order_id,
+        cancel,
+    }
+}
+
 /// Two drops, 10 units each: `lim` (at most 2 per customer) and `soon` (its sale starts at
 /// `at(100)`). ada's k1 took 2 of `lim`; k2 (1 more) was refused for the limit, and its replay
 /// was told the same; k3 was sent before `soon` started and told SALE_NOT_STARTED, then bought
 /// with the same key once it had; k4 bought too; k1 was cancelled, which freed its units for
-/// k5, which took 2 of `lim` again.
+/// k5, which took 2 of `lim` again. The commits, in order: k1, k3 and k4 (one batch), k1's
+/// cancel, k5.
 fn drops() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
     let (id1, id3, id4, id5) = (
         Uuid::new_v4(),
@@ -1159,6 +1283,13 @@ fn drops() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
         ],
         lines: vec![],
         restocks: Some(vec![]),
+        steps: vec![
+            step("t1", 10, id1, false),
+            step("t3", 30, id3, false),
+            step("t3", 31, id4, false),
+            step("t9", 50, id1, true),
+            step("t5", 60, id5, false),
+        ],
     };
     let initial = BTreeMap::from([("lim".to_string(), 10), ("soon".to_string(), 10)]);
     (initial, history, db)
@@ -1176,7 +1307,9 @@ fn only(found: &[Anomaly], class: &str, history: &[Op]) {
 /// Limits and a window told the truth. Mutations of the checker that make it fail: `statuses`
 /// accepting only OUT_OF_STOCK for an order's 409, as before flash drops (both drop codes are
 /// flagged); counting SALE_NOT_STARTED as a refusal of its key (k3 is "409 not final");
-/// `limits` counting cancelled orders (ada holds 4 of `lim`).
+/// `limits` counting cancelled orders (ada holds 4 of `lim`); `peaks` skipping cancel steps,
+/// or ordering commits by `xid` instead of `n` (k1's cancel got its transaction id after k5's
+/// and committed before it: ada would hold 4 of `lim` once k5 committed).
 #[test]
 fn history_checker_passes_a_truthful_history_with_limits_and_a_window() {
     let (initial, history, db) = drops();
@@ -1195,6 +1328,7 @@ fn history_checker_flags_a_user_past_a_limit() {
     history[1] = order(1, Kind::New, "k2", "lim", 1, created(id2, "lim", 1));
     history[2] = order(2, Kind::Replay, "k2", "lim", 1, created(id2, "lim", 1));
     db.orders[1] = row(id2, "k2", "lim", 1, "confirmed");
+    db.steps.insert(1, step("t2", 20, id2, false));
     db.stock.insert("lim".into(), 7);
     let found = check(&initial, &history, &db);
     only(&found, "a user past a limit", &history);
@@ -1292,4 +1426,52 @@ fn history_checker_flags_a_limit_exceeded_that_misstates_the_limit() {
     history[2] = order(2, Kind::Replay, "k2", "lim", 1, limit_exceeded("lim", 3, 2));
     let found = check(&initial, &history, &db);
     only(&found, "LIMIT_EXCEEDED misstates the limit", &history);
+}
+
+/// A 201 past the limit that a cancel later undid: k2 (1 of `lim`) confirmed while k1 held 2,
+/// then k1 was cancelled, and k5 was refused for the limit (ada held 1 then). The final state
+/// is within the limit (ada holds 1); after k2's commit ada held 3. This is what the service
+/// does if its limit rule lets one order too many through (e.g. `take_order_batch_v2` judging
+/// `already + qty > limit + 1`) and the user then cancels. Mutations of the checker that make
+/// it fail: `limits` without `peaks` (the final state only, as before issue 48).
+#[test]
+fn history_checker_flags_a_limit_passed_and_then_undone_by_a_cancel() {
+    let (initial, mut history, mut db) = drops();
+    let id2 = Uuid::new_v4();
+    history[1] = order(1, Kind::New, "k2", "lim", 1, created(id2, "lim", 1));
+    history[2] = order(2, Kind::Replay, "k2", "lim", 1, created(id2, "lim", 1));
+    history[7] = order(7, Kind::New, "k5", "lim", 2, limit_exceeded("lim", 2, 1));
+    db.orders[1] = row(id2, "k2", "lim", 1, "confirmed");
+    let mut k5 = row(db.orders[4].order_id, "k5", "lim", 2, "refused");
+    k5.refusal = Some(LIMIT_EXCEEDED.into());
+    db.orders[4] = k5;
+    db.steps.insert(1, step("t2", 20, id2, false));
+    db.steps.pop();
+    db.stock.insert("lim".into(), 9);
+    let found = check(&initial, &history, &db);
+    only(&found, "a user past a limit", &history);
+    assert!(
+        found[0]
+            .what
+            .contains("held 3 of lim once transaction t2 committed (now 1)"),
+        "{found:?}"
+    );
+}
+
+/// An order of a limited product with no event to place it: the replay would be blind to it.
+/// Mutation of the checker that makes it fail: `peaks` without its missing-step loop.
+#[test]
+fn history_checker_flags_an_order_the_commit_order_does_not_hold() {
+    let (initial, history, mut db) = drops();
+    db.steps.retain(|s| !s.cancel);
+    let found = check(&initial, &history, &db);
+    // (The replay, missing k1's cancel, then also sees ada past the limit.)
+    assert!(
+        found
+            .iter()
+            .any(|a| a.class == "an order with no place in the commit order"
+                && a.what.starts_with("cancelled")),
+        "{}",
+        report(&found, &history)
+    );
 }

@@ -68,6 +68,26 @@ pub(super) struct RestockRow {
     pub(super) quantity: i64,
 }
 
+/// One order's confirm or cancel, at its place in the primary's commit order.
+///
+/// The order comes from the event rows the same transaction wrote (the `events` triggers):
+/// `n`, an identity drawn when the row is inserted, and `xid`, the transaction. It is sound
+/// for one product's orders and cancels, which is all a limit needs: every transaction that
+/// confirms or cancels an order locks the order's product rows first (the batch functions with
+/// `FOR NO KEY UPDATE`, a cancel with `stock::lock`) and holds the lock until it commits, and
+/// its event row is inserted under that lock. So of two such transactions on one product, the
+/// one that committed first drew every one of its `n` before the other drew any. A sequence is
+/// used rather than `created_at`/`cancelled_at`: those are wall-clock readings (a clock may step
+/// back), and equal microseconds would leave two commits unordered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Step {
+    /// The writing transaction: its steps commit together, and are judged together.
+    pub(super) xid: String,
+    pub(super) n: i64,
+    pub(super) order_id: Uuid,
+    pub(super) cancel: bool,
+}
+
 /// What the primary holds once the history is over.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Snapshot {
@@ -77,6 +97,8 @@ pub(super) struct Snapshot {
     pub(super) lines: Vec<LineUnits>,
     /// `None` when there is no `restocks` table (main before issue 13).
     pub(super) restocks: Option<Vec<RestockRow>>,
+    /// Every order's confirm and cancel, in commit order per product (by `n`).
+    pub(super) steps: Vec<Step>,
 }
 
 pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
@@ -130,6 +152,24 @@ pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
     )
     .fetch_all(pool)
     .await;
+    let steps = sqlx::query_as::<_, (String, i64, Uuid, bool)>(
+        "SELECT e.xid::text, e.n, (item->'data'->>'order_id')::uuid, item->>'type' = 'order.cancelled' \
+           FROM events e, json_array_elements(e.items) item \
+          WHERE e.types && ARRAY['order.confirmed', 'order.cancelled'] \
+            AND item->>'type' IN ('order.confirmed', 'order.cancelled') \
+          ORDER BY e.n",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(xid, n, order_id, cancel)| Step {
+        xid,
+        n,
+        order_id,
+        cancel,
+    })
+    .collect();
     let restocks = match restocks {
         Ok(rows) => Some(rows),
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => None,
@@ -183,6 +223,7 @@ pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
                 })
                 .collect()
         }),
+        steps,
     }
 }
 
@@ -235,6 +276,71 @@ pub(super) enum Target {
         product: String,
         quantity: i64,
     },
+    /// `PUT` of one of a user's own records (read-your-writes): `value` is unique to this
+    /// write, so a read names the write it saw.
+    Save {
+        user: String,
+        record: Record,
+        value: String,
+    },
+    /// `GET` of one of a user's own records.
+    Read {
+        user: String,
+        record: Record,
+    },
+}
+
+/// A user's own records, the two the read-your-writes promise covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Record {
+    Settings,
+    Profile,
+}
+
+impl Record {
+    pub(super) fn path(self) -> &'static str {
+        match self {
+            Record::Settings => "settings",
+            Record::Profile => "profile",
+        }
+    }
+
+    /// The body of a `PUT` that writes `value`: the settings `{"v": value}`, or a profile whose
+    /// name is `value` and whose email is made from it (a read holding one write's name and
+    /// another's email is torn).
+    pub(super) fn body(self, value: &str) -> Value {
+        match self {
+            Record::Settings => serde_json::json!({"settings": {"v": value}}),
+            Record::Profile => {
+                serde_json::json!({"display_name": value, "email": email_of(value)})
+            }
+        }
+    }
+}
+
+/// The email a profile written with `value` holds.
+pub(super) fn email_of(value: &str) -> String {
+    format!("{}@example.com", value.replace(['/', '#'], "."))
+}
+
+/// What a read of an own record returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Seen {
+    /// The value no write gave: settings `{}`, or 404 `PROFILE_NOT_FOUND`.
+    Initial,
+    Value(String),
+    /// A 200 that is neither: a profile whose email is not its name's, settings without `v`.
+    Garbled(String),
+}
+
+impl Target {
+    /// Whether the resolver sends it again until it settles: orders, cancels and restocks. An
+    /// own record's read needs no answer, and its write is `PUT`, whose outcome the checker
+    /// leaves open when it was not heard.
+    pub(super) fn resolvable(&self) -> bool {
+        !matches!(self, Target::Save { .. } | Target::Read { .. })
+    }
 }
 
 /// Why the client sent it.
@@ -254,6 +360,10 @@ pub(super) enum Kind {
     Cancel,
     /// After the run, with every fault healed: until a definite answer.
     Resolve,
+    /// A `PUT` of an own record.
+    Save,
+    /// A `GET` of an own record.
+    Read,
 }
 
 /// The 409 codes an order may be answered (flash drops added the last three).
@@ -319,6 +429,33 @@ impl Answer {
     pub(super) fn order_id(&self) -> Option<Uuid> {
         self.body()["order_id"].as_str()?.parse().ok()
     }
+
+    /// What a read of `record` returned, if it returned one (a 200, or a profile's 404).
+    pub(super) fn seen(&self, record: Record) -> Option<Seen> {
+        let b = self.body();
+        match (record, self.status()?) {
+            (Record::Settings, 200) => Some(match b["settings"].as_object() {
+                Some(o) if o.is_empty() => Seen::Initial,
+                _ => match b["settings"]["v"].as_str() {
+                    Some(v) => Seen::Value(v.to_owned()),
+                    None => Seen::Garbled(b.to_string()),
+                },
+            }),
+            (Record::Profile, 200) => Some(match b["display_name"].as_str() {
+                Some(v) if b["email"].as_str() == Some(email_of(v).as_str()) => {
+                    Seen::Value(v.to_owned())
+                }
+                _ => Seen::Garbled(b.to_string()),
+            }),
+            (Record::Profile, 404) if self.code() == "PROFILE_NOT_FOUND" => Some(Seen::Initial),
+            _ => None,
+        }
+    }
+
+    /// `served_by` of a routed answer (`primary` or a replica's name).
+    pub(super) fn served_by(&self) -> Option<&str> {
+        self.body()["served_by"].as_str()
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -350,6 +487,12 @@ impl fmt::Display for Op {
                 product,
                 quantity,
             } => format!("restock {key} {product}+{quantity}"),
+            Target::Save {
+                user,
+                record,
+                value,
+            } => format!("save {user}'s {} = {value}", record.path()),
+            Target::Read { user, record } => format!("read {user}'s {}", record.path()),
         };
         let heard = match &self.answer {
             Answer::Lost { lost } => format!("lost ({lost})"),

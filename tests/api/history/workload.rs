@@ -1,7 +1,7 @@
 //! The workload: buyers, restockers and an importer, each on its own seeded choices, sending
 //! through the world the clients share, which logs every request and its answer.
 
-use super::model::{Answer, Kind, Op, Target};
+use super::model::{Answer, Kind, Op, Record, Target};
 use crate::helpers::SECRET;
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -82,7 +82,37 @@ impl World {
                 .bearer_auth(&self.admin)
                 .header("Idempotency-Key", key)
                 .json(&json!({"quantity": quantity})),
+            Target::Save {
+                user,
+                record,
+                value,
+            } => self
+                .http
+                .put(format!("{base}/v1/users/{user}/{}", record.path()))
+                .bearer_auth(self.user_token(user))
+                .json(&record.body(value)),
+            // No `X-Consistency-Token`: what a read sees rests on the shared store alone, which
+            // is what the faults act on (a device that carried its token would be safe anyway).
+            Target::Read { user, record } => self
+                .http
+                .get(format!("{base}/v1/users/{user}/{}", record.path()))
+                .bearer_auth(self.user_token(user)),
         }
+    }
+
+    /// Where `instance` serves a read of the settings of a user who never writes (`None`: no
+    /// answer): a replica once nothing pins every user's own data to the primary. Not logged.
+    pub(super) async fn probe_own_read(&self, instance: usize) -> Option<String> {
+        let base = self.addresses[instance].read().unwrap().clone();
+        let resp = self
+            .http
+            .get(format!("{base}/v1/users/{PROBE_USER}/settings"))
+            .bearer_auth(self.user_token(PROBE_USER))
+            .send()
+            .await
+            .ok()?;
+        let body: Value = resp.json().await.ok()?;
+        Some(body["served_by"].as_str()?.to_owned())
     }
 
     /// Sends one request and records it. With `hang_up`, the client drops the request once
@@ -180,6 +210,19 @@ pub(super) const WINDOWED: &str = "drop-soon";
 const COLLECTOR_EVERY: usize = 3;
 pub(super) const SHOPPERS: usize = 38;
 pub(super) const RESTOCKERS: usize = 2;
+
+/// Users whose own records (settings, profile) are written and read back, each from two
+/// devices (two clients with their own choices). An even user's devices both write and read
+/// through either instance; an odd user writes only from the phone, through one instance, and
+/// reads from both devices through either: the other instance then never holds that user's
+/// position itself, and only the shared store keeps its reads off a replica that lacks a write.
+pub(super) const RYW_USERS: usize = 6;
+pub(super) const DEVICES: [&str; 2] = ["phone", "laptop"];
+/// How long a device waits for a save before it hangs up (a save takes milliseconds unless the
+/// store is down and it waits for the replicas).
+const SAVE_PATIENCE: Duration = Duration::from_millis(400);
+/// A user who never writes: the nemesis reads its settings to learn where own data is served.
+pub(super) const PROBE_USER: &str = "probe";
 
 /// What a client believes about one of its keys.
 #[derive(Clone, Copy, PartialEq)]
@@ -410,6 +453,85 @@ impl Shopper {
     }
 }
 
+/// One device of a user: it replaces the user's settings or profile with a value no other write
+/// uses, and reads them back, right after its own write through the other instance, and at any
+/// time (so also after the other device's writes).
+pub(super) struct Device {
+    user: String,
+    name: String,
+    /// Whether it writes, and through which instance (`None`: either).
+    writes: Option<Option<usize>>,
+    rng: fastrand::Rng,
+    world: Arc<World>,
+    saved: usize,
+}
+
+impl Device {
+    /// Device `d` of RYW user `u`.
+    pub(super) fn new(u: usize, d: usize, rng: fastrand::Rng, world: Arc<World>) -> Device {
+        let writes = match (u % 2, d) {
+            (0, _) => Some(None),
+            (_, 0) => Some(Some(u / 2 % 2)),
+            _ => None,
+        };
+        Device {
+            user: format!("ryw-{u}"),
+            name: DEVICES[d].to_string(),
+            writes,
+            rng,
+            world,
+            saved: 0,
+        }
+    }
+
+    pub(super) async fn run(mut self, deadline: Instant) {
+        let client = format!("{}/{}", self.user, self.name);
+        while Instant::now() < deadline {
+            tokio::time::sleep(self.rng.ms(30, 150)).await;
+            let record = if self.rng.chance(60) {
+                Record::Settings
+            } else {
+                Record::Profile
+            };
+            let instance = self.rng.instance();
+            if let Some(through) = self.writes.filter(|_| self.rng.chance(40)) {
+                let instance = through.unwrap_or(instance);
+                self.saved += 1;
+                let target = Target::Save {
+                    user: self.user.clone(),
+                    record,
+                    value: format!("{client}#{}", self.saved),
+                };
+                // A write the store cannot record waits for the replicas (paused, perhaps): the
+                // user gives up on it, as on a slow page, and carries on reading.
+                let answer = self
+                    .world
+                    .call(&client, Kind::Save, instance, target, Some(SAVE_PATIENCE))
+                    .await;
+                if answer.status() != Some(200) || !self.rng.chance(50) {
+                    continue;
+                }
+                // Read it back where it was not written: only the shared store knows of it.
+                let target = Target::Read {
+                    user: self.user.clone(),
+                    record,
+                };
+                self.world
+                    .call(&client, Kind::Read, 1 - instance, target, None)
+                    .await;
+            } else {
+                let target = Target::Read {
+                    user: self.user.clone(),
+                    record,
+                };
+                self.world
+                    .call(&client, Kind::Read, instance, target, None)
+                    .await;
+            }
+        }
+    }
+}
+
 /// An admin adding a few units now and then, under keys, retrying what it did not hear.
 pub(super) struct Restocker {
     name: String,
@@ -545,7 +667,7 @@ pub(super) async fn resolve(world: &Arc<World>, within: Duration) {
     }
     let open: Vec<Target> = settled
         .into_iter()
-        .filter(|(_, done)| !done)
+        .filter(|(t, done)| !done && t.resolvable())
         .map(|(t, _)| t.clone())
         .collect();
     let until = Instant::now() + within;
