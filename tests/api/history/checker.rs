@@ -1431,7 +1431,7 @@ fn history_checker_flags_a_limit_exceeded_that_misstates_the_limit() {
 /// A 201 past the limit that a cancel later undid: k2 (1 of `lim`) confirmed while k1 held 2,
 /// then k1 was cancelled, and k5 was refused for the limit (ada held 1 then). The final state
 /// is within the limit (ada holds 1); after k2's commit ada held 3. This is what the service
-/// does if its limit rule lets one order too many through (e.g. `take_order_batch_v2` judging
+/// does if its limit rule lets one order too many through (e.g. `drop_verdict_v1` judging
 /// `already + qty > limit + 1`) and the user then cancels. Mutations of the checker that make
 /// it fail: `limits` without `peaks` (the final state only, as before issue 48).
 #[test]

@@ -113,7 +113,7 @@ async fn create_products(app: &TestApp, lead: Duration) -> BTreeMap<String, i64>
 /// Mutations of the service this fails on (issue 48): `RywStore::advance` returning at once (a
 /// write pins nothing: stale reads during a replica pause); `RedisStore::positions` ignoring
 /// `pin_all || locally_pinned` (stale reads after the Redis restart, through the instance that
-/// never saw the write); `take_order_batch_v2` judging `… + qty > v_limit + 1` (users past a
+/// never saw the write); `drop_verdict_v1` judging `p_already + p_qty > p_limit + 1` (users past a
 /// limit, some only between a 201 and a later cancel, which the final state hides).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_instance_restarts_is_the_truth()
