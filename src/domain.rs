@@ -60,6 +60,14 @@ macro_rules! ident_type {
                 f.write_str(&self.0)
             }
         }
+
+        /// Read back only through [`Self::parse`]: a value that breaks the rule is an error.
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Self::parse(&s).map_err(|e| serde::de::Error::custom(e.message))
+            }
+        }
     };
 }
 

@@ -1,5 +1,6 @@
 //! Every way placing, holding, cancelling or restocking can end without success.
 
+use crate::domain::ProductId;
 use crate::routing::DbError;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -64,7 +65,8 @@ impl From<sqlx::Error> for CheckoutError {
 /// A line that cannot be served: what was asked and what there is.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Short {
-    pub product_id: String,
+    #[schema(value_type = String)]
+    pub product_id: ProductId,
     pub requested: i32,
     pub available: i32,
 }

@@ -16,7 +16,7 @@ use super::order::{Order, order_columns, with_lines};
 use super::status::HoldStatus;
 use super::stock;
 use super::tx::commit;
-use crate::domain::{HoldTtl, IdempotencyKey, Lines, ProductId, UserId};
+use crate::domain::{HoldTtl, IdempotencyKey, Lines, ProductId, Quantity, UserId};
 use crate::routing::Db;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -42,7 +42,8 @@ impl HoldRequest {
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Hold {
     pub hold_id: Uuid,
-    pub user_id: String,
+    #[schema(value_type = String)]
+    pub user_id: UserId,
     /// `held`, `confirmed` (with `order_id`), `released` or `expired`.
     #[schema(value_type = String, pattern = "^(held|confirmed|released|expired)$")]
     pub status: HoldStatus,
@@ -55,9 +56,10 @@ pub struct Hold {
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct HoldLine {
-    pub product_id: String,
-    #[schema(minimum = 1, maximum = 10000)]
-    pub quantity: i32,
+    #[schema(value_type = String)]
+    pub product_id: ProductId,
+    #[schema(value_type = i32, minimum = 1, maximum = 10000)]
+    pub quantity: Quantity,
 }
 
 impl Hold {
@@ -67,23 +69,20 @@ impl Hold {
     }
 
     /// The hold [`take`] just wrote.
-    fn taken(
-        hold_id: Uuid,
-        req: &HoldRequest,
-        expires_at: DateTime<Utc>,
-        lines: Vec<(ProductId, i32)>,
-    ) -> Hold {
+    fn taken(hold_id: Uuid, req: &HoldRequest, expires_at: DateTime<Utc>) -> Hold {
         Hold {
             hold_id,
-            user_id: req.user.to_string(),
+            user_id: req.user.clone(),
             status: HoldStatus::Held,
             expires_at,
             order_id: None,
-            lines: lines
-                .into_iter()
-                .map(|(p, quantity)| HoldLine {
-                    product_id: p.to_string(),
-                    quantity,
+            lines: req
+                .lines
+                .get()
+                .iter()
+                .map(|(product_id, quantity)| HoldLine {
+                    product_id: product_id.clone(),
+                    quantity: *quantity,
                 })
                 .collect(),
         }
@@ -92,7 +91,7 @@ impl Hold {
     fn units(&self) -> Vec<(ProductId, i32)> {
         self.lines
             .iter()
-            .filter_map(|l| Some((ProductId::parse(&l.product_id).ok()?, l.quantity)))
+            .map(|l| (l.product_id.clone(), l.quantity.get()))
             .collect()
     }
 }
@@ -181,7 +180,7 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         return Err(CheckoutError::OutcomeUnknown);
     }
     commit(tx).await?;
-    Ok((Hold::taken(hold_id, req, expires_at, lines), true))
+    Ok((Hold::taken(hold_id, req, expires_at), true))
 }
 
 /// Claims the request's key with a `held` hold and its lines, in one statement (lines of a
@@ -428,7 +427,7 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
     let total: i64 = hold
         .lines
         .iter()
-        .map(|l| i64::from(price(&l.product_id)) * i64::from(l.quantity))
+        .map(|l| i64::from(price(l.product_id.as_str())) * i64::from(l.quantity.get()))
         .sum();
     let single = (hold.lines.len() == 1).then(|| &hold.lines[0]);
     let order_id = super::order::new_row_id();
@@ -438,9 +437,9 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
     )
     .bind(order_id)
     .bind(single.map(|l| l.product_id.as_str()))
-    .bind(&hold.user_id)
-    .bind(single.map(|l| l.quantity))
-    .bind(single.map_or(0, |l| price(&l.product_id)))
+    .bind(hold.user_id.as_str())
+    .bind(single.map(|l| l.quantity.get()))
+    .bind(single.map_or(0, |l| price(l.product_id.as_str())))
     .bind(total)
     .execute(&mut **tx)
     .await?;
@@ -456,11 +455,16 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
         )
         .bind(order_id)
         .bind(&products)
-        .bind(hold.lines.iter().map(|l| l.quantity).collect::<Vec<i32>>())
         .bind(
             hold.lines
                 .iter()
-                .map(|l| price(&l.product_id))
+                .map(|l| l.quantity.get())
+                .collect::<Vec<i32>>(),
+        )
+        .bind(
+            hold.lines
+                .iter()
+                .map(|l| price(l.product_id.as_str()))
                 .collect::<Vec<i32>>(),
         )
         .execute(&mut **tx)

@@ -36,7 +36,7 @@ pub(crate) struct Existing {
 impl Existing {
     /// The key it is held under.
     pub(crate) fn key(&self) -> Key {
-        (self.order.user_id.clone(), self.idempotency_key.clone())
+        (self.order.user_id.to_string(), self.idempotency_key.clone())
     }
 }
 

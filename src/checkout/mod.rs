@@ -37,7 +37,7 @@ pub(crate) use drops::rule_columns;
 pub use drops::{Rules, retry_after_secs};
 pub use error::{CheckoutError, Short};
 pub use holds::{Hold, HoldRequest};
-pub use order::{ORDER_COLUMNS, Order, OrderLine, OrderRequest, Placed};
+pub use order::{ORDER_COLUMNS, Order, OrderBody, OrderLine, OrderRequest, Placed, Shape};
 pub(crate) use order::{order_columns, with_lines};
 pub use rate_limit::RateLimiter;
 pub use status::{HoldStatus, OrderStatus};
@@ -351,7 +351,7 @@ impl Checkout {
                 let returned: Vec<(ProductId, i32)> = order
                     .lines
                     .iter()
-                    .filter_map(|l| Some((ProductId::parse(&l.product_id).ok()?, l.quantity)))
+                    .map(|l| (l.product_id.clone(), l.quantity.get()))
                     .collect();
                 stock::give_back(&mut tx, &returned).await?;
             }

@@ -26,57 +26,194 @@ pub(crate) fn new_row_id() -> Uuid {
     Uuid::now_v7()
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq, utoipa::ToSchema)]
+/// An order as it is stored and handled: a single-line order or a cart ([`Shape`]), its
+/// user, its status and its lines, every id and quantity already of its checked type (a
+/// value the database's own checks let in always parses; one that did not would fail the
+/// read, never be dropped). The API states it as [`OrderBody`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(into = "OrderBody")]
 pub struct Order {
     pub order_id: Uuid,
-    /// A single-line order's product; absent for a cart (see `lines`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub product_id: Option<String>,
-    /// A single-line order's quantity; absent for a cart.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 10000)]
-    pub quantity: Option<i32>,
-    pub user_id: String,
-    /// `confirmed` or `cancelled`.
-    #[schema(value_type = String, pattern = "^(confirmed|cancelled)$", example = "confirmed")]
+    pub shape: Shape,
+    pub user_id: UserId,
     pub status: OrderStatus,
     pub total_cents: i64,
     pub created_at: DateTime<Utc>,
     pub cancelled_at: Option<DateTime<Utc>>,
     /// A single-line order's unit price (its one line's); 0 on a cart's row.
-    #[serde(skip)]
     pub(crate) unit_price_cents: i32,
     /// Every line of the order (a single-line order has one).
-    #[sqlx(skip)]
     pub lines: Vec<OrderLine>,
 }
 
+/// What an order's row says it is for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Shape {
+    /// One product: the row names it and its quantity.
+    Single {
+        product_id: ProductId,
+        quantity: Quantity,
+    },
+    /// Several products: the row names none, its lines are in `order_lines`.
+    Cart,
+}
+
+impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Order {
+    fn from_row(row: &'r sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        let shape = match (row.try_get("product_id")?, row.try_get("quantity")?) {
+            (Some(product_id), Some(quantity)) => Shape::Single {
+                product_id,
+                quantity,
+            },
+            (None, None) => Shape::Cart,
+            _ => {
+                return Err(sqlx::Error::ColumnDecode {
+                    index: "product_id".into(),
+                    source: "a row with a product but no quantity, or the other way round".into(),
+                });
+            }
+        };
+        Ok(Order {
+            order_id: row.try_get("order_id")?,
+            shape,
+            user_id: row.try_get("user_id")?,
+            status: row.try_get("status")?,
+            total_cents: row.try_get("total_cents")?,
+            created_at: row.try_get("created_at")?,
+            cancelled_at: row.try_get("cancelled_at")?,
+            unit_price_cents: row.try_get("unit_price_cents")?,
+            lines: vec![],
+        })
+    }
+}
+
+/// The checked types read straight from their columns (`text`, `int4`), each through its own
+/// parser: a value that breaks the rule fails the read, it is never dropped or passed on.
+macro_rules! decoded_as {
+    ($name:ty, $ty:ty, $parse:expr) => {
+        impl sqlx::Type<sqlx::Postgres> for $name {
+            fn type_info() -> sqlx::postgres::PgTypeInfo {
+                <$ty as sqlx::Type<sqlx::Postgres>>::type_info()
+            }
+            fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+                <$ty as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+            }
+        }
+
+        impl<'r> sqlx::Decode<'r, sqlx::Postgres> for $name {
+            fn decode(
+                value: sqlx::postgres::PgValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                let raw = <&'r $ty as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+                $parse(raw).map_err(|e: crate::domain::Invalid| e.message.into())
+            }
+        }
+    };
+}
+decoded_as!(ProductId, str, ProductId::parse);
+decoded_as!(UserId, str, UserId::parse);
+
+impl sqlx::Type<sqlx::Postgres> for Quantity {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <i32 as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for Quantity {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let raw = <i32 as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Quantity::from_i64(raw.into()).map_err(|e| e.message.into())
+    }
+}
+
+/// A column's value parsed into its checked type; a value that does not parse fails the read.
+pub(crate) fn column<T>(
+    parsed: Result<T, crate::domain::Invalid>,
+    name: &str,
+) -> Result<T, sqlx::Error> {
+    parsed.map_err(|e| sqlx::Error::ColumnDecode {
+        index: name.into(),
+        source: e.message.into(),
+    })
+}
+
+/// An order as the API states it (the contract's shape): a single-line order names its
+/// product and quantity, a cart does not.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Order)]
+pub struct OrderBody {
+    order_id: Uuid,
+    /// A single-line order's product; absent for a cart (see `lines`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    product_id: Option<ProductId>,
+    /// A single-line order's quantity; absent for a cart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<i32>, minimum = 1, maximum = 10000)]
+    quantity: Option<Quantity>,
+    #[schema(value_type = String)]
+    user_id: UserId,
+    /// `confirmed` or `cancelled`.
+    #[schema(value_type = String, pattern = "^(confirmed|cancelled)$", example = "confirmed")]
+    status: OrderStatus,
+    total_cents: i64,
+    created_at: DateTime<Utc>,
+    cancelled_at: Option<DateTime<Utc>>,
+    /// Every line of the order (a single-line order has one).
+    lines: Vec<OrderLine>,
+}
+
+impl From<Order> for OrderBody {
+    fn from(o: Order) -> Self {
+        let (product_id, quantity) = match o.shape {
+            Shape::Single {
+                product_id,
+                quantity,
+            } => (Some(product_id), Some(quantity)),
+            Shape::Cart => (None, None),
+        };
+        OrderBody {
+            order_id: o.order_id,
+            product_id,
+            quantity,
+            user_id: o.user_id,
+            status: o.status,
+            total_cents: o.total_cents,
+            created_at: o.created_at,
+            cancelled_at: o.cancelled_at,
+            lines: o.lines,
+        }
+    }
+}
+
 /// One product of an order.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, PartialEq, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, PartialEq, sqlx::FromRow, utoipa::ToSchema)]
 pub struct OrderLine {
-    pub product_id: String,
-    #[schema(minimum = 1, maximum = 10000)]
-    pub quantity: i32,
+    #[schema(value_type = String)]
+    pub product_id: ProductId,
+    #[schema(value_type = i32, minimum = 1, maximum = 10000)]
+    pub quantity: Quantity,
     pub unit_price_cents: i32,
 }
 
 impl Order {
     /// The products of its lines.
     pub(crate) fn products(&self) -> Vec<ProductId> {
-        self.lines
-            .iter()
-            .filter_map(|l| ProductId::parse(&l.product_id).ok())
-            .collect()
+        self.lines.iter().map(|l| l.product_id.clone()).collect()
     }
 
     /// A single-line order with its one line stated; a cart is completed by [`with_lines`].
     pub(crate) fn complete(mut self) -> Order {
-        if let (Some(p), Some(q)) = (&self.product_id, self.quantity)
+        if let Shape::Single {
+            product_id,
+            quantity,
+        } = &self.shape
             && self.lines.is_empty()
         {
             self.lines = vec![OrderLine {
-                product_id: p.clone(),
-                quantity: q,
+                product_id: product_id.clone(),
+                quantity: *quantity,
                 unit_price_cents: self.unit_price_cents,
             }];
         }
@@ -89,7 +226,7 @@ pub(crate) async fn with_lines<'e>(
     exec: impl sqlx::PgExecutor<'e>,
     order: Order,
 ) -> Result<Order, sqlx::Error> {
-    if order.product_id.is_some() {
+    if let Shape::Single { .. } = order.shape {
         return Ok(order.complete());
     }
     let lines = sqlx::query_as(

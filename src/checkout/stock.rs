@@ -19,7 +19,7 @@ use super::drops::{Refusal, Rules, rule_columns};
 use super::order::{Order, OrderLine, new_row_id, order_columns};
 use super::status::OrderStatus;
 pub(crate) use super::tx::Tx;
-use crate::domain::{IdempotencyKey, ProductId};
+use crate::domain::{IdempotencyKey, ProductId, Quantity};
 use std::collections::BTreeMap;
 
 /// Units per product, merged and in lock order.
@@ -209,6 +209,7 @@ pub(crate) async fn claim_carts(
 /// [`claim_carts`]'s row: the order with its lines (none for a refusal), and whether every
 /// product's guard held.
 fn cart_order(row: &sqlx::postgres::PgRow) -> Result<(Order, bool), sqlx::Error> {
+    use super::order::column;
     use sqlx::{FromRow, Row};
     let products: Option<Vec<String>> = row.try_get("line_products")?;
     let quantities: Option<Vec<i32>> = row.try_get("line_quantities")?;
@@ -218,12 +219,14 @@ fn cart_order(row: &sqlx::postgres::PgRow) -> Result<(Order, bool), sqlx::Error>
         .into_iter()
         .zip(quantities.unwrap_or_default())
         .zip(prices.unwrap_or_default())
-        .map(|((product_id, quantity), unit_price_cents)| OrderLine {
-            product_id,
-            quantity,
-            unit_price_cents,
+        .map(|((product_id, quantity), unit_price_cents)| {
+            Ok(OrderLine {
+                product_id: column(ProductId::parse(&product_id), "line_products")?,
+                quantity: column(Quantity::from_i64(quantity.into()), "line_quantities")?,
+                unit_price_cents,
+            })
         })
-        .collect();
+        .collect::<Result<_, sqlx::Error>>()?;
     let order = Order {
         lines,
         ..Order::from_row(row)?

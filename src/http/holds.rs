@@ -4,7 +4,7 @@ use super::orders::{NewLine, parse_lines};
 use super::responses::{BadRequest, ErrorBody, PayloadTooLarge, Unauthorized, Unavailable};
 use super::{Admin, ApiError, AppState, Json, Path};
 use crate::auth::Caller;
-use crate::checkout::Order;
+use crate::checkout::OrderBody;
 use crate::checkout::{Hold, HoldRequest};
 use crate::domain::HoldTtl;
 use axum::extract::State;
@@ -98,7 +98,7 @@ async fn load(state: &AppState, caller: &Caller, id: &str) -> Result<Hold, ApiEr
     let id =
         Uuid::parse_str(id).map_err(|_| ApiError::not_found("HOLD_NOT_FOUND", "no such hold"))?;
     let hold = state.checkout.hold_by_id(id).await?;
-    if !caller.may_act_for(&hold.user_id) {
+    if !caller.may_act_for(hold.user_id.as_str()) {
         return Err(ApiError::Forbidden("this hold belongs to another user"));
     }
     Ok(hold)
@@ -138,8 +138,8 @@ async fn show(
     params(("hold_id" = uuid::Uuid, Path)),
     security(("bearer" = [])),
     responses(
-        (status = 201, description = "Confirmed now: the order, its lines the held ones", body = Order),
-        (status = 200, description = "Confirmed before: the same order", body = Order),
+        (status = 201, description = "Confirmed now: the order, its lines the held ones", body = OrderBody),
+        (status = 200, description = "Confirmed before: the same order", body = OrderBody),
         (status = 400, response = BadRequest),
         (status = 401, response = Unauthorized),
         (status = 403, description = "The hold belongs to another user", body = ErrorBody),

@@ -230,7 +230,7 @@ mod tests {
         let errors = [
             ApiError::bad_request("INVALID_QUERY", "qty must be a whole number"),
             ApiError::ShortLines(vec![crate::checkout::Short {
-                product_id: "a".into(),
+                product_id: crate::domain::ProductId::parse("a").expect("valid"),
                 requested: 2,
                 available: 1,
             }]),

@@ -7,7 +7,7 @@ use super::responses::{
 use super::{ApiError, AppState, Json, Path};
 use crate::auth::Caller;
 use crate::checkout::CartRequest;
-use crate::checkout::{Order, OrderRequest, Placed};
+use crate::checkout::{Order, OrderBody, OrderRequest, Placed};
 use crate::domain::{Lines, ProductId, Quantity};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -145,7 +145,7 @@ pub(super) fn parse_lines(lines: &[NewLine]) -> Result<Lines, ApiError> {
     request_body = NewOrder,
     security(("bearer" = [])),
     responses(
-        (status = 201, description = "Confirmed (or the same order again, for a repeated key and body)", body = Order),
+        (status = 201, description = "Confirmed (or the same order again, for a repeated key and body)", body = OrderBody),
         (status = 400, description = "IDEMPOTENCY_KEY_MISSING, malformed JSON or wrong types", body = ErrorBody),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
@@ -230,7 +230,7 @@ async fn load(state: &AppState, caller: &Caller, id: &str) -> Result<Order, ApiE
     let not_found = || ApiError::not_found("ORDER_NOT_FOUND", "no such order");
     let id = Uuid::parse_str(id).map_err(|_| not_found())?;
     let order = state.checkout.get(id).await?;
-    if !caller.may_act_for(&order.user_id) {
+    if !caller.may_act_for(order.user_id.as_str()) {
         return Err(ApiError::Forbidden("this order belongs to another user"));
     }
     Ok(order)
@@ -244,7 +244,7 @@ async fn load(state: &AppState, caller: &Caller, id: &str) -> Result<Order, ApiE
     params(("order_id" = uuid::Uuid, Path)),
     security(("bearer" = [])),
     responses(
-        (status = 200, description = "The order", body = Order),
+        (status = 200, description = "The order", body = OrderBody),
         (status = 400, response = BadRequest),
         (status = 401, response = Unauthorized),
         (status = 403, description = "The order belongs to another user", body = ErrorBody),
@@ -270,7 +270,7 @@ async fn show(
     params(("order_id" = uuid::Uuid, Path)),
     security(("bearer" = [])),
     responses(
-        (status = 200, description = "The order, `status: cancelled`", body = Order),
+        (status = 200, description = "The order, `status: cancelled`", body = OrderBody),
         (status = 400, response = BadRequest),
         (status = 401, response = Unauthorized),
         (status = 403, description = "The order belongs to another user", body = ErrorBody),

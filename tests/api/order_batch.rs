@@ -856,3 +856,35 @@ async fn only_live_sql_is_installed() {
         "installed but called by nothing live: {dead:?}"
     );
 }
+
+/// #45 point 4: the row types carry checked ids and quantities, read through their own
+/// parsers, so a value that breaks the rule (which the tables' own checks keep out) fails the
+/// read instead of being dropped or passed on as a string. Mutation seen failing it: the
+/// `ProductId` decoder (`checkout/order.rs`) answering some valid id for a bad value instead
+/// of an error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stored_value_that_breaks_its_type_fails_the_read() {
+    use stockgate::domain::{ProductId, Quantity, UserId};
+    let pool = pool().await;
+    let good: (ProductId, UserId, Quantity) =
+        sqlx::query_as("SELECT 'p-1'::text, 'u_1'::text, 3::int4")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (good.0.as_str(), good.1.as_str(), good.2.get()),
+        ("p-1", "u_1", 3)
+    );
+    let bad_id = sqlx::query_scalar::<_, ProductId>("SELECT 'no spaces allowed'::text")
+        .fetch_one(&pool)
+        .await;
+    assert!(bad_id.is_err(), "{bad_id:?}");
+    let bad_user = sqlx::query_scalar::<_, UserId>("SELECT ''::text")
+        .fetch_one(&pool)
+        .await;
+    assert!(bad_user.is_err(), "{bad_user:?}");
+    let bad_qty = sqlx::query_scalar::<_, Quantity>("SELECT 0::int4")
+        .fetch_one(&pool)
+        .await;
+    assert!(bad_qty.is_err(), "{bad_qty:?}");
+}

@@ -363,11 +363,13 @@ mod tests {
             refusal: None,
             order: Order {
                 order_id: id,
-                product_id: Some(product.into()),
-                quantity: Some(r.quantity.get()),
+                shape: crate::checkout::Shape::Single {
+                    product_id: ProductId::parse(product).expect("valid"),
+                    quantity: r.quantity,
+                },
                 unit_price_cents: 0,
                 lines: vec![],
-                user_id: r.user.as_str().into(),
+                user_id: r.user.clone(),
                 status,
                 total_cents: 0,
                 created_at: chrono::Utc::now(),
