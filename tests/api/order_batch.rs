@@ -46,6 +46,17 @@ async fn product(pool: &PgPool, id: &str, stock: i32) {
     .unwrap();
 }
 
+/// A product of `stock` units with a per-customer `limit`.
+async fn limited(pool: &PgPool, id: &str, stock: i32, limit: i32) {
+    product(pool, id, stock).await;
+    sqlx::query("UPDATE products SET max_per_customer = $2 WHERE product_id = $1")
+        .bind(id)
+        .bind(limit)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 /// How many rows (orders and refusals) `user` has.
 async fn rows_of(pool: &PgPool, user: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM orders WHERE user_id = $1")
@@ -296,11 +307,7 @@ async fn units_of_a_seat_whose_key_was_claimed_meanwhile_go_to_the_refused_in_ar
 #[tokio::test(flavor = "multi_thread")]
 async fn a_limit_refusal_is_judged_again_when_a_seat_of_its_batch_is_not_taken() {
     let pool = pool().await;
-    product(&pool, "lim", 10).await;
-    sqlx::query("UPDATE products SET max_per_customer = 2 WHERE product_id = 'lim'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    limited(&pool, "lim", 10, 2).await;
     // a's key "1" is claimed elsewhere (uncommitted): the batch seats it (2 units, a at the
     // limit), so a's keys "2" and "3" are refused for the limit, already 2.
     let other = claim_a1_uncommitted(&pool, "lim").await;
@@ -343,12 +350,8 @@ async fn a_limit_refusal_is_judged_again_when_a_seat_of_its_batch_is_not_taken()
 #[tokio::test(flavor = "multi_thread")]
 async fn a_statement_claims_its_keys_in_one_order_across_products() {
     let pool = pool().await;
-    product(&pool, "p", 10).await;
+    limited(&pool, "p", 10, 5).await;
     product(&pool, "q", 10).await;
-    sqlx::query("UPDATE products SET max_per_customer = 5 WHERE product_id = 'p'")
-        .execute(&pool)
-        .await
-        .unwrap();
     let other = claim_a1_uncommitted(&pool, "p").await;
     let batch = {
         let pool = pool.clone();
@@ -423,11 +426,7 @@ async fn reasons(pool: &PgPool, reqs: &[Req<'_>]) -> Vec<Option<String>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_seats_each_users_requests_against_their_allowance_first_fit() {
     let pool = pool().await;
-    product(&pool, "lim", 10).await;
-    sqlx::query("UPDATE products SET max_per_customer = 2 WHERE product_id = 'lim'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    limited(&pool, "lim", 10, 2).await;
     let reqs = [
         ("a", "1", 1),
         ("a", "2", 2),

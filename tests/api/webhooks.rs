@@ -868,9 +868,13 @@ async fn a_frozen_deliverer_loses_its_webhooks_to_another_instance_within_second
 /// Mutation seen failing it: skip `lost::reconcile` in `send_next` (nothing is said).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_purged_before_a_webhook_was_sent_them_are_counted_and_said_on_it() {
+    // The service's purge is run here with a 1 s retention; the instance's own keeps a minute,
+    // so the order placed after the purge cannot itself be purged while the deliverer sits out
+    // the backoff its refused attempts earned (with a 1 s retention everywhere it sometimes
+    // was, and was never delivered).
     let retention = Duration::from_secs(1);
     let app = spawn_app_with(AppOptions {
-        env: vec![("STOCKGATE_EVENT_RETENTION", "1s".into())],
+        env: vec![("STOCKGATE_EVENT_RETENTION", "60s".into())],
         ..AppOptions::new(shared_cluster())
     })
     .await;
@@ -896,7 +900,7 @@ async fn events_purged_before_a_webhook_was_sent_them_are_counted_and_said_on_it
         || async { !receiver.arrivals().is_empty() },
     )
     .await;
-    // The service's own purge, with the instance's retention, while the receiver refuses.
+    // The service's own purge, while the receiver refuses.
     wait_for("the events purged", Duration::from_secs(30), || async {
         stockgate::events::feed::purge(&app.primary, retention, 10_000)
             .await

@@ -176,7 +176,7 @@ impl Peers {
         }
         // A dropped reply means the sending task died with the batch in hand: it may have
         // been sent, so the honest answer is "unknown".
-        rx.await.unwrap_or_else(|_| Some(unknown()))
+        crate::batching::answer(rx, Some(unknown())).await
     }
 
     /// Queues `forward` in its lane; the orders to send now when the lane has a free slot
