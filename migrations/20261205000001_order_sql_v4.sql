@@ -146,9 +146,15 @@ DECLARE
     v_starts  timestamptz[];
     v_ends    timestamptz[];
     v_lo      integer := 1;
-    v_at      integer[];
-    v_left    integer[];
-    v_already bigint[];
+    v_n       integer;
+    v_at      integer;
+    v_limited boolean;
+    -- One cart's lines' figures, in its lines' order.
+    c_left    integer[];
+    c_limit   integer[];
+    c_starts  timestamptz[];
+    c_ends    timestamptz[];
+    c_already bigint[];
     v_verdict jsonb;
 BEGIN
     SELECT array_agg(p.product_id), array_agg(p.available_quantity), array_agg(p.max_per_customer),
@@ -156,31 +162,34 @@ BEGIN
       INTO v_known, v_stock, v_limit, v_starts, v_ends
       FROM products p WHERE p.product_id = ANY (p_products);
     FOR c IN 1 .. cardinality(p_ends) LOOP
-        v_at := ARRAY(SELECT array_position(v_known, x)
-                        FROM unnest(p_products[v_lo:p_ends[c]]) WITH ORDINALITY AS u(x, i)
-                       ORDER BY u.i);
-        v_left := ARRAY(SELECT v_stock[a] FROM unnest(v_at) WITH ORDINALITY AS u(a, i) ORDER BY u.i);
-        v_already := NULL;
-        IF EXISTS (SELECT FROM unnest(v_at) AS a WHERE v_limit[a] IS NOT NULL) THEN
-            v_already := ARRAY(
-                SELECT coalesce(cu.units, 0)
-                       - CASE WHEN p_counted THEN l.q ELSE 0 END
+        v_n := p_ends[c] - v_lo + 1;
+        c_left := '{}'; c_limit := '{}'; c_starts := '{}'; c_ends := '{}';
+        v_limited := false;
+        FOR i IN v_lo .. p_ends[c] LOOP
+            v_at := array_position(v_known, p_products[i]);
+            c_left := c_left || v_stock[v_at];
+            c_limit := c_limit || v_limit[v_at];
+            c_starts := c_starts || v_starts[v_at];
+            c_ends := c_ends || v_ends[v_at];
+            v_limited := v_limited OR v_limit[v_at] IS NOT NULL;
+        END LOOP;
+        c_already := NULL;
+        IF v_limited THEN
+            c_already := ARRAY(
+                SELECT coalesce(cu.units, 0) - CASE WHEN p_counted THEN l.q ELSE 0 END
                   FROM unnest(p_products[v_lo:p_ends[c]], p_qty[v_lo:p_ends[c]])
                        WITH ORDINALITY AS l(p, q, i)
                   LEFT JOIN customer_units_v2(p_products[v_lo:p_ends[c]],
-                                              array_fill(p_users[c], ARRAY[p_ends[c] - v_lo + 1])) cu
+                                              array_fill(p_users[c], ARRAY[v_n])) cu
                     ON cu.product_id = l.p
                  ORDER BY l.i);
         END IF;
-        v_verdict := drop_verdict_v1(
-            v_now, p_products[v_lo:p_ends[c]], p_qty[v_lo:p_ends[c]], v_left,
-            ARRAY(SELECT v_limit[a] FROM unnest(v_at) WITH ORDINALITY AS u(a, i) ORDER BY u.i),
-            ARRAY(SELECT v_starts[a] FROM unnest(v_at) WITH ORDINALITY AS u(a, i) ORDER BY u.i),
-            ARRAY(SELECT v_ends[a] FROM unnest(v_at) WITH ORDINALITY AS u(a, i) ORDER BY u.i),
-            v_already);
+        v_verdict := drop_verdict_v1(v_now, p_products[v_lo:p_ends[c]], p_qty[v_lo:p_ends[c]],
+                                     c_left, c_limit, c_starts, c_ends, c_already);
         IF v_verdict IS NULL THEN
-            FOR i IN 1 .. cardinality(v_at) LOOP
-                v_stock[v_at[i]] := v_stock[v_at[i]] - p_qty[v_lo + i - 1];
+            FOR i IN v_lo .. p_ends[c] LOOP
+                v_at := array_position(v_known, p_products[i]);
+                v_stock[v_at] := v_stock[v_at] - p_qty[i];
             END LOOP;
         END IF;
         cart := c;
@@ -252,6 +261,9 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+-- Its statements' plans are pinned by the settings above; a custom plan per call (which
+-- `generate_series(1, n)`'s estimate would otherwise bring) is only planning under the row lock.
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -290,6 +302,9 @@ DECLARE
     v_reseated boolean := false;
     v_changed integer;
     v_need    integer;
+    -- Requests of the products found, and those that offer a row.
+    v_asked   integer := 0;
+    v_offered integer := 0;
     r         record;
 BEGIN
     FOR j IN 2 .. cardinality(p_products) LOOP
@@ -297,8 +312,10 @@ BEGIN
             RAISE EXCEPTION 'products must come once each, in byte order' USING ERRCODE = 'XX000';
         END IF;
     END LOOP;
-    v_lo := array_prepend(1, (SELECT array_agg(e + 1 ORDER BY i)
-                                FROM unnest(p_ends[1:cardinality(p_ends) - 1]) WITH ORDINALITY AS x(e, i)));
+    v_lo := array_fill(1, ARRAY[cardinality(p_products)]);
+    FOR j IN 2 .. cardinality(p_products) LOOP
+        v_lo[j] := p_ends[j - 1] + 1;
+    END LOOP;
     v_of := ARRAY(SELECT j FROM unnest(v_lo, p_ends) WITH ORDINALITY AS b(lo, hi, j),
                          generate_series(b.lo, b.hi) ORDER BY j);
 
@@ -323,11 +340,8 @@ BEGIN
     v_now := clock_timestamp();
     v_wait := (extract(epoch FROM v_now - t0) * 1e6)::bigint;
 
-    -- 2. Seating. A key's first request in the statement (by product, then arrival) is the
-    -- only one that may take a seat.
-    v_first := ARRAY(SELECT row_number() OVER (PARTITION BY u.usr, u.key ORDER BY u.n) = 1
-                       FROM unnest(p_users, p_keys) WITH ORDINALITY AS u(usr, key, n)
-                      ORDER BY u.n);
+    -- 2. Seating. A product seated whole offers every request a confirmed order (its state
+    -- is read from `v_whole`); a repeated key takes one row at the insert below.
     v_state := array_fill(NULL::text, ARRAY[v_count]);
     v_why := array_fill(NULL::jsonb, ARRAY[v_count]);
     v_whole := array_fill(false, ARRAY[cardinality(p_products)]);
@@ -336,6 +350,7 @@ BEGIN
     v_seated := array_fill(0::bigint, ARRAY[cardinality(p_products)]);
     FOR j IN 1 .. cardinality(p_products) LOOP
         CONTINUE WHEN NOT v_found[j];
+        v_asked := v_asked + p_ends[j] - v_lo[j] + 1;
         v_verdict := drop_verdict_v1(v_now, ARRAY[p_products[j]], ARRAY[v_wanted[j]::integer],
                                      ARRAY[v_stock[j]], ARRAY[NULL::integer], ARRAY[v_starts[j]],
                                      ARRAY[v_ends[j]], ARRAY[NULL::bigint]);
@@ -346,14 +361,17 @@ BEGIN
         END IF;
         IF v_limit[j] IS NULL AND v_verdict IS NULL THEN
             v_whole[j] := true;
-            FOR i IN v_lo[j] .. p_ends[j] LOOP
-                IF v_first[i] THEN
-                    v_state[i] := 'confirmed';
-                    v_seated[j] := v_seated[j] + p_qty[i];
-                END IF;
-            END LOOP;
-            v_left[j] := v_stock[j] - v_seated[j];
+            v_seated[j] := v_wanted[j];
+            v_left[j] := v_stock[j] - v_wanted[j];
+            v_offered := v_offered + p_ends[j] - v_lo[j] + 1;
             CONTINUE;
+        END IF;
+        -- Judged request by request: a key's first request in the statement (by product, then
+        -- arrival) is the only one that may take a seat.
+        IF v_first IS NULL THEN
+            v_first := ARRAY(SELECT row_number() OVER (PARTITION BY u.usr, u.key ORDER BY u.n) = 1
+                               FROM unnest(p_users, p_keys) WITH ORDINALITY AS u(usr, key, n)
+                              ORDER BY u.n);
         END IF;
         IF v_limit[j] IS NOT NULL THEN
             SELECT coalesce(jsonb_object_agg(c.user_id, c.units), '{}') INTO v_already
@@ -372,6 +390,7 @@ BEGIN
                                          ARRAY[v_left[j]], ARRAY[v_limit[j]], ARRAY[v_starts[j]],
                                          ARRAY[v_ends[j]],
                                          ARRAY[(v_already->>r.usr)::bigint]);
+            v_offered := v_offered + 1;
             IF v_verdict IS NULL THEN
                 v_state[v_lo[j] + r.i - 1] := 'confirmed';
                 v_left[j] := v_left[j] - r.qty;
@@ -394,13 +413,16 @@ BEGIN
         INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents,
                             total_cents, status, idempotency_key, request_fingerprint, refusal)
         SELECT p_ids[u.i], p_products[v_of[u.i]], p_users[u.i], p_qty[u.i],
-               CASE WHEN v_state[u.i] = 'confirmed' THEN v_price[v_of[u.i]] ELSE 0 END,
-               CASE WHEN v_state[u.i] = 'confirmed'
+               CASE WHEN u.st = 'confirmed' THEN v_price[v_of[u.i]] ELSE 0 END,
+               CASE WHEN u.st = 'confirmed'
                     THEN v_price[v_of[u.i]]::bigint * p_qty[u.i] ELSE 0 END,
-               v_state[u.i], p_keys[u.i], p_fps[u.i], v_why[u.i]
-          FROM generate_series(1, v_count) AS u(i)
-         WHERE v_state[u.i] IS NOT NULL
-         ORDER BY p_users[u.i] COLLATE "C", p_keys[u.i] COLLATE "C"
+               u.st, p_keys[u.i], p_fps[u.i], v_why[u.i]
+          FROM (SELECT g.i, CASE WHEN v_whole[v_of[g.i]] THEN 'confirmed' ELSE v_state[g.i] END AS st
+                  FROM generate_series(1, v_count) AS g(i)) AS u
+         WHERE u.st IS NOT NULL
+         -- A key repeated in the statement: its first request (by product, then arrival) is
+         -- the row; the others' conflict with it.
+         ORDER BY p_users[u.i] COLLATE "C", p_keys[u.i] COLLATE "C", u.i
         ON CONFLICT ON CONSTRAINT orders_user_idempotency_key DO NOTHING
         RETURNING orders.order_id AS id, orders.product_id AS product, orders.quantity AS q,
                   orders.status AS s, orders.created_at AS at
@@ -482,37 +504,23 @@ BEGIN
     END LOOP;
 
     -- 6. The answers.
-    IF NOT v_reseated
-       AND v_wrote = (SELECT count(*) FROM generate_series(1, v_count) AS u(i)
-                       WHERE v_state[u.i] IS NOT NULL)
-       AND v_wrote = (SELECT count(*) FROM generate_series(1, v_count) AS u(i)
-                       WHERE v_found[v_of[u.i]]) THEN
+    IF NOT v_reseated AND v_wrote = v_offered AND v_offered = v_asked THEN
         -- Every request of a product found wrote the row it offered (so none is before its
         -- sale, where a key that holds nothing must be told apart from one that holds
         -- something): its answer is that row, as inserted. Its `created_at` is found by rank: the rows' ids are the
         -- offered ids, so the k-th offered id in id order wrote the k-th row in id order.
         RETURN QUERY
             SELECT p_products[x.j], (x.i - v_lo[x.j] + 1)::bigint, v_stock[x.j], v_left[x.j],
-                   v_wait, v_starts_in[x.j], v_starts[x.j], v_ends[x.j],
-                   CASE WHEN x.k IS NOT NULL THEN p_keys[x.i] END,
-                   CASE WHEN x.k IS NOT NULL THEN p_fps[x.i] END,
-                   v_why[x.i],
-                   CASE WHEN x.k IS NOT NULL THEN p_ids[x.i] END,
-                   CASE WHEN x.k IS NOT NULL THEN p_products[x.j] END,
-                   CASE WHEN x.k IS NOT NULL THEN p_qty[x.i] END,
-                   CASE WHEN x.k IS NOT NULL THEN p_users[x.i] END,
-                   v_state[x.i],
-                   CASE WHEN v_state[x.i] = 'confirmed' THEN v_price[x.j]::bigint * p_qty[x.i]
-                        WHEN x.k IS NOT NULL THEN 0 END,
+                   v_wait, v_starts_in[x.j], v_starts[x.j], v_ends[x.j], p_keys[x.i], p_fps[x.i],
+                   v_why[x.i], p_ids[x.i], p_products[x.j], p_qty[x.i], p_users[x.i], x.st,
+                   CASE WHEN x.st = 'confirmed' THEN v_price[x.j]::bigint * p_qty[x.i] ELSE 0 END,
                    v_at[x.k], NULL::timestamptz,
-                   CASE WHEN v_state[x.i] = 'confirmed' THEN v_price[x.j]
-                        WHEN x.k IS NOT NULL THEN 0 END
+                   CASE WHEN x.st = 'confirmed' THEN v_price[x.j] ELSE 0 END
               FROM (SELECT u.i, v_of[u.i] AS j,
-                           CASE WHEN v_state[u.i] IS NOT NULL
-                                THEN row_number() OVER (PARTITION BY v_state[u.i] IS NOT NULL
-                                                        ORDER BY p_ids[u.i]) END AS k
-                      FROM generate_series(1, v_count) AS u(i)) AS x
-             WHERE v_found[x.j]
+                           CASE WHEN v_whole[v_of[u.i]] THEN 'confirmed' ELSE v_state[u.i] END AS st,
+                           row_number() OVER (ORDER BY p_ids[u.i]) AS k
+                      FROM generate_series(1, v_count) AS u(i)
+                     WHERE v_found[v_of[u.i]]) AS x
              ORDER BY x.i;
     ELSE
         RETURN QUERY
