@@ -316,8 +316,12 @@ BEGIN
     FOR j IN 2 .. cardinality(p_products) LOOP
         v_lo[j] := p_ends[j - 1] + 1;
     END LOOP;
-    v_of := ARRAY(SELECT j FROM unnest(v_lo, p_ends) WITH ORDINALITY AS b(lo, hi, j),
-                         generate_series(b.lo, b.hi) ORDER BY j);
+    IF cardinality(p_products) = 1 THEN
+        v_of := array_fill(1, ARRAY[v_count]);
+    ELSE
+        v_of := ARRAY(SELECT j FROM unnest(v_lo, p_ends) WITH ORDINALITY AS b(lo, hi, j),
+                             generate_series(b.lo, b.hi) ORDER BY j);
+    END IF;
 
     -- 1. The rows, locked in byte order, read into arrays by the product's place (NULL where
     -- the product does not exist).
@@ -427,15 +431,15 @@ BEGIN
         RETURNING orders.order_id AS id, orders.product_id AS product, orders.quantity AS q,
                   orders.status AS s, orders.created_at AS at
     )
-    SELECT count(*), array_agg(ins.at ORDER BY ins.id),
-           (SELECT array_agg(t.product ORDER BY t.product COLLATE "C") FROM
-              (SELECT i2.product, sum(i2.q) FILTER (WHERE i2.s = 'confirmed') AS q
-                 FROM ins i2 GROUP BY i2.product) t),
-           (SELECT array_agg(coalesce(t.q, 0) ORDER BY t.product COLLATE "C") FROM
-              (SELECT i2.product, sum(i2.q) FILTER (WHERE i2.s = 'confirmed') AS q
-                 FROM ins i2 GROUP BY i2.product) t)
+    , t AS (
+        SELECT ins.product, coalesce(sum(ins.q) FILTER (WHERE ins.s = 'confirmed'), 0) AS q
+          FROM ins GROUP BY ins.product
+    )
+    SELECT (SELECT count(*) FROM ins), (SELECT array_agg(ins.at ORDER BY ins.id) FROM ins),
+           array_agg(t.product ORDER BY t.product COLLATE "C"),
+           array_agg(t.q ORDER BY t.product COLLATE "C")
       INTO v_wrote, v_at, v_took_of, v_took_q
-      FROM ins;
+      FROM t;
     -- Each product's units written, by its place: both lists are in byte order.
     v_took := array_fill(0::bigint, ARRAY[cardinality(p_products)]);
     v_k := 1;
