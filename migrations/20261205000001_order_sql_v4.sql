@@ -416,17 +416,19 @@ BEGIN
     WITH ins AS (
         INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents,
                             total_cents, status, idempotency_key, request_fingerprint, refusal)
-        SELECT p_ids[u.i], p_products[v_of[u.i]], p_users[u.i], p_qty[u.i],
-               CASE WHEN u.st = 'confirmed' THEN v_price[v_of[u.i]] ELSE 0 END,
-               CASE WHEN u.st = 'confirmed'
-                    THEN v_price[v_of[u.i]]::bigint * p_qty[u.i] ELSE 0 END,
-               u.st, p_keys[u.i], p_fps[u.i], v_why[u.i]
-          FROM (SELECT g.i, CASE WHEN v_whole[v_of[g.i]] THEN 'confirmed' ELSE v_state[g.i] END AS st
-                  FROM generate_series(1, v_count) AS g(i)) AS u
+        SELECT u.id, p_products[u.j], u.usr, u.qty,
+               CASE WHEN u.st = 'confirmed' THEN v_price[u.j] ELSE 0 END,
+               CASE WHEN u.st = 'confirmed' THEN v_price[u.j]::bigint * u.qty ELSE 0 END,
+               u.st, u.key, u.fp, u.why
+          -- The requests' arrays read once each (unnest), not by subscript per row: an
+          -- element of a text array is found by walking the elements before it.
+          FROM (SELECT x.*, CASE WHEN v_whole[x.j] THEN 'confirmed' ELSE x.state END AS st
+                  FROM unnest(p_ids, p_users, p_keys, p_qty, p_fps, v_of, v_state, v_why)
+                       WITH ORDINALITY AS x(id, usr, key, qty, fp, j, state, why, i)) AS u
          WHERE u.st IS NOT NULL
          -- A key repeated in the statement: its first request (by product, then arrival) is
          -- the row; the others' conflict with it.
-         ORDER BY p_users[u.i] COLLATE "C", p_keys[u.i] COLLATE "C", u.i
+         ORDER BY u.usr COLLATE "C", u.key COLLATE "C", u.i
         ON CONFLICT ON CONSTRAINT orders_user_idempotency_key DO NOTHING
         RETURNING orders.order_id AS id, orders.product_id AS product, orders.quantity AS q,
                   orders.status AS s, orders.created_at AS at
@@ -515,16 +517,16 @@ BEGIN
         -- offered ids, so the k-th offered id in id order wrote the k-th row in id order.
         RETURN QUERY
             SELECT p_products[x.j], (x.i - v_lo[x.j] + 1)::bigint, v_stock[x.j], v_left[x.j],
-                   v_wait, v_starts_in[x.j], v_starts[x.j], v_ends[x.j], p_keys[x.i], p_fps[x.i],
-                   v_why[x.i], p_ids[x.i], p_products[x.j], p_qty[x.i], p_users[x.i], x.st,
-                   CASE WHEN x.st = 'confirmed' THEN v_price[x.j]::bigint * p_qty[x.i] ELSE 0 END,
+                   v_wait, v_starts_in[x.j], v_starts[x.j], v_ends[x.j], x.key, x.fp, x.why, x.id,
+                   p_products[x.j], x.qty, x.usr, x.st,
+                   CASE WHEN x.st = 'confirmed' THEN v_price[x.j]::bigint * x.qty ELSE 0 END,
                    v_at[x.k], NULL::timestamptz,
                    CASE WHEN x.st = 'confirmed' THEN v_price[x.j] ELSE 0 END
-              FROM (SELECT u.i, v_of[u.i] AS j,
-                           CASE WHEN v_whole[v_of[u.i]] THEN 'confirmed' ELSE v_state[u.i] END AS st,
-                           row_number() OVER (ORDER BY p_ids[u.i]) AS k
-                      FROM generate_series(1, v_count) AS u(i)
-                     WHERE v_found[v_of[u.i]]) AS x
+              FROM (SELECT u.*, CASE WHEN v_whole[u.j] THEN 'confirmed' ELSE u.state END AS st,
+                           row_number() OVER (ORDER BY u.id) AS k
+                      FROM unnest(p_ids, p_users, p_keys, p_qty, p_fps, v_of, v_state, v_why)
+                           WITH ORDINALITY AS u(id, usr, key, qty, fp, j, state, why, i)
+                     WHERE v_found[u.j]) AS x
              ORDER BY x.i;
     ELSE
         RETURN QUERY
@@ -533,8 +535,8 @@ BEGIN
                    o.idempotency_key, o.request_fingerprint, o.refusal, o.order_id,
                    o.product_id, o.quantity, o.user_id, o.status, o.total_cents, o.created_at,
                    o.cancelled_at, o.unit_price_cents
-              FROM (SELECT u.i, v_of[u.i] AS j FROM generate_series(1, v_count) AS u(i)) AS x
-              LEFT JOIN orders o ON o.user_id = p_users[x.i] AND o.idempotency_key = p_keys[x.i]
+              FROM unnest(p_users, p_keys, v_of) WITH ORDINALITY AS x(usr, key, j, i)
+              LEFT JOIN orders o ON o.user_id = x.usr AND o.idempotency_key = x.key
              WHERE v_found[x.j]
              ORDER BY x.i;
     END IF;
