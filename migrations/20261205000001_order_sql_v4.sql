@@ -126,14 +126,20 @@ $$;
 -- order: cart c's lines are p_products[p_ends[c-1]+1 .. p_ends[c]] (each product once), for
 -- p_users[c]. Each is judged (drop_verdict_v1) against what the carts before it that may be
 -- taken left of the locked stock. `p_counted`: the user's count already includes these lines
--- (a hold's own lines, written before the lock), so they are taken off its `already`.
+-- (a hold's own lines, written before the lock), so they are taken off its `already`. A cart
+-- naming an unknown product, or in a batch (`p_batch`) a limited one, is not judged (NULL)
+-- and leaves the stock to the carts after it. It locks the rows itself, so a cart batch, a
+-- cart or a hold locks and is judged in one round trip (src/checkout/drops.rs,
+-- `lock_and_judge`); the rows come first in its answer (`cart` NULL).
 CREATE FUNCTION lines_verdicts_v1(
     p_users    text[],
     p_ends     integer[],
     p_products text[],
     p_qty      integer[],
-    p_counted  boolean
-) RETURNS TABLE (cart integer, verdict jsonb)
+    p_counted  boolean,
+    p_batch    boolean
+) RETURNS TABLE (cart integer, verdict jsonb, product_id text, price_cents integer,
+                 max_per_customer integer)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
@@ -149,6 +155,7 @@ DECLARE
     v_n       integer;
     v_at      integer;
     v_limited boolean;
+    v_missing boolean;
     -- One cart's lines' figures, in its lines' order.
     c_left    integer[];
     c_limit   integer[];
@@ -157,22 +164,37 @@ DECLARE
     c_already bigint[];
     v_verdict jsonb;
 BEGIN
+    -- The rows, locked in the lock order every writer shares; each is a row of the answer
+    -- (`cart` NULL), for the caller's prices and limits.
     SELECT array_agg(p.product_id), array_agg(p.available_quantity), array_agg(p.max_per_customer),
            array_agg(p.sale_starts_at), array_agg(p.sale_ends_at)
       INTO v_known, v_stock, v_limit, v_starts, v_ends
-      FROM products p WHERE p.product_id = ANY (p_products);
+      FROM (SELECT x.* FROM products x WHERE x.product_id = ANY (p_products)
+             ORDER BY x.product_id COLLATE "C" FOR NO KEY UPDATE) p;
+    RETURN QUERY
+        SELECT NULL::integer, NULL::jsonb, p.product_id, p.price_cents, p.max_per_customer
+          FROM products p WHERE p.product_id = ANY (v_known);
     FOR c IN 1 .. cardinality(p_ends) LOOP
         v_n := p_ends[c] - v_lo + 1;
         c_left := '{}'; c_limit := '{}'; c_starts := '{}'; c_ends := '{}';
         v_limited := false;
+        v_missing := false;
         FOR i IN v_lo .. p_ends[c] LOOP
             v_at := array_position(v_known, p_products[i]);
+            v_missing := v_missing OR v_at IS NULL;
             c_left := c_left || v_stock[v_at];
             c_limit := c_limit || v_limit[v_at];
             c_starts := c_starts || v_starts[v_at];
             c_ends := c_ends || v_ends[v_at];
             v_limited := v_limited OR v_limit[v_at] IS NOT NULL;
         END LOOP;
+        IF v_missing OR (p_batch AND v_limited) THEN
+            -- Not judged, and takes nothing from the carts after it: the caller answers it
+            -- (an unknown product) or places it alone (a limit, in a batch).
+            RETURN QUERY SELECT c, NULL::jsonb, NULL::text, NULL::integer, NULL::integer;
+            v_lo := p_ends[c] + 1;
+            CONTINUE;
+        END IF;
         c_already := NULL;
         IF v_limited THEN
             c_already := ARRAY(
@@ -192,9 +214,7 @@ BEGIN
                 v_stock[v_at] := v_stock[v_at] - p_qty[i];
             END LOOP;
         END IF;
-        cart := c;
-        verdict := v_verdict;
-        RETURN NEXT;
+        RETURN QUERY SELECT c, v_verdict, NULL::text, NULL::integer, NULL::integer;
         v_lo := p_ends[c] + 1;
     END LOOP;
 END

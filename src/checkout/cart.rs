@@ -16,8 +16,8 @@ use super::gate_cache::GateCache;
 use super::idempotency::{existing_under, judge_held};
 use super::order::{Placed, with_lines};
 use super::stock;
+use super::tx::Locked;
 use super::tx::commit;
-use super::tx::{self, Locked};
 use crate::batching::{BATCH_LIMIT, answer, gather};
 use crate::domain::{IdempotencyKey, Lines, ProductId, UserId};
 use crate::metrics::Metrics;
@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::stock::CartClaim;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 /// A cart order as the boundary parsed it.
 #[derive(Debug, Clone)]
@@ -68,11 +68,12 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
             return answer?.ok_or(CheckoutError::OutcomeUnknown);
         }
     }
-    let Some(locked) = tx::lock_lines(&mut tx, req.lines.get()).await? else {
+    let Some((locked, verdict)) =
+        drops::lock_and_judge_one(&mut tx, (&req.user, req.lines.get()), false).await?
+    else {
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
     };
-    let verdict = drops::judge_one(&mut tx, (&req.user, req.lines.get()), false).await?;
     let refusal = match verdict.refusal() {
         Ok(refusal) => refusal,
         Err(not_started) => {
@@ -158,7 +159,7 @@ pub async fn place_many(db: &Db, reqs: &[CartRequest]) -> Vec<Result<Placed, Che
 
 /// One transaction for a batch of carts. It reads what their keys hold (one statement),
 /// locks every product they name in lock order (one statement), judges the carts in arrival
-/// order against what the earlier ones left (the drop rules: [`drops::judge`]), and
+/// order against what the earlier ones left (the drop rules: [`drops::lock_and_judge`]), and
 /// claims every key with its order or refusal, its lines and its units in one statement
 /// ([`stock::claim_carts`]), then commits once. Left to be placed alone (`None`): a repeat of
 /// an earlier cart's key in the batch (it is judged against what that cart wrote), a cart
@@ -245,43 +246,37 @@ async fn free_keys(
 type Judged = (usize, Option<(Refusal, CheckoutError)>);
 
 /// Locks every product the `open` carts name, in lock order, and judges each cart in arrival
-/// order against what the earlier ones that fit left ([`drops::judge`], one round trip). A
-/// cart with an unknown product is answered (`fates`); one not yet on sale too (nothing
-/// claimed); one with a limited product is left to be placed alone (its allowance counts the
-/// user's other orders, which this batch may be writing).
+/// order against what the earlier ones that fit left, in one statement
+/// ([`drops::lock_and_judge`]). A cart with an unknown product is answered (`fates`); one not
+/// yet on sale too (nothing claimed); one with a limited product is left to be placed alone
+/// (its allowance counts the user's other orders, which this batch may be writing).
 async fn judge(
     tx: &mut stock::Tx,
     reqs: &[CartRequest],
     open: &[usize],
     fates: &mut [Fate],
 ) -> Result<(Locked, Vec<Judged>), CheckoutError> {
-    let products: BTreeSet<&str> = open
-        .iter()
-        .flat_map(|&i| reqs[i].lines.get().iter().map(|(p, _)| p.as_str()))
-        .collect();
-    if products.is_empty() {
+    if open.is_empty() {
         return Ok((Locked::new(), vec![]));
     }
-    let locked = tx::lock(tx, &products.into_iter().collect::<Vec<_>>()).await?;
-    let mut batch = Vec::with_capacity(open.len());
-    for &i in open {
-        let lines = reqs[i].lines.get();
-        if lines.iter().any(|(p, _)| !locked.contains_key(p.as_str())) {
-            fates[i] = Some(Err(CheckoutError::ProductNotFound));
-        } else if lines
-            .iter()
-            .all(|(p, _)| locked[p.as_str()].limit.is_none())
-        {
-            batch.push(i);
-        }
-    }
-    let carts: Vec<drops::Lines<'_>> = batch
+    let carts: Vec<drops::Lines<'_>> = open
         .iter()
         .map(|&i| (&reqs[i].user, reqs[i].lines.get()))
         .collect();
-    let verdicts = drops::judge(tx, &carts, false).await?;
-    let mut judged = Vec::with_capacity(batch.len());
-    for (i, verdict) in batch.into_iter().zip(verdicts) {
+    let drops::Judged { locked, verdicts } = drops::lock_and_judge(tx, &carts, false, true).await?;
+    let mut judged = Vec::with_capacity(open.len());
+    for (&i, verdict) in open.iter().zip(verdicts) {
+        let lines = reqs[i].lines.get();
+        if lines.iter().any(|(p, _)| !locked.contains_key(p.as_str())) {
+            fates[i] = Some(Err(CheckoutError::ProductNotFound));
+            continue;
+        }
+        if lines
+            .iter()
+            .any(|(p, _)| locked[p.as_str()].limit.is_some())
+        {
+            continue;
+        }
         match verdict.refusal() {
             Err(not_started) => fates[i] = Some(Err(not_started)),
             Ok(refusal) => judged.push((i, refusal)),

@@ -4,7 +4,7 @@
 //! The rules are judged in ONE place, the SQL function `drop_verdict_v1` (migration
 //! `20261205000001_order_sql_v4.sql`): the order batch statement calls it for each request,
 //! the refusal claim for the window, and carts and holds through `lines_verdicts_v1`
-//! ([`judge`]) once their product rows are locked. A user's units are counted by
+//! ([`lock_and_judge`]) in the statement that locks their product rows. A user's units are counted by
 //! `customer_units_v2`, exact for a caller holding the product's row lock, because every take
 //! and return of the product's units locks that row first. Nothing here ever reads a replica;
 //! Rust only maps the verdict to its answer ([`Verdict::refusal`]).
@@ -16,7 +16,7 @@
 
 use super::error::CheckoutError;
 use super::error::Short;
-use super::tx::Tx;
+use super::tx::{Locked, LockedRow, Tx};
 use crate::domain::{ProductId, Quantity, UserId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -144,18 +144,27 @@ impl Verdict {
 /// A cart's (or a hold's) lines, each product once, and its user.
 pub(crate) type Lines<'a> = (&'a UserId, &'a [(ProductId, Quantity)]);
 
-/// The verdicts of `carts`, in order, on their locked product rows: `lines_verdicts_v1`, which
-/// judges each with `drop_verdict_v1` (the one home of the drop rules) against the stock the
-/// carts before it that fit left. `counted`: the user's count already includes these lines
-/// (a hold's own lines, written before the lock). One round trip however many carts.
-pub(crate) async fn judge(
+/// What locking a cart's (or several carts', or a hold's) products and judging them found.
+pub(crate) struct Judged {
+    /// The products' rows, locked (a product that does not exist is absent).
+    pub locked: Locked,
+    /// Each cart's verdict, in order. A cart naming an unknown product, or (in a batch) a
+    /// limited one, is not judged: [`Verdict::Fits`] here means nothing for it.
+    pub verdicts: Vec<Verdict>,
+}
+
+/// Locks every product `carts` name, in lock order, and judges each cart against the rows in
+/// the same statement (one round trip): `lines_verdicts_v1` locks them, then judges each cart
+/// with `drop_verdict_v1` (the one home of the drop rules) against the stock the carts before
+/// it that fit left. `counted`: the user's count
+/// already includes these lines (a hold's own lines, written before the lock). `batch`: a cart
+/// with a limited product is left out (it is placed alone).
+pub(crate) async fn lock_and_judge(
     tx: &mut Tx,
     carts: &[Lines<'_>],
     counted: bool,
-) -> Result<Vec<Verdict>, sqlx::Error> {
-    if carts.is_empty() {
-        return Ok(vec![]);
-    }
+    batch: bool,
+) -> Result<Judged, sqlx::Error> {
     let mut users = Vec::with_capacity(carts.len());
     let mut ends = Vec::with_capacity(carts.len());
     let (mut products, mut qty) = (vec![], vec![]);
@@ -167,16 +176,40 @@ pub(crate) async fn judge(
         }
         ends.push(i32::try_from(products.len()).unwrap_or(i32::MAX));
     }
-    let stated: Vec<Option<sqlx::types::Json<serde_json::Value>>> = sqlx::query_scalar(
-        "SELECT verdict FROM lines_verdicts_v1($1, $2, $3, $4, $5) ORDER BY cart",
+    type Row = (
+        Option<i32>,
+        Option<sqlx::types::Json<serde_json::Value>>,
+        Option<String>,
+        Option<i32>,
+        Option<i32>,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT cart, verdict, product_id, price_cents, max_per_customer \
+         FROM lines_verdicts_v1($1, $2, $3, $4, $5, $6) ORDER BY cart NULLS FIRST",
     )
     .bind(&users)
     .bind(&ends)
     .bind(&products)
     .bind(&qty)
     .bind(counted)
+    .bind(batch)
     .fetch_all(&mut **tx)
     .await?;
+    let mut locked = Locked::new();
+    let mut stated = Vec::with_capacity(carts.len());
+    for (cart, verdict, product, price, limit) in rows {
+        match (cart, product, price) {
+            (None, Some(product), Some(price)) => {
+                locked.insert(product, LockedRow { price, limit });
+            }
+            (Some(_), _, _) => stated.push(verdict),
+            _ => {
+                return Err(sqlx::Error::Protocol(
+                    "a row neither a product nor a cart".into(),
+                ));
+            }
+        }
+    }
     if stated.len() != carts.len() {
         return Err(sqlx::Error::Protocol(format!(
             "{} verdicts for {} carts",
@@ -184,23 +217,32 @@ pub(crate) async fn judge(
             carts.len()
         )));
     }
-    stated
+    let verdicts = stated
         .into_iter()
         .map(|v| Verdict::stated(v.map(|j| j.0)))
         .collect::<Result<_, _>>()
-        .map_err(|e| sqlx::Error::Decode(Box::new(e)))
+        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok(Judged { locked, verdicts })
 }
 
-/// The verdict of one cart's or hold's lines ([`judge`]).
-pub(crate) async fn judge_one(
+/// [`lock_and_judge`] for one cart or hold: its locked rows and its verdict, or `None` when
+/// one of its products does not exist.
+pub(crate) async fn lock_and_judge_one(
     tx: &mut Tx,
     cart: Lines<'_>,
     counted: bool,
-) -> Result<Verdict, sqlx::Error> {
-    judge(tx, &[cart], counted)
-        .await?
+) -> Result<Option<(Locked, Verdict)>, sqlx::Error> {
+    let Judged {
+        locked,
+        mut verdicts,
+    } = lock_and_judge(tx, &[cart], counted, false).await?;
+    if cart.1.iter().any(|(p, _)| !locked.contains_key(p.as_str())) {
+        return Ok(None);
+    }
+    let verdict = verdicts
         .pop()
-        .ok_or_else(|| sqlx::Error::Protocol("no verdict".into()))
+        .ok_or_else(|| sqlx::Error::Protocol("no verdict".into()))?;
+    Ok(Some((locked, verdict)))
 }
 
 /// `Retry-After` seconds for a sale that starts in `ms` (at least 1).

@@ -153,15 +153,13 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         tx.rollback().await?;
         return replay_committed(db, req).await;
     };
-    if super::tx::lock_lines(&mut tx, req.lines.get())
-        .await?
-        .is_none()
-    {
+    // The hold's own lines are written already: the user's count includes them.
+    let Some((_, verdict)) =
+        drops::lock_and_judge_one(&mut tx, (&req.user, req.lines.get()), true).await?
+    else {
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
-    }
-    // The hold's own lines are written already: the user's count includes them.
-    let verdict = drops::judge_one(&mut tx, (&req.user, req.lines.get()), true).await?;
+    };
     let refusal = match verdict.refusal() {
         Ok(refusal) => refusal,
         Err(not_started) => {

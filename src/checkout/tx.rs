@@ -2,7 +2,6 @@
 //! shares), and how it ends: wholly or not at all, and never with a guessed outcome.
 
 use super::error::CheckoutError;
-use crate::domain::{ProductId, Quantity};
 use std::collections::BTreeMap;
 use std::future::Future;
 
@@ -37,16 +36,6 @@ pub(crate) async fn lock(tx: &mut Tx, products: &[&str]) -> Result<Locked, sqlx:
     .fetch_all(&mut **tx)
     .await?;
     Ok(rows.into_iter().map(|r| (r.product_id, r.row)).collect())
-}
-
-/// Locks the lines' products ([`lock`]); `None` when one of them does not exist.
-pub(crate) async fn lock_lines(
-    tx: &mut Tx,
-    lines: &[(ProductId, Quantity)],
-) -> Result<Option<Locked>, sqlx::Error> {
-    let products: Vec<&str> = lines.iter().map(|(p, _)| p.as_str()).collect();
-    let locked = lock(tx, &products).await?;
-    Ok((locked.len() == products.len()).then_some(locked))
 }
 
 /// Runs `work` in a task of its own and awaits it: a client that hangs up (dropping the
