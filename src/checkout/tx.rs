@@ -12,7 +12,7 @@ pub(crate) type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 pub(crate) type Locked = BTreeMap<String, LockedRow>;
 
 /// What a transaction holding a product's row lock takes from it (the drop rules read the
-/// rest themselves: `drops::judge`).
+/// rest themselves: `drops::lock_and_judge`).
 #[derive(Debug, Clone, Copy, sqlx::FromRow)]
 pub(crate) struct LockedRow {
     pub price: i32,
