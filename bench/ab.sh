@@ -21,7 +21,9 @@
 #
 # Environment: PAIRS (default 3), BENCH_SECONDS (per turn, default 6), AB_PORT (default
 # 18280), STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (as for ./dev), AB_FRESH, AB_LOAD (hot),
-# AB_NOTE (a line for the file).
+# AB_NOTE (a line for the file), AB_LOCATIONS / AB_LOCATIONS_B (with AB_FRESH: each product's
+# stock spread over that many locations, for both sides or for B only; a binary with
+# locations only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -63,6 +65,20 @@ trap cleanup EXIT
 
 URL="http://$STOCKGATE_LISTEN"
 
+# spread_over_locations DB N: moves every product's stock from `default` to N new locations
+# ranked before it (loc-1 first), a share each (a binary with locations only).
+spread_over_locations() {
+  psql "$1" -q -v ON_ERROR_STOP=1 <<SQL
+SET stockgate.levels = 'on';
+INSERT INTO locations (location_id, name, rank) SELECT 'loc-' || g, 'bench ' || g, g FROM generate_series(1, $2) g;
+INSERT INTO stock_levels (product_id, location_id, available_quantity)
+  SELECT s.product_id, 'loc-' || g, s.available_quantity / $2
+    FROM stock_levels s, generate_series(1, $2) g WHERE s.location_id = 'default';
+UPDATE stock_levels SET available_quantity = 0 WHERE location_id = 'default';
+UPDATE products p SET available_quantity = (SELECT sum(available_quantity) FROM stock_levels s WHERE s.product_id = p.product_id);
+SQL
+}
+
 # turn SIDE BINARY: one measured run; appends "side orders/s p50 p99 batch queue-p99
 # batch-p99" to $work/rows (the last two "-" for a binary without those histograms)
 turn() {
@@ -71,6 +87,9 @@ turn() {
     db="ab_$(date -u +%H%M%S)_${1,,}"
     BIN="$2" new_unanalyzed_db "$db"
     psql "$BASE_URL/$db" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) $products"
+    local spread="${AB_LOCATIONS:-}"
+    [ "$1" = B ] && [ -n "${AB_LOCATIONS_B:-}" ] && spread="$AB_LOCATIONS_B"
+    [ -z "$spread" ] || spread_over_locations "$BASE_URL/$db" "$spread"
     env=(DATABASE_URL="$BASE_URL/$db" STOCKGATE_REPLICA_URLS="$(replicas_on "$REPLICAS" "$db")")
   fi
   env "${env[@]}" "$2" serve >"$work/serve.log" 2>&1 &

@@ -73,6 +73,71 @@ macro_rules! ident_type {
 
 ident_type!(ProductId, "INVALID_PRODUCT_ID", "product_id");
 ident_type!(UserId, "INVALID_USER_ID", "user_id");
+ident_type!(LocationId, "INVALID_LOCATION_ID", "location_id");
+
+/// Where a request may take its units from: 1–50 locations, each once, in the client's order
+/// of preference (the order matters: it is the order of choice). Empty: every active
+/// location, in rank order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Locations(Vec<LocationId>);
+
+impl Locations {
+    pub const MAX: usize = 50;
+
+    /// `None` (the field absent): every active location.
+    pub fn parse(given: Option<&[String]>) -> Result<Self, Invalid> {
+        let Some(given) = given else {
+            return Ok(Locations::default());
+        };
+        if given.is_empty() || given.len() > Self::MAX {
+            return Err(invalid(
+                "INVALID_LOCATIONS",
+                format!("locations must name 1 to {} locations", Self::MAX),
+            ));
+        }
+        let mut parsed: Vec<LocationId> = Vec::with_capacity(given.len());
+        for l in given {
+            let id = LocationId::parse(l)?;
+            if parsed.contains(&id) {
+                return Err(invalid(
+                    "DUPLICATE_LOCATION",
+                    format!("location {id} appears twice; name each location once"),
+                ));
+            }
+            parsed.push(id);
+        }
+        Ok(Locations(parsed))
+    }
+
+    pub fn get(&self) -> &[LocationId] {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// What "the same locations" means for idempotency: "" when none is named (so a body
+    /// without the field fingerprints as it always did), else "@a,b" in the client's order.
+    pub fn fingerprint(&self) -> String {
+        if self.0.is_empty() {
+            return String::new();
+        }
+        let names: Vec<&str> = self.0.iter().map(LocationId::as_str).collect();
+        format!("@{}", names.join(","))
+    }
+}
+
+/// Where units of an order, a cart or a hold came from (and go back to).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Allocation {
+    #[schema(value_type = String)]
+    pub product_id: ProductId,
+    #[schema(value_type = String)]
+    pub location_id: LocationId,
+    #[schema(minimum = 1)]
+    pub quantity: i32,
+}
 
 /// An order quantity: 1 to 10,000.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

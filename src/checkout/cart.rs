@@ -19,7 +19,7 @@ use super::stock;
 use super::tx::Locked;
 use super::tx::commit;
 use crate::batching::{BATCH_LIMIT, answer, gather};
-use crate::domain::{IdempotencyKey, Lines, ProductId, UserId};
+use crate::domain::{Allocation, IdempotencyKey, Lines, Locations, ProductId, UserId};
 use crate::metrics::Metrics;
 use crate::routing::Db;
 use std::sync::Arc;
@@ -35,12 +35,19 @@ pub struct CartRequest {
     pub user: UserId,
     pub lines: Lines,
     pub key: IdempotencyKey,
+    /// Where it may take from (empty: every active location).
+    pub locations: Locations,
 }
 
 impl CartRequest {
-    /// What "the same body" means for a cart: its lines, in product order.
+    /// What "the same body" means for a cart: its lines, in product order, and the locations
+    /// it names (none: as before locations).
     pub(crate) fn fingerprint(&self) -> String {
-        format!("cart:{}", self.lines.fingerprint())
+        format!(
+            "cart:{}{}",
+            self.lines.fingerprint(),
+            self.locations.fingerprint()
+        )
     }
 }
 
@@ -68,8 +75,9 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
             return answer?.ok_or(CheckoutError::OutcomeUnknown);
         }
     }
-    let Some((locked, verdict)) =
-        drops::lock_and_judge_one(&mut tx, (&req.user, req.lines.get()), false).await?
+    let Some((locked, verdict, allocations)) =
+        drops::lock_and_judge_one(&mut tx, (&req.user, req.lines.get(), &req.locations), false)
+            .await?
     else {
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
@@ -82,7 +90,7 @@ pub async fn place(db: &Db, req: &CartRequest) -> Result<Placed, CheckoutError> 
             return Err(not_started);
         }
     };
-    let claim = claim_of(req, &locked, refusal.as_ref().map(|(r, _)| r));
+    let claim = claim_of(req, &locked, refusal.as_ref().map(|(r, _)| r), allocations);
     let claimed = stock::claim_carts(&mut tx, &[claim]).await?;
     let Some(order) = claimed.orders.into_iter().next() else {
         // A concurrent request with this key committed first: answer as it did.
@@ -109,6 +117,7 @@ fn claim_of<'a>(
     req: &'a CartRequest,
     locked: &Locked,
     refusal: Option<&'a Refusal>,
+    allocations: Vec<Allocation>,
 ) -> CartClaim<'a> {
     let lines = match refusal {
         Some(_) => vec![],
@@ -131,6 +140,10 @@ fn claim_of<'a>(
             total(req, locked)
         },
         lines,
+        allocations: match refusal {
+            Some(_) => vec![],
+            None => allocations,
+        },
     }
 }
 
@@ -176,7 +189,14 @@ async fn seat(db: &Db, reqs: &[CartRequest]) -> Result<Vec<Fate>, CheckoutError>
     }
     let claims: Vec<CartClaim<'_>> = judged
         .iter()
-        .map(|(i, refusal)| claim_of(&reqs[*i], &locked, refusal.as_ref().map(|(r, _)| r)))
+        .map(|(i, refusal, allocations)| {
+            claim_of(
+                &reqs[*i],
+                &locked,
+                refusal.as_ref().map(|(r, _)| r),
+                allocations.clone(),
+            )
+        })
         .collect();
     let claimed = stock::claim_carts(&mut tx, &claims).await?;
     if !claimed.guards_held {
@@ -197,7 +217,7 @@ async fn seat(db: &Db, reqs: &[CartRequest]) -> Result<Vec<Fate>, CheckoutError>
         .map(|o| (o.order_id, o))
         .collect();
     let committed = commit(tx).await;
-    for ((i, refusal), claim) in judged.iter().zip(&claims) {
+    for ((i, refusal, _), claim) in judged.iter().zip(&claims) {
         let Some(order) = orders.remove(&claim.order_id) else {
             continue;
         };
@@ -241,9 +261,9 @@ async fn free_keys(
     Ok(open)
 }
 
-/// A cart's verdict in its batch: take its lines (`None`), or claim its key with this refusal
-/// and give this answer.
-type Judged = (usize, Option<(Refusal, CheckoutError)>);
+/// A cart's verdict in its batch: take its lines (`None`) from where its allocations say, or
+/// claim its key with this refusal and give this answer.
+type Judged = (usize, Option<(Refusal, CheckoutError)>, Vec<Allocation>);
 
 /// Locks every product the `open` carts name, in lock order, and judges each cart in arrival
 /// order against what the earlier ones that fit left, in one statement
@@ -261,11 +281,15 @@ async fn judge(
     }
     let carts: Vec<drops::Lines<'_>> = open
         .iter()
-        .map(|&i| (&reqs[i].user, reqs[i].lines.get()))
+        .map(|&i| (&reqs[i].user, reqs[i].lines.get(), &reqs[i].locations))
         .collect();
-    let drops::Judged { locked, verdicts } = drops::lock_and_judge(tx, &carts, false, true).await?;
+    let drops::Judged {
+        locked,
+        verdicts,
+        allocations,
+    } = drops::lock_and_judge(tx, &carts, false, true).await?;
     let mut judged = Vec::with_capacity(open.len());
-    for (&i, verdict) in open.iter().zip(verdicts) {
+    for ((&i, verdict), allocations) in open.iter().zip(verdicts).zip(allocations) {
         let lines = reqs[i].lines.get();
         if lines.iter().any(|(p, _)| !locked.contains_key(p.as_str())) {
             fates[i] = Some(Err(CheckoutError::ProductNotFound));
@@ -279,7 +303,7 @@ async fn judge(
         }
         match verdict.refusal() {
             Err(not_started) => fates[i] = Some(Err(not_started)),
-            Ok(refusal) => judged.push((i, refusal)),
+            Ok(refusal) => judged.push((i, refusal, allocations)),
         }
     }
     Ok((locked, judged))

@@ -2,8 +2,8 @@
 //! the transaction that takes the stock (the contract's "Flash drops").
 //!
 //! The rules are judged in ONE place, the SQL function `drop_verdict_v1` (migration
-//! `20261205000001_order_sql_v4.sql`): the order batch statement calls it for each request,
-//! the refusal claim for the window, and carts and holds through `lines_verdicts_v1`
+//! `20261205000002_locations.sql`): the order batch statement calls it for each request,
+//! the refusal claim for the window, and carts and holds through `lines_verdicts_v2`
 //! ([`lock_and_judge`]) in the statement that locks their product rows. A user's units are counted by
 //! `customer_units_v2`, exact for a caller holding the product's row lock, because every take
 //! and return of the product's units locks that row first. Nothing here ever reads a replica;
@@ -17,7 +17,7 @@
 use super::error::CheckoutError;
 use super::error::Short;
 use super::tx::{Locked, LockedRow, Tx};
-use crate::domain::{ProductId, Quantity, UserId};
+use crate::domain::{Allocation, Locations, ProductId, Quantity, UserId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -141,8 +141,8 @@ impl Verdict {
     }
 }
 
-/// A cart's (or a hold's) lines, each product once, and its user.
-pub(crate) type Lines<'a> = (&'a UserId, &'a [(ProductId, Quantity)]);
+/// A cart's (or a hold's) user, lines (each product once) and the locations it may take from.
+pub(crate) type Lines<'a> = (&'a UserId, &'a [(ProductId, Quantity)], &'a Locations);
 
 /// What locking a cart's (or several carts', or a hold's) products and judging them found.
 pub(crate) struct Judged {
@@ -151,12 +151,25 @@ pub(crate) struct Judged {
     /// Each cart's verdict, in order. A cart naming an unknown product, or (in a batch) a
     /// limited one, is not judged: [`Verdict::Fits`] here means nothing for it.
     pub verdicts: Vec<Verdict>,
+    /// Where each cart that fits takes its units from (`allocate_v1`, against what the carts
+    /// before it took); empty for any other.
+    pub allocations: Vec<Vec<Allocation>>,
 }
 
+/// A row of `lines_verdicts_v2`: (cart, verdict, product, price, limit, allocations).
+type JudgedRow = (
+    Option<i32>,
+    Option<sqlx::types::Json<serde_json::Value>>,
+    Option<String>,
+    Option<i32>,
+    Option<i32>,
+    Option<sqlx::types::Json<Vec<Allocation>>>,
+);
+
 /// Locks every product `carts` name, in lock order, and judges each cart against the rows in
-/// the same statement (one round trip): `lines_verdicts_v1` locks them, then judges each cart
+/// the same statement (one round trip): `lines_verdicts_v2` locks them, then judges each cart
 /// with `drop_verdict_v1` (the one home of the drop rules) against the stock the carts before
-/// it that fit left. `counted`: the user's count
+/// it that fit left, and allocates each that fits (`allocate_v1`). `counted`: the user's count
 /// already includes these lines (a hold's own lines, written before the lock). `batch`: a cart
 /// with a limited product is left out (it is placed alone).
 pub(crate) async fn lock_and_judge(
@@ -168,24 +181,20 @@ pub(crate) async fn lock_and_judge(
     let mut users = Vec::with_capacity(carts.len());
     let mut ends = Vec::with_capacity(carts.len());
     let (mut products, mut qty) = (vec![], vec![]);
-    for (user, lines) in carts {
+    let (mut locs, mut loc_ends) = (vec![], vec![]);
+    for (user, lines, locations) in carts {
         users.push(user.as_str());
         for (p, q) in *lines {
             products.push(p.as_str());
             qty.push(q.get());
         }
         ends.push(i32::try_from(products.len()).unwrap_or(i32::MAX));
+        locs.extend(locations.get().iter().map(|l| l.as_str()));
+        loc_ends.push(i32::try_from(locs.len()).unwrap_or(i32::MAX));
     }
-    type Row = (
-        Option<i32>,
-        Option<sqlx::types::Json<serde_json::Value>>,
-        Option<String>,
-        Option<i32>,
-        Option<i32>,
-    );
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT cart, verdict, product_id, price_cents, max_per_customer \
-         FROM lines_verdicts_v1($1, $2, $3, $4, $5, $6) ORDER BY cart NULLS FIRST",
+    let rows: Vec<JudgedRow> = sqlx::query_as(
+        "SELECT cart, verdict, product_id, price_cents, max_per_customer, allocations \
+         FROM lines_verdicts_v2($1, $2, $3, $4, $5, $6, $7, $8) ORDER BY cart NULLS FIRST",
     )
     .bind(&users)
     .bind(&ends)
@@ -193,16 +202,28 @@ pub(crate) async fn lock_and_judge(
     .bind(&qty)
     .bind(counted)
     .bind(batch)
+    .bind(&locs)
+    .bind(&loc_ends)
     .fetch_all(&mut **tx)
     .await?;
+    judged(rows, carts.len())
+}
+
+/// [`lock_and_judge`]'s rows: the locked products first (`cart` NULL), then each cart's
+/// verdict and allocations, in order.
+fn judged(rows: Vec<JudgedRow>, carts: usize) -> Result<Judged, sqlx::Error> {
     let mut locked = Locked::new();
-    let mut stated = Vec::with_capacity(carts.len());
-    for (cart, verdict, product, price, limit) in rows {
+    let mut stated = Vec::with_capacity(carts);
+    let mut allocations = Vec::with_capacity(carts);
+    for (cart, verdict, product, price, limit, allocated) in rows {
         match (cart, product, price) {
             (None, Some(product), Some(price)) => {
                 locked.insert(product, LockedRow { price, limit });
             }
-            (Some(_), _, _) => stated.push(verdict),
+            (Some(_), _, _) => {
+                stated.push(verdict);
+                allocations.push(allocated.map(|a| a.0).unwrap_or_default());
+            }
             _ => {
                 return Err(sqlx::Error::Protocol(
                     "a row neither a product nor a cart".into(),
@@ -210,11 +231,11 @@ pub(crate) async fn lock_and_judge(
             }
         }
     }
-    if stated.len() != carts.len() {
+    if stated.len() != carts {
         return Err(sqlx::Error::Protocol(format!(
             "{} verdicts for {} carts",
             stated.len(),
-            carts.len()
+            carts
         )));
     }
     let verdicts = stated
@@ -222,7 +243,11 @@ pub(crate) async fn lock_and_judge(
         .map(|v| Verdict::stated(v.map(|j| j.0)))
         .collect::<Result<_, _>>()
         .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-    Ok(Judged { locked, verdicts })
+    Ok(Judged {
+        locked,
+        verdicts,
+        allocations,
+    })
 }
 
 /// [`lock_and_judge`] for one cart or hold: its locked rows and its verdict, or `None` when
@@ -231,10 +256,11 @@ pub(crate) async fn lock_and_judge_one(
     tx: &mut Tx,
     cart: Lines<'_>,
     counted: bool,
-) -> Result<Option<(Locked, Verdict)>, sqlx::Error> {
+) -> Result<Option<(Locked, Verdict, Vec<Allocation>)>, sqlx::Error> {
     let Judged {
         locked,
         mut verdicts,
+        mut allocations,
     } = lock_and_judge(tx, &[cart], counted, false).await?;
     if cart.1.iter().any(|(p, _)| !locked.contains_key(p.as_str())) {
         return Ok(None);
@@ -242,7 +268,11 @@ pub(crate) async fn lock_and_judge_one(
     let verdict = verdicts
         .pop()
         .ok_or_else(|| sqlx::Error::Protocol("no verdict".into()))?;
-    Ok(Some((locked, verdict)))
+    Ok(Some((
+        locked,
+        verdict,
+        allocations.pop().unwrap_or_default(),
+    )))
 }
 
 /// `Retry-After` seconds for a sale that starts in `ms` (at least 1).

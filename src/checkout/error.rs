@@ -43,6 +43,9 @@ pub enum CheckoutError {
     SaleEnded,
     #[error("no such hold")]
     HoldNotFound,
+    /// A body or query named a location that does not exist; nothing was written.
+    #[error("no location {0}")]
+    UnknownLocation(String),
     #[error("the hold expired; its units went back")]
     HoldExpired,
     #[error("the hold was released; its units went back")]

@@ -16,7 +16,9 @@ use super::order::{Order, order_columns, with_lines};
 use super::status::HoldStatus;
 use super::stock;
 use super::tx::commit;
-use crate::domain::{HoldTtl, IdempotencyKey, Lines, ProductId, Quantity, UserId};
+use crate::domain::{
+    Allocation, HoldTtl, IdempotencyKey, Lines, Locations, ProductId, Quantity, UserId,
+};
 use crate::routing::Db;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -31,11 +33,18 @@ pub struct HoldRequest {
     pub lines: Lines,
     pub ttl: HoldTtl,
     pub key: IdempotencyKey,
+    /// Where it may take from (empty: every active location).
+    pub locations: Locations,
 }
 
 impl HoldRequest {
     fn fingerprint(&self) -> String {
-        format!("hold:{}:{}", self.ttl.secs(), self.lines.fingerprint())
+        format!(
+            "hold:{}:{}{}",
+            self.ttl.secs(),
+            self.lines.fingerprint(),
+            self.locations.fingerprint()
+        )
     }
 }
 
@@ -52,6 +61,9 @@ pub struct Hold {
     pub order_id: Option<Uuid>,
     #[sqlx(skip)]
     pub lines: Vec<HoldLine>,
+    /// Where its units came from (and go back to, or stay as the order's).
+    #[sqlx(json)]
+    pub allocations: Vec<Allocation>,
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -65,11 +77,16 @@ pub struct HoldLine {
 impl Hold {
     /// The products of its lines.
     pub(crate) fn products(&self) -> Vec<ProductId> {
-        self.units().into_iter().map(|(p, _)| p).collect()
+        self.lines.iter().map(|l| l.product_id.clone()).collect()
     }
 
     /// The hold [`take`] just wrote.
-    fn taken(hold_id: Uuid, req: &HoldRequest, expires_at: DateTime<Utc>) -> Hold {
+    fn taken(
+        hold_id: Uuid,
+        req: &HoldRequest,
+        expires_at: DateTime<Utc>,
+        allocations: Vec<Allocation>,
+    ) -> Hold {
         Hold {
             hold_id,
             user_id: req.user.clone(),
@@ -85,14 +102,8 @@ impl Hold {
                     quantity: *quantity,
                 })
                 .collect(),
+            allocations,
         }
-    }
-
-    fn units(&self) -> Vec<(ProductId, i32)> {
-        self.lines
-            .iter()
-            .map(|l| (l.product_id.clone(), l.quantity.get()))
-            .collect()
     }
 }
 
@@ -103,7 +114,7 @@ async fn load(tx: &mut Tx, hold_id: Uuid, lock: bool) -> Result<Option<Hold>, sq
         () => {
             "SELECT hold_id, user_id, \
              CASE WHEN status = 'held' AND expires_at <= clock_timestamp() THEN 'expired' ELSE status END AS status, \
-             expires_at, order_id FROM holds WHERE hold_id = $1 AND status <> 'refused'"
+             expires_at, order_id, allocations FROM holds WHERE hold_id = $1 AND status <> 'refused'"
         };
     }
     let sql = if lock {
@@ -154,8 +165,9 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         return replay_committed(db, req).await;
     };
     // The hold's own lines are written already: the user's count includes them.
-    let Some((_, verdict)) =
-        drops::lock_and_judge_one(&mut tx, (&req.user, req.lines.get()), true).await?
+    let Some((_, verdict, allocations)) =
+        drops::lock_and_judge_one(&mut tx, (&req.user, req.lines.get(), &req.locations), true)
+            .await?
     else {
         tx.rollback().await?;
         return Err(CheckoutError::ProductNotFound);
@@ -173,12 +185,17 @@ pub async fn take(db: &Db, req: &HoldRequest) -> Result<(Hold, bool), CheckoutEr
         commit(tx).await?;
         return Err(answer);
     }
-    if !stock::take(&mut tx, &lines).await? {
+    if !stock::take(&mut tx, &allocations).await? {
         tx.rollback().await?;
         return Err(CheckoutError::OutcomeUnknown);
     }
+    sqlx::query("UPDATE holds SET allocations = $2 WHERE hold_id = $1")
+        .bind(hold_id)
+        .bind(sqlx::types::Json(&allocations))
+        .execute(&mut *tx)
+        .await?;
     commit(tx).await?;
-    Ok((Hold::taken(hold_id, req, expires_at), true))
+    Ok((Hold::taken(hold_id, req, expires_at, allocations), true))
 }
 
 /// Claims the request's key with a `held` hold and its lines, in one statement (lines of a
@@ -344,9 +361,8 @@ async fn end(tx: &mut Tx, hold: &Hold, status: HoldStatus) -> Result<Vec<Product
     if changed.rows_affected() == 0 {
         return Ok(vec![]);
     }
-    let units = hold.units();
-    stock::give_back(tx, &units).await?;
-    Ok(units.into_iter().map(|(p, _)| p).collect())
+    stock::give_back(tx, &hold.allocations).await?;
+    Ok(hold.products())
 }
 
 /// Returns the units of up to `limit` holds past their `expires_at`: how many holds ended,
@@ -354,29 +370,22 @@ async fn end(tx: &mut Tx, hold: &Hold, status: HoldStatus) -> Result<Vec<Product
 /// takes the due holds no one else has locked.
 pub async fn expire_due(db: &Db, limit: i64) -> Result<(usize, Vec<ProductId>), CheckoutError> {
     let mut tx = db.primary().begin().await?;
-    let due: Vec<(Uuid, String, i32)> = sqlx::query_as(
+    let due: Vec<(Uuid, sqlx::types::Json<Vec<Allocation>>)> = sqlx::query_as(
         "WITH due AS (SELECT hold_id FROM holds WHERE status = 'held' AND expires_at <= clock_timestamp() \
-                      ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
-              ended AS (UPDATE holds h SET status = 'expired', ended_at = clock_timestamp() \
-                        FROM due WHERE h.hold_id = due.hold_id RETURNING h.hold_id) \
-         SELECT e.hold_id, l.product_id, l.quantity FROM ended e \
-         CROSS JOIN LATERAL (SELECT product_id, quantity FROM hold_lines WHERE hold_id = e.hold_id OFFSET 0) l",
+                      ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         UPDATE holds h SET status = 'expired', ended_at = clock_timestamp() \
+           FROM due WHERE h.hold_id = due.hold_id RETURNING h.hold_id, h.allocations",
     )
     .bind(limit)
     .fetch_all(&mut *tx)
     .await?;
-    let units: Vec<(ProductId, i32)> = due
-        .iter()
-        .filter_map(|(_, p, q)| Some((ProductId::parse(p).ok()?, *q)))
-        .collect();
+    let units: Vec<Allocation> = due.iter().flat_map(|(_, a)| a.0.clone()).collect();
     if !units.is_empty() {
         stock::give_back(&mut tx, &units).await?;
     }
     commit(tx).await?;
-    let mut ended: Vec<Uuid> = due.iter().map(|(h, _, _)| *h).collect();
-    ended.sort();
-    ended.dedup();
-    let mut products: Vec<ProductId> = units.into_iter().map(|(p, _)| p).collect();
+    let ended: Vec<Uuid> = due.iter().map(|(h, _)| *h).collect();
+    let mut products: Vec<ProductId> = units.into_iter().map(|a| a.product_id).collect();
     products.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     products.dedup();
     Ok((ended.len(), products))
@@ -430,8 +439,8 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
     let single = (hold.lines.len() == 1).then(|| &hold.lines[0]);
     let order_id = super::order::new_row_id();
     sqlx::query(
-        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) \
-         VALUES ($1, $2, $3, $4, $5, $6, 'confirmed', NULL, NULL)",
+        "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, allocations) \
+         VALUES ($1, $2, $3, $4, $5, $6, 'confirmed', NULL, NULL, $7)",
     )
     .bind(order_id)
     .bind(single.map(|l| l.product_id.as_str()))
@@ -439,6 +448,7 @@ async fn order_from(tx: &mut Tx, hold: &Hold) -> Result<Order, sqlx::Error> {
     .bind(single.map(|l| l.quantity.get()))
     .bind(single.map_or(0, |l| price(l.product_id.as_str())))
     .bind(total)
+    .bind(sqlx::types::Json(&hold.allocations))
     .execute(&mut **tx)
     .await?;
     if single.is_none() {

@@ -23,6 +23,7 @@ mod error;
 mod gate_cache;
 mod holds;
 mod idempotency;
+mod locations;
 mod order;
 mod orders;
 mod rate_limit;
@@ -34,20 +35,22 @@ mod tx;
 
 pub use cart::CartRequest;
 pub(crate) use drops::rule_columns;
-pub use drops::{Rules, retry_after_secs};
+pub use drops::{Rules, Window, retry_after_secs};
 pub use error::{CheckoutError, Short};
 pub use holds::{Hold, HoldRequest};
+pub use locations::Location;
 pub use order::{ORDER_COLUMNS, Order, OrderBody, OrderLine, OrderRequest, Placed, Shape};
 pub(crate) use order::{order_columns, with_lines};
 pub use rate_limit::RateLimiter;
 pub use status::{HoldStatus, OrderStatus};
 pub use stock::Stocked;
+pub use stock::levels::{Level, Transfer, TransferRequest};
 pub use sweeper::SweeperGuard;
 pub(crate) use tx::commit;
 use tx::whole_or_none;
 
 use crate::clock::Clock;
-use crate::domain::{IdempotencyKey, ProductId};
+use crate::domain::{IdempotencyKey, LocationId, ProductId};
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
 use crate::routing::{Db, DbError, ReadCtx};
@@ -68,6 +71,7 @@ pub struct Checkout {
     /// Per-user token buckets (orders per second), when a limit is configured.
     limiter: Option<Arc<RateLimiter>>,
     refusals: refusals::Refusals,
+    known: locations::Known,
 }
 
 /// How orders are batched (`STOCKGATE_ORDER_BATCH_MAX`, `STOCKGATE_ORDER_BATCH_WINDOW_US`).
@@ -110,6 +114,7 @@ impl Checkout {
             carts,
             limiter,
             refusals,
+            known: locations::Known::default(),
         }
     }
 
@@ -211,7 +216,11 @@ impl Checkout {
             Err(CheckoutError::LimitExceeded { .. }) => "limit_exceeded",
             Err(CheckoutError::SaleNotStarted { .. }) => "sale_not_started",
             Err(CheckoutError::SaleEnded) => "sale_ended",
-            Err(CheckoutError::ProductNotFound | CheckoutError::OrderNotFound) => "not_found",
+            Err(
+                CheckoutError::ProductNotFound
+                | CheckoutError::OrderNotFound
+                | CheckoutError::UnknownLocation(_),
+            ) => "not_found",
             Err(CheckoutError::RateLimited) => "rate_limited",
             Err(CheckoutError::OutcomeUnknown) => "outcome_unknown",
             Err(
@@ -348,12 +357,7 @@ impl Checkout {
             };
             let order = with_lines(&mut *tx, order).await?;
             if now_cancelled {
-                let returned: Vec<(ProductId, i32)> = order
-                    .lines
-                    .iter()
-                    .map(|l| (l.product_id.clone(), l.quantity.get()))
-                    .collect();
-                stock::give_back(&mut tx, &returned).await?;
+                stock::give_back(&mut tx, &order.allocations).await?;
             }
             commit(tx).await?;
             if now_cancelled {
@@ -364,18 +368,27 @@ impl Checkout {
         .await
     }
 
-    /// Adds `quantity` to a product's stock, exactly once per `key`: the same key with the
-    /// same body answers what the first restock did and adds nothing; with another body
-    /// it is refused. Every restock is recorded in `restocks`, whose unique key is the claim.
+    /// Adds `quantity` to a product's stock at `location`, exactly once per `key`: the same
+    /// key with the same body answers what the first restock did and adds nothing; with
+    /// another body it is refused. Every restock is recorded in `restocks`, whose unique key
+    /// is the claim.
     pub async fn restock(
         &self,
         product: &ProductId,
+        location: &LocationId,
         quantity: i32,
         key: Option<&IdempotencyKey>,
     ) -> Result<Stocked, CheckoutError> {
-        let fingerprint = format!("{product}:{quantity}");
+        self.known
+            .check(&self.db, std::slice::from_ref(location))
+            .await?;
+        // A restock at `default` fingerprints as it did before locations.
+        let fingerprint = match location.as_str() {
+            "default" => format!("{product}:{quantity}"),
+            at => format!("{product}:{quantity}@{at}"),
+        };
         let this = self.clone();
-        let (product, key) = (product.clone(), key.cloned());
+        let (product, location, key) = (product.clone(), location.clone(), key.cloned());
         whole_or_none(async move {
             // A second round only when a concurrent restock with this key won the claim.
             for _ in 0..2 {
@@ -385,8 +398,15 @@ impl Checkout {
                     return Ok(done);
                 }
                 let mut tx = this.db.primary().begin().await?;
-                let Some((stocked, claimed)) =
-                    stock::restock(&mut tx, &product, quantity, key.as_ref(), &fingerprint).await?
+                let Some((stocked, claimed)) = stock::restock(
+                    &mut tx,
+                    &product,
+                    &location,
+                    quantity,
+                    key.as_ref(),
+                    &fingerprint,
+                )
+                .await?
                 else {
                     return Err(CheckoutError::ProductNotFound);
                 };

@@ -1,7 +1,7 @@
 //! What an order is: its row, its lines, its status, and the request that places one.
 
 use super::status::OrderStatus;
-use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
+use crate::domain::{Allocation, IdempotencyKey, Locations, ProductId, Quantity, UserId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
@@ -10,7 +10,7 @@ use uuid::Uuid;
 /// macro, so queries stay string literals).
 macro_rules! order_columns {
     () => {
-        "order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at, unit_price_cents"
+        "order_id, product_id, quantity, user_id, status, total_cents, created_at, cancelled_at, unit_price_cents, allocations"
     };
 }
 pub(crate) use order_columns;
@@ -44,6 +44,8 @@ pub struct Order {
     pub(crate) unit_price_cents: i32,
     /// Every line of the order (a single-line order has one).
     pub lines: Vec<OrderLine>,
+    /// Where every unit came from (none for a refusal), as the row states it.
+    pub allocations: Vec<Allocation>,
 }
 
 /// What an order's row says it is for.
@@ -84,6 +86,9 @@ impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Order {
             cancelled_at: row.try_get("cancelled_at")?,
             unit_price_cents: row.try_get("unit_price_cents")?,
             lines: vec![],
+            allocations: row
+                .try_get::<sqlx::types::Json<Vec<Allocation>>, _>("allocations")?
+                .0,
         })
     }
 }
@@ -162,6 +167,8 @@ pub struct OrderBody {
     cancelled_at: Option<DateTime<Utc>>,
     /// Every line of the order (a single-line order has one).
     lines: Vec<OrderLine>,
+    /// Where every unit came from: each line's units by location.
+    allocations: Vec<Allocation>,
 }
 
 impl From<Order> for OrderBody {
@@ -183,6 +190,7 @@ impl From<Order> for OrderBody {
             created_at: o.created_at,
             cancelled_at: o.cancelled_at,
             lines: o.lines,
+            allocations: o.allocations,
         }
     }
 }
@@ -244,12 +252,20 @@ pub struct OrderRequest {
     pub product: ProductId,
     pub quantity: Quantity,
     pub key: IdempotencyKey,
+    /// Where it may take from (empty: every active location).
+    pub locations: Locations,
 }
 
 impl OrderRequest {
-    /// What "the same body" means for idempotency.
+    /// What "the same body" means for idempotency (the locations named, when any, are part
+    /// of it; a body naming none fingerprints as it always did).
     pub(crate) fn fingerprint(&self) -> String {
-        format!("{}:{}", self.product, self.quantity.get())
+        format!(
+            "{}:{}{}",
+            self.product,
+            self.quantity.get(),
+            self.locations.fingerprint()
+        )
     }
 
     /// The (user, key) this request is idempotent under.

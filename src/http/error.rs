@@ -291,6 +291,9 @@ impl From<CheckoutError> for ApiError {
                 "the sale for this product has ended; nothing was taken",
             ),
             CheckoutError::HoldNotFound => ApiError::not_found("HOLD_NOT_FOUND", "no such hold"),
+            CheckoutError::UnknownLocation(id) => {
+                ApiError::invalid("UNKNOWN_LOCATION", format!("there is no location {id}"))
+            }
             CheckoutError::HoldExpired => ApiError::conflict(
                 "HOLD_EXPIRED",
                 "the hold expired before it was confirmed; its units went back",

@@ -35,6 +35,10 @@ struct NewHold {
     /// Admin tokens name the user they hold for; user tokens may omit it.
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$")]
     user_id: Option<String>,
+    /// Where the hold may take from, in order of preference (1–50, each once); absent: every
+    /// active location, in rank order. Part of the body for idempotency.
+    #[schema(schema_with = super::orders::locations_schema)]
+    locations: Option<Vec<String>>,
 }
 
 fn hold_lines() -> utoipa::openapi::schema::ArrayBuilder {
@@ -77,6 +81,8 @@ async fn take(
     let key = super::required_key(&headers)?;
     let user = super::acting_user(&caller, body.user_id.as_deref(), "take holds")?;
     let lines = parse_lines(&body.lines)?;
+    let locations = crate::domain::Locations::parse(body.locations.as_deref())?;
+    state.checkout.known_locations(&locations).await?;
     let ttl = match &body.ttl_s {
         Some(n) => HoldTtl::parse(n)?,
         None => HoldTtl::DEFAULT,
@@ -88,6 +94,7 @@ async fn take(
             lines,
             ttl,
             key,
+            locations,
         })
         .await?;
     Ok((StatusCode::CREATED, Json(hold)).into_response())

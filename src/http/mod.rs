@@ -7,12 +7,14 @@ mod events;
 mod health;
 mod holds;
 mod imports;
+mod locations;
 mod openapi;
 mod orders;
 mod overview;
 pub mod peer;
 pub use peer::router as peer_router;
 mod pages;
+mod product_body;
 mod products;
 mod reports;
 mod responses;
@@ -262,6 +264,7 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::base())
         .merge(products::router())
+        .merge(locations::router())
         .merge(orders::router())
         .merge(holds::router())
         .merge(users::router())

@@ -8,7 +8,7 @@ use super::{ApiError, AppState, Json, Path};
 use crate::auth::Caller;
 use crate::checkout::CartRequest;
 use crate::checkout::{Order, OrderBody, OrderRequest, Placed};
-use crate::domain::{Lines, ProductId, Quantity};
+use crate::domain::{Lines, Locations, ProductId, Quantity};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -38,6 +38,7 @@ struct NewOrder {
     quantity: Option<Number>,
     lines: Option<Vec<NewLine>>,
     user_id: Option<String>,
+    locations: Option<Vec<String>>,
 }
 
 /// Exactly one of the two shapes `place` takes, the other's fields absent or null.
@@ -64,7 +65,8 @@ impl PartialSchema for NewOrder {
             .required("product_id")
             .required("quantity")
             .property("lines", null())
-            .property("user_id", user_id());
+            .property("user_id", user_id())
+            .property("locations", locations_schema());
         let cart = ObjectBuilder::new()
             .title(Some("A cart"))
             .property(
@@ -74,7 +76,8 @@ impl PartialSchema for NewOrder {
             .required("lines")
             .property("product_id", null())
             .property("quantity", null())
-            .property("user_id", user_id());
+            .property("user_id", user_id())
+            .property("locations", locations_schema());
         OneOfBuilder::new()
             .description(Some("A single-product order or a cart."))
             .item(single)
@@ -87,6 +90,19 @@ impl ToSchema for NewOrder {
     fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
         schemas.push((NewLine::name().into(), NewLine::schema()));
     }
+}
+
+/// `locations` of an order, a cart or a hold: where it may take from, in the client's order
+/// of preference.
+pub(super) fn locations_schema() -> ArrayBuilder {
+    ArrayBuilder::new()
+        .items(id_schema())
+        .min_items(Some(1))
+        .max_items(Some(Locations::MAX))
+        .unique_items(true)
+        .description(Some(
+            "The locations this request may take from, in order of preference (1–50, each once); absent: every active location, in rank order. Part of the body for idempotency.",
+        ))
 }
 
 /// What `ProductId` and `UserId` take.
@@ -168,11 +184,14 @@ async fn place(
 ) -> Result<Response, ApiError> {
     let key = super::required_key(&headers)?;
     let user = super::acting_user(&caller, body.user_id.as_deref(), "place orders")?;
+    let locations = Locations::parse(body.locations.as_deref())?;
+    state.checkout.known_locations(&locations).await?;
     let single = |product, quantity| OrderRequest {
         user: user.clone(),
         product,
         quantity,
         key: key.clone(),
+        locations: locations.clone(),
     };
     let placed = match (&body.lines, &body.product_id, &body.quantity) {
         (Some(lines), None, None) => match parse_lines(lines)? {
@@ -186,6 +205,7 @@ async fn place(
                     user: user.clone(),
                     lines,
                     key: key.clone(),
+                    locations: locations.clone(),
                 };
                 state.checkout.place_cart(cart).await?
             }

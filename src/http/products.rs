@@ -2,19 +2,23 @@
 //! (routed reads).
 
 use super::error::OnSqlstate;
+use super::locations::{by_location, levels_of, parse_stock};
+use super::product_body::{
+    NewProduct, NewProductBody, RulesPatch, check_window, parse_limit, parse_time, window_error,
+};
 use super::responses::{
     BadRequest, ErrorBody, Forbidden, PayloadTooLarge, Unauthorized, Unavailable, Unprocessable,
 };
 use super::{Admin, ApiError, AppState, Json, Path, Query, Stated, stated, with_route_headers};
+use crate::checkout::Level;
 use crate::checkout::{CheckoutError, Stocked, stock};
 use crate::checkout::{Rules, rule_columns};
-use crate::domain::{CustomerLimit, PriceCents, ProductId, ProductName, Quantity, Stock};
+use crate::domain::{LocationId, PriceCents, ProductId, ProductName, Quantity, Stock};
 use crate::routing::policy::QueryClass;
 use crate::routing::{ReadCtx, Route};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 use utoipa::{IntoParams, ToSchema};
@@ -41,6 +45,10 @@ pub struct Product {
     #[serde(flatten)]
     #[sqlx(flatten)]
     pub rules: Rules,
+    /// On the product page: its count at every location that ever held it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[sqlx(skip)]
+    pub stock: Option<Vec<Level>>,
 }
 
 impl From<Stocked> for Product {
@@ -51,6 +59,7 @@ impl From<Stocked> for Product {
             price_cents: s.price_cents,
             available_quantity: s.available_quantity,
             rules: s.rules,
+            stock: None,
         }
     }
 }
@@ -65,97 +74,12 @@ macro_rules! product_columns {
     };
 }
 
-#[derive(Deserialize, ToSchema)]
-struct NewProduct {
-    /// The storefront's id: 1–64 of `A-Z a-z 0-9 _ - .`.
-    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$", example = "flash-60")]
-    product_id: String,
-    /// 1–200 characters (trimmed), no control characters.
-    #[schema(
-        min_length = 1,
-        max_length = 200,
-        example = "Flash sale sneakers",
-        pattern = r"^[^\x00-\x1F\x7F-\x9F]*[^\s\x00-\x1F\x7F-\x9F][^\x00-\x1F\x7F-\x9F]*$"
-    )]
-    name: String,
-    #[schema(value_type = i64, minimum = 0, maximum = 2147483647, example = 8999)]
-    price_cents: Number,
-    #[schema(value_type = i64, minimum = 0, maximum = 2147483647, example = 60)]
-    available_quantity: Number,
-    /// The most units one user may hold (1–10,000); absent or `null`: no limit.
-    #[schema(value_type = Option<i64>, minimum = 1, maximum = 10000, example = 2)]
-    #[serde(default)]
-    max_per_customer: Option<Number>,
-    /// RFC 3339; before it, orders are 409 `SALE_NOT_STARTED`.
-    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-24T18:00:00Z")]
-    #[serde(default)]
-    sale_starts_at: Option<String>,
-    /// RFC 3339, after `sale_starts_at`; from it, orders are 409 `SALE_ENDED`.
-    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-24T20:00:00Z")]
-    #[serde(default)]
-    sale_ends_at: Option<String>,
-}
-
-/// Some of a product's drop rules; a field left out stays as it is, `null` clears it.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-struct RulesPatch {
-    #[schema(value_type = Option<i64>, minimum = 1, maximum = 10000, example = 2)]
-    #[serde(default, deserialize_with = "present")]
-    max_per_customer: Option<Option<Number>>,
-    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-24T18:00:00Z")]
-    #[serde(default, deserialize_with = "present")]
-    sale_starts_at: Option<Option<String>>,
-    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-24T20:00:00Z")]
-    #[serde(default, deserialize_with = "present")]
-    sale_ends_at: Option<Option<String>>,
-}
-
-/// A field that is present, `null` or not: `Some(None)` for `null` (absent is the default,
-/// `None`).
-fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(d).map(Some)
-}
-
-fn parse_limit(n: &Number) -> Result<i32, ApiError> {
-    Ok(CustomerLimit::parse(n)?.get())
-}
-
-fn parse_time(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
-    DateTime::parse_from_rfc3339(raw)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|_| {
-            ApiError::invalid(
-                "INVALID_DATE",
-                format!("{field} must be an RFC 3339 date-time, e.g. 2026-12-24T18:00:00Z"),
-            )
-        })
-}
-
-fn check_window(rules: &Rules) -> Result<(), ApiError> {
-    match (rules.sale_starts_at, rules.sale_ends_at) {
-        (Some(s), Some(e)) if e <= s => Err(window_error()),
-        _ => Ok(()),
-    }
-}
-
-fn window_error() -> ApiError {
-    ApiError::invalid(
-        "INVALID_SALE_WINDOW",
-        "sale_ends_at must come after sale_starts_at",
-    )
-}
-
 /// Create a product (admin)
 #[utoipa::path(
     post,
     path = "/v1/products",
     tag = "products",
-    request_body = NewProduct,
+    request_body = NewProductBody,
     security(("bearer" = [])),
     responses(
         (status = 201, description = "Created, on the primary", body = Stated<Product>),
@@ -177,7 +101,18 @@ async fn create(
     let id = ProductId::parse(&body.product_id)?;
     let name = ProductName::parse(&body.name)?;
     let price = PriceCents::parse(&body.price_cents)?;
-    let stock = Stock::parse(&body.available_quantity)?;
+    let stock = match (&body.available_quantity, &body.stock) {
+        (Some(n), None) => vec![(LocationId::parse("default")?, Stock::parse(n)?.get())],
+        (None, Some(at)) => parse_stock(at)?,
+        _ => {
+            return Err(ApiError::invalid(
+                "INVALID_STOCK",
+                "a product names either available_quantity or stock",
+            ));
+        }
+    };
+    let ids: Vec<LocationId> = stock.iter().map(|(l, _)| l.clone()).collect();
+    state.checkout.known_location_ids(&ids).await?;
     let rules = Rules {
         max_per_customer: body
             .max_per_customer
@@ -197,15 +132,7 @@ async fn create(
     };
     check_window(&rules)?;
     let mut tx = state.db.primary().begin().await?;
-    let created = stock::create(
-        &mut tx,
-        &id,
-        name.as_str(),
-        price.get(),
-        stock.get(),
-        &rules,
-    )
-    .await?;
+    let created = stock::create(&mut tx, &id, name.as_str(), price.get(), &stock, &rules).await?;
     let Some(product) = created.map(Product::from) else {
         return Err(ApiError::conflict(
             "ALREADY_EXISTS",
@@ -243,14 +170,27 @@ async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<R
         .read_existing(QueryClass::ProductPage, &ReadCtx::none(), |pool| {
             let id = id.clone();
             async move {
-                sqlx::query_as::<_, Product>(concat!(
+                // One statement, so the count and its levels are of one snapshot.
+                #[derive(sqlx::FromRow)]
+                struct Page {
+                    #[sqlx(flatten)]
+                    product: Product,
+                    stock: sqlx::types::Json<Vec<Level>>,
+                }
+                let page = sqlx::query_as::<_, Page>(concat!(
                     "SELECT ",
                     product_columns!(),
-                    " FROM products WHERE product_id = $1"
+                    ", ",
+                    levels_of!(),
+                    " AS stock FROM products WHERE product_id = $1"
                 ))
                 .bind(id.as_str())
                 .fetch_optional(pool.exec())
-                .await
+                .await?;
+                Ok(page.map(|p| Product {
+                    stock: Some(p.stock.0),
+                    ..p.product
+                }))
             }
         })
         .await?;
@@ -354,6 +294,9 @@ struct Restock {
     /// Units to add.
     #[schema(value_type = i64, minimum = 1, maximum = 2147483647, example = 40)]
     quantity: Number,
+    /// Where the units go (default `default`).
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$", example = "eu-1")]
+    location_id: Option<String>,
 }
 
 /// Add stock (admin)
@@ -398,7 +341,12 @@ async fn restock(
         }
     };
     let key = super::idempotency_key(&headers)?;
-    let done = match state.checkout.restock(&id, add, key.as_ref()).await {
+    let location = LocationId::parse(body.location_id.as_deref().unwrap_or("default"))?;
+    let done = match state
+        .checkout
+        .restock(&id, &location, add, key.as_ref())
+        .await
+    {
         Err(CheckoutError::ProductNotFound) => {
             return Err(ApiError::not_found(
                 "PRODUCT_NOT_FOUND",
@@ -422,6 +370,10 @@ struct AvailabilityQuery {
     /// Units wanted (default 1).
     #[param(value_type = Option<i64>, minimum = 1, maximum = 10000)]
     qty: Option<String>,
+    /// Only these locations (comma-separated, 1–50, each once); the answer then states
+    /// `by_location`. Absent: every active location (from the stock gate, as before).
+    #[param(value_type = Option<String>, example = "eu-2,eu-1")]
+    locations: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -512,6 +464,12 @@ async fn availability(
             Quantity::from_i64(n)?
         }
     };
+    if let Some(raw) = q.locations.as_deref() {
+        let names: Vec<String> = raw.split(',').map(str::to_string).collect();
+        let at = crate::domain::Locations::parse(Some(&names))?;
+        state.checkout.known_locations(&at).await?;
+        return by_location(&state, id, qty, at).await;
+    }
     let gate = state.checkout.available(&id).await?;
     let route = gate.route;
     let available_quantity = gate

@@ -127,13 +127,13 @@ async fn update_restated(tx: &mut Tx, updates: &[(&Row, i32, i32)]) -> sqlx::Res
     if updates.is_empty() {
         return Ok(());
     }
-    let (ids, names, prices, stock) = columns(updates.iter().map(|&(r, s, _)| (r, s)));
+    let (ids, names, prices, _) = columns(updates.iter().map(|&(r, s, _)| (r, s)));
     let deltas: Vec<i32> = updates.iter().map(|&(_, _, d)| d).collect();
     let stated: Vec<i32> = updates
         .iter()
         .map(|(r, _, _)| r.available_quantity)
         .collect();
-    stock::restate(tx, &ids, &names, &prices, (&stock, &deltas), &stated).await
+    stock::restate(tx, &ids, &names, &prices, &deltas, &stated).await
 }
 
 /// The id, name and price columns of `rows`, and a count for each.

@@ -368,19 +368,19 @@ async fn a_batch_dated_by_a_server_clock_running_ahead_never_dates_the_gate_in_t
     let app = spawn_app(shared_cluster()).await;
     app.create_product("ahead", 10, 100).await;
     sqlx::raw_sql(
-        "ALTER FUNCTION take_order_batches_v4(text[], integer[], uuid[], text[], text[], integer[], text[]) \
+        "ALTER FUNCTION take_order_batches_v5(text[], integer[], uuid[], text[], text[], integer[], text[], text[], integer[]) \
            RENAME TO take_order_batches_true; \
-         CREATE FUNCTION take_order_batches_v4(p text[], e integer[], i uuid[], u text[], k text[], q integer[], f text[]) \
+         CREATE FUNCTION take_order_batches_v5(p text[], e integer[], i uuid[], u text[], k text[], q integer[], f text[], l text[], le integer[]) \
          RETURNS TABLE (batch_product text, n bigint, found integer, left_after integer, lock_wait_us bigint, \
            starts_in_ms bigint, sale_starts_at timestamptz, sale_ends_at timestamptz, \
            idempotency_key text, request_fingerprint text, refusal jsonb, order_id uuid, product_id text, \
            quantity integer, user_id text, status text, total_cents bigint, created_at timestamptz, \
-           cancelled_at timestamptz, unit_price_cents integer) \
+           cancelled_at timestamptz, unit_price_cents integer, allocations jsonb) \
          LANGUAGE sql AS $$ SELECT t.batch_product, t.n, t.found, t.left_after, t.lock_wait_us + 10000000, \
            t.starts_in_ms, t.sale_starts_at, t.sale_ends_at, \
            t.idempotency_key, t.request_fingerprint, t.refusal, t.order_id, t.product_id, t.quantity, t.user_id, \
-           t.status, t.total_cents, t.created_at, t.cancelled_at, t.unit_price_cents \
-           FROM take_order_batches_true(p, e, i, u, k, q, f) t $$;",
+           t.status, t.total_cents, t.created_at, t.cancelled_at, t.unit_price_cents, t.allocations \
+           FROM take_order_batches_true(p, e, i, u, k, q, f, l, le) t $$;",
     )
     .execute(&app.primary)
     .await

@@ -12,13 +12,16 @@ use std::collections::BTreeMap;
 /// their keys, the products they lock and judge (stock, limits, sale windows), the lines a
 /// limit counts (`customer_units` reads `hold_lines` on every limited order) and the events
 /// their triggers write.
-const TABLES: [&str; 7] = [
+const TABLES: [&str; 10] = [
     "orders",
     "holds",
     "order_lines",
     "restocks",
     "hold_lines",
     "products",
+    "stock_levels",
+    "locations",
+    "transfers",
     "events",
 ];
 

@@ -168,6 +168,17 @@ async fn schemathesis_finds_no_server_errors_and_no_undocumented_responses() {
         let resp = app.create_product(id, stock, price).await;
         assert_eq!(resp.status(), StatusCode::CREATED, "create {id}");
     }
+    // A second place, so a generated transfer can name two that exist (the hooks map every
+    // well-formed location to `default` or to this one: see schemathesis_hooks.py).
+    let resp = app
+        .client
+        .post(app.url("/v1/locations"))
+        .bearer_auth(&app.admin)
+        .json(&json!({"location_id": "sch-elsewhere", "name": "Elsewhere"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
     let resp = app
         .client
         .put(app.url("/v1/users/ada/profile"))

@@ -1,6 +1,6 @@
 //! One order statement: one round trip, its own transaction, the batches of one product or of
-//! several, through the one function `take_order_batches_v4` (migration
-//! `20261205000001_order_sql_v4.sql`; `docs/design/orders.md` draws its calls). It locks its
+//! several, through the one function `take_order_batches_v5` (migration
+//! `20261205000002_locations.sql`; `docs/design/orders.md` draws its calls). It locks its
 //! product rows in byte order; seats each product's requests (a product with no limit whose
 //! whole batch the drop rules let through is seated whole, without looking a key up; any other
 //! request by request in arrival order, each judged by `drop_verdict_v1`, the one home of the
@@ -66,7 +66,7 @@ pub(super) struct RowSeen {
     pub window: Window,
 }
 
-/// One row of `take_order_batches_v4`: a request (its product, and its place among that
+/// One row of `take_order_batches_v5`: a request (its product, and its place among that
 /// product's requests), the product's row as the statement saw it, and what the request's
 /// key holds now (`None`: nothing).
 struct BatchRow {
@@ -109,16 +109,16 @@ pub(super) const COMBINED_LOCK_WAIT: Duration = Duration::from_millis(100);
 
 /// One product's batch: it waits for its row as long as the database lets it (the coalescer
 /// lets the next statement start beside one that stalls).
-const ALONE: &str = "SELECT * FROM take_order_batches_v4($1, $2, $3, $4, $5, $6, $7)";
+const ALONE: &str = "SELECT * FROM take_order_batches_v5($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
-/// Several products' batches. The statement waits at most [`COMBINED_LOCK_WAIT`] (`$8`) for
-/// any of its rows (`set_config(…, true)` lasts for this statement's own transaction, and the
+/// Several products' batches. The statement waits at most [`COMBINED_LOCK_WAIT`] (`$10`) for
+/// any of its rows (`$10`; `set_config(…, true)` lasts for this statement's own transaction, and the
 /// LATERAL reference makes it run before the function): one product's row held elsewhere
 /// must not hold up the others it carries. Past it, nothing was written, and the coalescer
 /// runs the batches one by one, so only the held product's batch waits.
-const COMBINED: &str = "SELECT f.* FROM (SELECT set_config('lock_timeout', $8, true) AS t) s \
-     CROSS JOIN LATERAL take_order_batches_v4(CASE WHEN s.t IS NOT NULL THEN $1::text[] END, \
-                                              $2, $3, $4, $5, $6, $7) f";
+const COMBINED: &str = "SELECT f.* FROM (SELECT set_config('lock_timeout', $10, true) AS t) s \
+     CROSS JOIN LATERAL take_order_batches_v5(CASE WHEN s.t IS NOT NULL THEN $1::text[] END, \
+                                              $2, $3, $4, $5, $6, $7, $8, $9) f";
 
 /// Runs one product's batch.
 pub(super) async fn run(
@@ -151,6 +151,10 @@ struct Arrays<'a> {
     keys: Vec<&'a str>,
     qty: Vec<i32>,
     fps: Vec<String>,
+    /// The locations each request names, end to end, and where each request's end
+    /// (`p_locs`, `p_loc_ends`); both empty when no request names any.
+    locs: Vec<&'a str>,
+    loc_ends: Vec<i32>,
     first: Vec<usize>,
 }
 
@@ -169,6 +173,8 @@ impl<'a> Arrays<'a> {
             keys: Vec::with_capacity(total),
             qty: Vec::with_capacity(total),
             fps: Vec::with_capacity(total),
+            locs: Vec::new(),
+            loc_ends: Vec::new(),
             first: vec![0; jobs.len()],
         };
         for j in order {
@@ -181,16 +187,22 @@ impl<'a> Arrays<'a> {
                 a.keys.push(k);
                 a.qty.push(r.quantity.get());
                 a.fps.push(r.fingerprint());
+                a.locs.extend(r.locations.get().iter().map(|l| l.as_str()));
+                a.loc_ends
+                    .push(i32::try_from(a.locs.len()).unwrap_or(i32::MAX));
             }
             a.ends
                 .push(i32::try_from(a.users.len()).unwrap_or(i32::MAX));
+        }
+        if a.locs.is_empty() {
+            a.loc_ends.clear();
         }
         a
     }
 }
 
 /// Sends `jobs` (each product once, with its requests in arrival order) as one call of
-/// `take_order_batches_v4` ([`COMBINED`] when `combined`, else [`ALONE`]) and reads each
+/// `take_order_batches_v5` ([`COMBINED`] when `combined`, else [`ALONE`]) and reads each
 /// job's answer.
 async fn statement(
     db: &Db,
@@ -205,7 +217,9 @@ async fn statement(
         .bind(&a.users)
         .bind(&a.keys)
         .bind(&a.qty)
-        .bind(&a.fps);
+        .bind(&a.fps)
+        .bind(&a.locs)
+        .bind(&a.loc_ends);
     let statement = match combined {
         true => statement.bind(format!("{}ms", COMBINED_LOCK_WAIT.as_millis())),
         false => statement,
@@ -351,6 +365,7 @@ mod tests {
             product: ProductId::parse(product).expect("valid"),
             quantity: Quantity::parse(&qty.into()).expect("valid"),
             key: IdempotencyKey::parse(key).expect("valid"),
+            locations: Default::default(),
         }
     }
 
@@ -374,6 +389,7 @@ mod tests {
                 total_cents: 0,
                 created_at: chrono::Utc::now(),
                 cancelled_at: None,
+                allocations: vec![],
             },
         })
     }

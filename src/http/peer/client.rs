@@ -167,6 +167,7 @@ impl Peers {
                 product: req.product.to_string(),
                 quantity: req.quantity.get(),
                 key: req.key.as_str().to_string(),
+                locations: req.locations.get().iter().map(|l| l.to_string()).collect(),
             },
             reply: tx,
         };
@@ -511,6 +512,7 @@ mod tests {
             product: "p".into(),
             quantity: 1,
             key: "k".into(),
+            locations: vec![],
         };
         (Forward { order, reply }, rx)
     }

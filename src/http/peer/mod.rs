@@ -60,6 +60,9 @@ pub struct WireOrder {
     pub product: String,
     pub quantity: i32,
     pub key: String,
+    /// The locations the client named, in its order (none: every active one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locations: Vec<String>,
 }
 
 /// The owner's HTTP answer to one order.

@@ -5,7 +5,7 @@
 use super::{ALIVE_PATH, MAX_FORWARD, PATH, WireAnswer, WireOrder};
 use crate::auth::Caller;
 use crate::checkout::OrderRequest;
-use crate::domain::{IdempotencyKey, ProductId, Quantity, UserId};
+use crate::domain::{IdempotencyKey, Locations, ProductId, Quantity, UserId};
 use crate::http::{ApiError, AppState, Json, Limits};
 use axum::Router;
 use axum::extract::State;
@@ -74,6 +74,7 @@ async fn place_one(state: &AppState, o: WireOrder) -> Response {
             product: ProductId::parse(&o.product)?,
             quantity: Quantity::parse(&o.quantity.into())?,
             key: IdempotencyKey::parse(&o.key)?,
+            locations: Locations::parse((!o.locations.is_empty()).then_some(&o.locations[..]))?,
         })
     })();
     match req {

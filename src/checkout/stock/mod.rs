@@ -19,34 +19,50 @@ use super::drops::{Refusal, Rules, rule_columns};
 use super::order::{Order, OrderLine, new_row_id, order_columns};
 use super::status::OrderStatus;
 pub(crate) use super::tx::Tx;
-use crate::domain::{IdempotencyKey, ProductId, Quantity};
+use crate::domain::{Allocation, IdempotencyKey, LocationId, ProductId, Quantity};
+
+pub(crate) mod levels;
 use std::collections::BTreeMap;
 
-/// Units per product, merged and in lock order.
-pub(crate) fn per_product(lines: &[(ProductId, i32)]) -> BTreeMap<&str, i32> {
+/// Units per (product, location), merged and in lock order.
+fn per_level(allocations: &[Allocation]) -> BTreeMap<(&str, &str), i32> {
     let mut merged = BTreeMap::new();
-    for (p, q) in lines {
-        *merged.entry(p.as_str()).or_insert(0) += q;
+    for a in allocations {
+        *merged
+            .entry((a.product_id.as_str(), a.location_id.as_str()))
+            .or_insert(0) += a.quantity;
     }
     merged
 }
 
-/// Takes every line's units with ONE guarded UPDATE (`… AND available_quantity >= q` per
-/// product). Rows must be locked already; if any guard fails the caller must roll back.
-pub(crate) async fn take(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result<bool, sqlx::Error> {
-    let merged = per_product(lines);
-    let products: Vec<&str> = merged.keys().copied().collect();
+/// Takes every allocation's units: ONE guarded UPDATE of the levels (`… AND
+/// available_quantity >= q` per (product, location)) and one of the products' counts, in one
+/// statement. Rows must be locked already; if any guard fails (`false`) the caller must roll
+/// back.
+pub(crate) async fn take(tx: &mut Tx, allocations: &[Allocation]) -> Result<bool, sqlx::Error> {
+    let merged = per_level(allocations);
+    let products: Vec<&str> = merged.keys().map(|(p, _)| *p).collect();
+    let locations: Vec<&str> = merged.keys().map(|(_, l)| *l).collect();
     let qty: Vec<i32> = merged.values().copied().collect();
-    let taken = sqlx::query(
-        "UPDATE products p SET available_quantity = p.available_quantity - l.q, updated_at = clock_timestamp() \
-         FROM UNNEST($1::text[], $2::int4[]) AS l(product_id, q) \
-         WHERE p.product_id = l.product_id AND p.available_quantity >= l.q",
+    sqlx::query_scalar(
+        "WITH l AS (SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[]) AS l(product_id, location_id, q)), \
+              lv AS (UPDATE stock_levels s SET available_quantity = s.available_quantity - l.q, \
+                            updated_at = clock_timestamp() \
+                       FROM l WHERE s.product_id = l.product_id AND s.location_id = l.location_id \
+                        AND s.available_quantity >= l.q RETURNING 1), \
+              need AS (SELECT product_id, sum(q)::int4 AS q FROM l GROUP BY product_id), \
+              p AS (UPDATE products p SET available_quantity = p.available_quantity - need.q, \
+                           updated_at = clock_timestamp() \
+                      FROM need WHERE p.product_id = need.product_id AND p.available_quantity >= need.q \
+                    RETURNING 1) \
+         SELECT (SELECT count(*) FROM lv) = (SELECT count(*) FROM l) \
+            AND (SELECT count(*) FROM p) = (SELECT count(*) FROM need)",
     )
     .bind(&products)
+    .bind(&locations)
     .bind(&qty)
-    .execute(&mut **tx)
-    .await?;
-    Ok(taken.rows_affected() == products.len() as u64)
+    .fetch_one(&mut **tx)
+    .await
 }
 
 /// A cart's claim on its key, as [`claim_carts`] writes it: a confirmed order at the locked
@@ -61,6 +77,8 @@ pub(crate) struct CartClaim<'a> {
     pub total: i64,
     /// (product, quantity, locked price), each product once; empty for a refusal.
     pub lines: Vec<(&'a str, i32, i32)>,
+    /// Where the lines' units come from; empty for a refusal.
+    pub allocations: Vec<Allocation>,
 }
 
 /// What [`claim_carts`] wrote: the orders and refusals whose keys it claimed (a key another
@@ -81,6 +99,12 @@ struct ClaimArrays<'a> {
     keys: Vec<&'a str>,
     fps: Vec<&'a str>,
     refusals: Vec<Option<String>>,
+    allocations: Vec<String>,
+    /// Every claim's allocations, a column each (order id, product, location, units).
+    take_ids: Vec<uuid::Uuid>,
+    take_products: Vec<&'a str>,
+    take_locations: Vec<&'a str>,
+    take_qty: Vec<i32>,
     line_ids: Vec<uuid::Uuid>,
     line_products: Vec<&'a str>,
     line_qty: Vec<i32>,
@@ -113,8 +137,15 @@ impl<'a> ClaimArrays<'a> {
             })
             .collect::<Result<Vec<Option<String>>, _>>()
             .map_err(|e| sqlx::Error::Encode(e.into()))?;
+        let allocations = sorted
+            .iter()
+            .map(|c| serde_json::to_string(&c.allocations))
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(|e| sqlx::Error::Encode(e.into()))?;
+
         let (mut line_ids, mut line_products, mut line_qty, mut line_prices) =
             (vec![], vec![], vec![], vec![]);
+        let (take_ids, take_products, take_locations, take_qty) = takes(&sorted);
         for c in &sorted {
             for &(p, q, price) in &c.lines {
                 line_ids.push(c.order_id);
@@ -131,6 +162,11 @@ impl<'a> ClaimArrays<'a> {
             keys,
             fps,
             refusals,
+            allocations,
+            take_ids,
+            take_products,
+            take_locations,
+            take_qty,
             line_ids,
             line_products,
             line_qty,
@@ -139,27 +175,34 @@ impl<'a> ClaimArrays<'a> {
     }
 }
 
-/// Claims the carts' keys, inserts the confirmed carts' lines and takes their units with ONE
-/// guarded UPDATE (each product's summed units, `… AND available_quantity >= q`): one
-/// statement for any number of carts, so the rows the caller locked are held for one round
-/// trip and the commit. Keys are claimed in (user, key) byte order, the order every batch and
-/// refusal claims keys in, so two claimers never wait on each other's keys in a circle; lines
-/// go in in lock order. Orders come back with their lines as stored, in the order
-/// `with_lines` reads them.
-pub(crate) async fn claim_carts(
-    tx: &mut Tx,
-    claims: &[CartClaim<'_>],
-) -> Result<CartsClaimed, sqlx::Error> {
-    let a = ClaimArrays::of(claims)?;
-    let rows = sqlx::query(concat!(
-        "WITH claim AS ( \
-           INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal) \
-           SELECT c.order_id, NULL, c.user_id, NULL, 0, c.total, c.status, c.k, c.fp, c.refusal \
-             FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::text[]::jsonb[]) \
-                  AS c(order_id, user_id, total, status, k, fp, refusal) \
+/// Every claim's allocations as columns: (order, product, location, units).
+type Takes<'a> = (Vec<uuid::Uuid>, Vec<&'a str>, Vec<&'a str>, Vec<i32>);
+
+fn takes<'a>(claims: &[&'a CartClaim<'a>]) -> Takes<'a> {
+    let mut t: Takes<'a> = (vec![], vec![], vec![], vec![]);
+    for c in claims {
+        for a in &c.allocations {
+            t.0.push(c.order_id);
+            t.1.push(a.product_id.as_str());
+            t.2.push(a.location_id.as_str());
+            t.3.push(a.quantity);
+        }
+    }
+    t
+}
+
+/// [`claim_carts`]'s statement: the claims ($1–$7, $12: their allocations as JSON), the
+/// lines ($8–$11), and every allocation as columns ($13–$16: order, product, location,
+/// units; arrays, so a plan without statistics probes the levels by key).
+const CLAIM_CARTS: &str = concat!(
+    "WITH claim AS ( \
+           INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint, refusal, allocations) \
+           SELECT c.order_id, NULL, c.user_id, NULL, 0, c.total, c.status, c.k, c.fp, c.refusal, c.allocations \
+             FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::text[]::jsonb[], $12::text[]::jsonb[]) \
+                  AS c(order_id, user_id, total, status, k, fp, refusal, allocations) \
            ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING ",
-        order_columns!(),
-        "), want AS ( \
+    order_columns!(),
+    "), want AS ( \
            SELECT l.* FROM UNNEST($8::uuid[], $9::text[], $10::int4[], $11::int4[]) AS l(order_id, product_id, quantity, price) \
              JOIN claim USING (order_id) \
          ), lines AS ( \
@@ -172,28 +215,59 @@ pub(crate) async fn claim_carts(
            UPDATE products p SET available_quantity = p.available_quantity - need.q, updated_at = clock_timestamp() \
              FROM need WHERE p.product_id = need.product_id AND p.available_quantity >= need.q \
            RETURNING 1 \
+         ), lv AS ( \
+           SELECT a.product_id, a.location_id, sum(a.q)::int4 AS q \
+             FROM UNNEST($13::uuid[], $14::text[], $15::text[], $16::int4[]) AS a(order_id, product_id, location_id, q) \
+             JOIN claim USING (order_id) \
+            GROUP BY a.product_id, a.location_id \
+         ), took_lv AS ( \
+           UPDATE stock_levels s SET available_quantity = s.available_quantity - lv.q, updated_at = clock_timestamp() \
+             FROM lv WHERE s.product_id = lv.product_id AND s.location_id = lv.location_id AND s.available_quantity >= lv.q \
+           RETURNING 1 \
          ) \
-         SELECT claim.*, (SELECT count(*) FROM took) = (SELECT count(*) FROM need) AS guards_held, \
+         SELECT claim.*, (SELECT count(*) FROM took) = (SELECT count(*) FROM need) \
+                     AND (SELECT count(*) FROM took_lv) = (SELECT count(*) FROM lv) \
+                     AND (SELECT sum(q) FROM lv) IS NOT DISTINCT FROM (SELECT sum(q) FROM need) AS guards_held, \
                 l.line_products, l.line_quantities, l.line_prices \
            FROM claim LEFT JOIN ( \
                 SELECT order_id, array_agg(product_id ORDER BY product_id) AS line_products, \
                        array_agg(quantity ORDER BY product_id) AS line_quantities, \
                        array_agg(unit_price_cents ORDER BY product_id) AS line_prices \
                   FROM lines GROUP BY order_id) l USING (order_id)",
-    ))
-    .bind(&a.ids)
-    .bind(&a.users)
-    .bind(&a.totals)
-    .bind(&a.statuses)
-    .bind(&a.keys)
-    .bind(&a.fps)
-    .bind(&a.refusals)
-    .bind(&a.line_ids)
-    .bind(&a.line_products)
-    .bind(&a.line_qty)
-    .bind(&a.line_prices)
-    .fetch_all(&mut **tx)
-    .await?;
+);
+
+/// Claims the carts' keys, inserts the confirmed carts' lines and takes their units with ONE
+/// guarded UPDATE per table (each product's and each level's summed units, `… AND
+/// available_quantity >= q`): one
+/// statement for any number of carts, so the rows the caller locked are held for one round
+/// trip and the commit. Keys are claimed in (user, key) byte order, the order every batch and
+/// refusal claims keys in, so two claimers never wait on each other's keys in a circle; lines
+/// go in in lock order. Orders come back with their lines as stored, in the order
+/// `with_lines` reads them.
+pub(crate) async fn claim_carts(
+    tx: &mut Tx,
+    claims: &[CartClaim<'_>],
+) -> Result<CartsClaimed, sqlx::Error> {
+    let a = ClaimArrays::of(claims)?;
+    let rows = sqlx::query(CLAIM_CARTS)
+        .bind(&a.ids)
+        .bind(&a.users)
+        .bind(&a.totals)
+        .bind(&a.statuses)
+        .bind(&a.keys)
+        .bind(&a.fps)
+        .bind(&a.refusals)
+        .bind(&a.line_ids)
+        .bind(&a.line_products)
+        .bind(&a.line_qty)
+        .bind(&a.line_prices)
+        .bind(&a.allocations)
+        .bind(&a.take_ids)
+        .bind(&a.take_products)
+        .bind(&a.take_locations)
+        .bind(&a.take_qty)
+        .fetch_all(&mut **tx)
+        .await?;
     let mut claimed = CartsClaimed {
         orders: Vec::with_capacity(rows.len()),
         guards_held: true,
@@ -234,17 +308,33 @@ fn cart_order(row: &sqlx::postgres::PgRow) -> Result<(Order, bool), sqlx::Error>
     Ok((order, row.try_get("guards_held")?))
 }
 
-/// Gives every line's units back (a cancel, a release, an expiry), locking in lock order.
-pub(crate) async fn give_back(tx: &mut Tx, lines: &[(ProductId, i32)]) -> Result<(), sqlx::Error> {
-    let merged = per_product(lines);
-    let products: Vec<&str> = merged.keys().copied().collect();
+/// Gives every allocation's units back to its own location (a cancel, a release, an
+/// expiry), locking the products in lock order first: each level gains its units, and each
+/// product's count those of its active locations (read after the lock). A location's count
+/// may then exceed what it held before the take, when units were transferred out since:
+/// the units are back where they were taken, as the contract says.
+pub(crate) async fn give_back(tx: &mut Tx, allocations: &[Allocation]) -> Result<(), sqlx::Error> {
+    let merged = per_level(allocations);
+    let products: Vec<&str> = merged.keys().map(|(p, _)| *p).collect();
+    let locations: Vec<&str> = merged.keys().map(|(_, l)| *l).collect();
     let qty: Vec<i32> = merged.values().copied().collect();
-    super::tx::lock(tx, &products).await?;
+    let mut distinct = products.clone();
+    distinct.dedup();
+    super::tx::lock(tx, &distinct).await?;
     sqlx::query(
-        "UPDATE products p SET available_quantity = p.available_quantity + l.q, updated_at = clock_timestamp() \
-         FROM UNNEST($1::text[], $2::int4[]) AS l(product_id, q) WHERE p.product_id = l.product_id",
+        "WITH l AS (SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[]) AS l(product_id, location_id, q)), \
+              lv AS (UPDATE stock_levels s SET available_quantity = s.available_quantity + l.q, \
+                            updated_at = clock_timestamp() \
+                       FROM l WHERE s.product_id = l.product_id AND s.location_id = l.location_id \
+                     RETURNING s.product_id, s.location_id, l.q), \
+              back AS (SELECT lv.product_id, sum(lv.q)::int4 AS q FROM lv \
+                         JOIN locations loc ON loc.location_id = lv.location_id AND loc.active \
+                        GROUP BY lv.product_id) \
+         UPDATE products p SET available_quantity = p.available_quantity + back.q, updated_at = clock_timestamp() \
+           FROM back WHERE p.product_id = back.product_id",
     )
     .bind(&products)
+    .bind(&locations)
     .bind(&qty)
     .execute(&mut **tx)
     .await?;
@@ -262,33 +352,31 @@ pub struct Stocked {
     pub rules: Rules,
 }
 
-/// Adds `quantity` to a product's stock and records the restock under `key` (its unique
-/// claim): the stock it left, and whether this restock claimed the key (`false`: a
-/// concurrent one did, and the caller must roll back). `None`: no such product.
+/// Adds `quantity` to a product's level at `location` (and to its count when the location is
+/// active) and records the restock under `key` (its unique claim): the stock it left, and
+/// whether this restock claimed the key (`false`: a concurrent one did, and the caller must
+/// roll back). `None`: no such product.
 pub(crate) async fn restock(
     tx: &mut Tx,
     product: &ProductId,
+    location: &LocationId,
     quantity: i32,
     key: Option<&IdempotencyKey>,
     fingerprint: &str,
 ) -> Result<Option<(Stocked, bool)>, sqlx::Error> {
-    let Some(stocked) = sqlx::query_as::<_, Stocked>(concat!(
-        "WITH u AS (UPDATE products SET available_quantity = available_quantity + $2, updated_at = clock_timestamp() \
-                    WHERE product_id = $1 RETURNING product_id, name, price_cents, available_quantity, ",
+    if super::tx::lock(tx, &[product.as_str()]).await?.is_empty() {
+        return Ok(None);
+    }
+    levels::ensure(tx, product.as_str(), &[location.as_str()]).await?;
+    levels::add(tx, product.as_str(), location.as_str(), quantity, "restock").await?;
+    let stocked: Stocked = sqlx::query_as(concat!(
+        "SELECT product_id, name, price_cents, available_quantity, ",
         rule_columns!(),
-        "), e AS (INSERT INTO events (types, items, k) SELECT '{stock.changed}', json_build_array(json_build_object( \
-                    'type', 'stock.changed', 'data', json_build_object( \
-                    'product_id', product_id, 'delta', $2::int4, 'available_quantity', available_quantity, \
-                    'reason', 'restock'))), 1 FROM u) \
-         SELECT * FROM u"
+        " FROM products WHERE product_id = $1"
     ))
     .bind(product.as_str())
-    .bind(quantity)
-    .fetch_optional(&mut **tx)
-    .await?
-    else {
-        return Ok(None);
-    };
+    .fetch_one(&mut **tx)
+    .await?;
     let claimed = sqlx::query(
         "INSERT INTO restocks (restock_id, product_id, quantity, idempotency_key, request_fingerprint, available_after) \
          VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING",
@@ -304,33 +392,47 @@ pub(crate) async fn restock(
     Ok(Some((stocked, claimed.rows_affected() == 1)))
 }
 
-/// A new product, its stock and stated count the same. `None`: the id exists already.
+/// A new product with its stock at each of `stock`'s locations (each once; its count: the
+/// active ones'), its stated count their sum. `None`: the id exists already.
 pub(crate) async fn create(
     tx: &mut Tx,
     id: &ProductId,
     name: &str,
     price_cents: i32,
-    stock: i32,
+    stock: &[(LocationId, i32)],
     rules: &Rules,
 ) -> Result<Option<Stocked>, sqlx::Error> {
-    sqlx::query_as(concat!(
-        "WITH c AS (INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer, sale_starts_at, sale_ends_at) \
-                    VALUES ($1, $2, $3, $4, $4, $5, $6, $7) ON CONFLICT (product_id) DO NOTHING \
-                    RETURNING product_id, name, price_cents, available_quantity, ",
-        rule_columns!(),
-        "), e AS (INSERT INTO events (types, items, k) SELECT '{stock.changed}', json_build_array(json_build_object( \
-                    'type', 'stock.changed', 'data', json_build_object( \
-                    'product_id', product_id, 'delta', available_quantity, 'available_quantity', available_quantity, \
-                    'reason', 'create'))), 1 FROM c) \
-         SELECT * FROM c"
-    ))
+    let stated: i64 = stock.iter().map(|(_, q)| i64::from(*q)).sum();
+    let stated = i32::try_from(stated).map_err(|e| sqlx::Error::Encode(e.into()))?;
+    let made = sqlx::query(
+        "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity, max_per_customer, sale_starts_at, sale_ends_at) \
+         VALUES ($1, $2, $3, 0, $4, $5, $6, $7) ON CONFLICT (product_id) DO NOTHING",
+    )
     .bind(id.as_str())
     .bind(name)
     .bind(price_cents)
-    .bind(stock)
+    .bind(stated)
     .bind(rules.max_per_customer)
     .bind(rules.sale_starts_at)
     .bind(rules.sale_ends_at)
+    .execute(&mut **tx)
+    .await?;
+    if made.rows_affected() == 0 {
+        return Ok(None);
+    }
+    let mut sorted: Vec<&(LocationId, i32)> = stock.iter().collect();
+    sorted.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    let names: Vec<&str> = sorted.iter().map(|(l, _)| l.as_str()).collect();
+    levels::ensure(tx, id.as_str(), &names).await?;
+    for (location, quantity) in sorted {
+        levels::add(tx, id.as_str(), location.as_str(), *quantity, "create").await?;
+    }
+    sqlx::query_as(concat!(
+        "SELECT product_id, name, price_cents, available_quantity, ",
+        rule_columns!(),
+        " FROM products WHERE product_id = $1"
+    ))
+    .bind(id.as_str())
     .fetch_optional(&mut **tx)
     .await
 }
@@ -346,15 +448,19 @@ pub(crate) async fn create_many(
 ) -> sqlx::Result<Vec<String>> {
     sqlx::query_scalar(
         "WITH c AS (INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
-                    SELECT id, name, price, stock, stock \
+                    SELECT id, name, price, \
+                           CASE WHEN (SELECT active FROM locations WHERE location_id = 'default') THEN stock ELSE 0 END, \
+                           stock \
                     FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
                     ORDER BY id COLLATE \"C\" \
-                    ON CONFLICT (product_id) DO NOTHING RETURNING product_id, available_quantity), \
+                    ON CONFLICT (product_id) DO NOTHING RETURNING product_id, stated_quantity AS available_quantity), \
+              lv AS (INSERT INTO stock_levels (product_id, location_id, available_quantity) \
+                     SELECT product_id, 'default', available_quantity FROM c ORDER BY product_id COLLATE \"C\"), \
               e AS (INSERT INTO events (types, items, k) \
                     SELECT '{stock.changed}', json_agg(json_build_object('type', 'stock.changed', \
                            'data', json_build_object('product_id', product_id, \
-                           'delta', available_quantity, 'available_quantity', available_quantity, \
-                           'reason', 'import')) ORDER BY k), count(*) \
+                           'location_id', 'default', 'delta', available_quantity, \
+                           'available_quantity', available_quantity, 'reason', 'import')) ORDER BY k), count(*) \
                     FROM (SELECT c.*, row_number() OVER (ORDER BY product_id COLLATE \"C\") AS k FROM c) c \
                     GROUP BY (k - 1) / 1000 ORDER BY (k - 1) / 1000) \
          SELECT product_id FROM c",
@@ -397,35 +503,60 @@ pub(crate) async fn lock_differing(
     .await
 }
 
-/// Writes an import's restated rows (locked by [`lock_differing`]): name, price, the new
-/// stock, and the file's count as the stated one; `deltas[i]` is how far row `i`'s stock moved
-/// (its `stock.changed` event, when it did).
+/// Writes an import's restated rows (locked by [`lock_differing`]): name, price, the file's
+/// count as the stated one, and `deltas[i]` (how far row `i`'s stock moves) applied to its
+/// `default` level, which stops at zero (the count moves as far as the level did, when
+/// `default` is active; its `stock.changed` event states the move made).
 pub(crate) async fn restate(
     tx: &mut Tx,
     ids: &[&str],
     names: &[&str],
     prices: &[i32],
-    (stock, deltas): (&[i32], &[i32]),
+    deltas: &[i32],
     stated: &[i32],
 ) -> sqlx::Result<()> {
+    let moving: Vec<&str> = ids
+        .iter()
+        .zip(deltas)
+        .filter(|(_, d)| **d != 0)
+        .map(|(id, _)| *id)
+        .collect();
     sqlx::query(
-        "WITH r AS (UPDATE products p SET name = u.name, price_cents = u.price, available_quantity = u.stock, \
-                      stated_quantity = u.stated, updated_at = clock_timestamp() \
-                    FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[], $6::int4[]) \
-                      AS u(id, name, price, stock, stated, delta) \
-                    WHERE p.product_id = u.id RETURNING p.product_id, p.available_quantity, u.delta) \
+        "INSERT INTO stock_levels (product_id, location_id, available_quantity) \
+         SELECT id, 'default', 0 FROM unnest($1::text[]) AS id ORDER BY id COLLATE \"C\" \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&moving)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "WITH u AS (SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[]) \
+                      AS u(id, name, price, stated, delta)), \
+              old AS (SELECT s.product_id, s.available_quantity FROM stock_levels s \
+                       WHERE s.location_id = 'default' AND s.product_id = ANY($1)), \
+              lv AS (UPDATE stock_levels s SET available_quantity = greatest(s.available_quantity + u.delta, 0), \
+                            updated_at = clock_timestamp() \
+                       FROM u WHERE s.product_id = u.id AND s.location_id = 'default' AND u.delta <> 0 \
+                     RETURNING s.product_id, s.available_quantity), \
+              moved AS (SELECT lv.product_id, lv.available_quantity, lv.available_quantity - old.available_quantity AS delta \
+                          FROM lv JOIN old USING (product_id)), \
+              r AS (UPDATE products p SET name = u.name, price_cents = u.price, stated_quantity = u.stated, \
+                           available_quantity = p.available_quantity \
+                             + CASE WHEN (SELECT active FROM locations WHERE location_id = 'default') \
+                                    THEN coalesce((SELECT m.delta FROM moved m WHERE m.product_id = u.id), 0) ELSE 0 END, \
+                           updated_at = clock_timestamp() \
+                      FROM u WHERE p.product_id = u.id RETURNING 1) \
          INSERT INTO events (types, items, k) \
          SELECT '{stock.changed}', json_agg(json_build_object('type', 'stock.changed', \
-                'data', json_build_object('product_id', product_id, 'delta', delta, \
+                'data', json_build_object('product_id', product_id, 'location_id', 'default', 'delta', delta, \
                 'available_quantity', available_quantity, 'reason', 'import')) ORDER BY k), count(*) \
-         FROM (SELECT r.*, row_number() OVER (ORDER BY product_id COLLATE \"C\") AS k \
-               FROM r WHERE delta <> 0) r \
+         FROM (SELECT m.*, row_number() OVER (ORDER BY product_id COLLATE \"C\") AS k \
+               FROM moved m WHERE delta <> 0 AND (SELECT count(*) FROM r) >= 0) m \
          GROUP BY (k - 1) / 1000 ORDER BY (k - 1) / 1000",
     )
     .bind(ids)
     .bind(names)
     .bind(prices)
-    .bind(stock)
     .bind(stated)
     .bind(deltas)
     .execute(&mut **tx)
@@ -450,7 +581,9 @@ mod tests {
                 }
                 continue;
             }
-            if path.ends_with("checkout/stock.rs") || path.extension() != Some("rs".as_ref()) {
+            if path.to_string_lossy().contains("checkout/stock/")
+                || path.extension() != Some("rs".as_ref())
+            {
                 continue;
             }
             let text = std::fs::read_to_string(&path).expect("readable source");
@@ -462,10 +595,15 @@ mod tests {
                 .collect();
             // A statement that names products and then the stock column within its next
             // few lines (an UPDATE's SET list, an INSERT's column list).
-            for verb in ["update products", "insert into products"] {
+            for verb in [
+                "update products",
+                "insert into products",
+                "update stock_levels",
+                "insert into stock_levels",
+            ] {
                 for (at, _) in code.match_indices(verb) {
                     let statement: String = code[at..].lines().take(4).collect();
-                    if statement.contains("available_quantity") {
+                    if statement.contains("available_quantity") || verb.contains("stock_levels") {
                         let line = code[..at].lines().count();
                         offenders.push(format!("{}:{line}: {verb} …", path.display()));
                     }

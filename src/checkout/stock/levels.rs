@@ -1,0 +1,287 @@
+//! Stock per location: the writes of `stock_levels` that are not an order's, a cart's or a
+//! hold's take (those are `super::take` and the batch statement) or a give-back
+//! (`super::give_back`): a location's (de)activation, a restock or a product's creation at
+//! named locations, and transfers.
+//!
+//! The protocol (migration `20261205000002_locations.sql`): a level's writer holds its
+//! product's row lock first; it reads a location's `active` flag only in a statement after
+//! that lock; a level row is created (with 0) in a statement of its own before its count
+//! changes. `products.available_quantity` is then always the sum of the active levels.
+
+use super::Tx;
+use crate::checkout::error::CheckoutError;
+use crate::checkout::order::new_row_id;
+use crate::domain::{IdempotencyKey, LocationId, ProductId};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+/// Turns a location on or off: its levels join or leave their products' counts (no level
+/// changes, no movement). The location's row is locked `FOR UPDATE` first (which waits for
+/// the foreign-key checks of level rows being created there, and holds off new ones), then
+/// every product with a level there, in the one lock order; the sums move in a statement
+/// after those locks. Returns the location, and the products whose counts moved (`None`: no
+/// such location).
+pub(crate) async fn set_active(
+    tx: &mut Tx,
+    id: &LocationId,
+    active: bool,
+) -> Result<Option<(bool, Vec<ProductId>)>, sqlx::Error> {
+    let Some(was): Option<bool> =
+        sqlx::query_scalar("SELECT active FROM locations WHERE location_id = $1 FOR UPDATE")
+            .bind(id.as_str())
+            .fetch_optional(&mut **tx)
+            .await?
+    else {
+        return Ok(None);
+    };
+    if was == active {
+        return Ok(Some((active, vec![])));
+    }
+    let products: Vec<ProductId> = sqlx::query_scalar(
+        "SELECT p.product_id FROM products p \
+          WHERE p.product_id IN (SELECT s.product_id FROM stock_levels s WHERE s.location_id = $1) \
+          ORDER BY p.product_id COLLATE \"C\" FOR NO KEY UPDATE OF p",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut **tx)
+    .await?;
+    sqlx::query(
+        "UPDATE products p \
+            SET available_quantity = p.available_quantity \
+                                     + CASE WHEN $2 THEN s.available_quantity ELSE -s.available_quantity END, \
+                updated_at = clock_timestamp() \
+           FROM stock_levels s \
+          WHERE s.location_id = $1 AND s.product_id = p.product_id AND s.available_quantity > 0",
+    )
+    .bind(id.as_str())
+    .bind(active)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "UPDATE locations SET active = $2, updated_at = clock_timestamp() WHERE location_id = $1",
+    )
+    .bind(id.as_str())
+    .bind(active)
+    .execute(&mut **tx)
+    .await?;
+    Ok(Some((active, products)))
+}
+
+/// Makes sure `product` has a level at each of `locations` (0 where it had none), in a
+/// statement of its own (see the module's protocol). The product's row must be locked.
+pub(crate) async fn ensure(
+    tx: &mut Tx,
+    product: &str,
+    locations: &[&str],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO stock_levels (product_id, location_id, available_quantity) \
+         SELECT $1, l, 0 FROM unnest($2::text[]) AS l ORDER BY l COLLATE \"C\" \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(product)
+    .bind(locations)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Adds `delta` (any sign) to `product`'s level at `location`, guarded (`… >= -delta`), and
+/// to the product's count when the location is active, with a `stock.changed` event
+/// (`reason`) stating the level after. The product's row must be locked and the level must
+/// exist ([`ensure`]). `None`: the level would go below zero (nothing changed).
+pub(crate) async fn add(
+    tx: &mut Tx,
+    product: &str,
+    location: &str,
+    delta: i32,
+    reason: &str,
+) -> Result<Option<i32>, sqlx::Error> {
+    sqlx::query_scalar(
+        "WITH l AS (UPDATE stock_levels s SET available_quantity = s.available_quantity + $3, \
+                           updated_at = clock_timestamp() \
+                     WHERE s.product_id = $1 AND s.location_id = $2 AND s.available_quantity + $3 >= 0 \
+                    RETURNING s.available_quantity), \
+              p AS (UPDATE products p SET available_quantity = p.available_quantity + $3, \
+                           updated_at = clock_timestamp() \
+                     WHERE p.product_id = $1 AND EXISTS (SELECT FROM l) \
+                       AND (SELECT active FROM locations WHERE location_id = $2) \
+                    RETURNING 1), \
+              e AS (INSERT INTO events (types, items, k) \
+                    SELECT '{stock.changed}', json_build_array(json_build_object( \
+                           'type', 'stock.changed', 'data', json_build_object( \
+                           'product_id', $1::text, 'location_id', $2::text, 'delta', $3::int4, \
+                           'available_quantity', l.available_quantity, 'reason', $4::text))), 1 \
+                      FROM l WHERE $3 <> 0 OR $4 = 'create') \
+         SELECT l.available_quantity FROM l",
+    )
+    .bind(product)
+    .bind(location)
+    .bind(delta)
+    .bind(reason)
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// A product's levels, as its page states them: one per location that ever held it.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Level {
+    #[schema(example = "default")]
+    pub location_id: String,
+    pub available_quantity: i32,
+    pub active: bool,
+}
+
+/// A transfer as the API states it.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Transfer {
+    pub transfer_id: Uuid,
+    #[schema(value_type = String)]
+    pub product_id: String,
+    #[schema(value_type = String)]
+    #[sqlx(rename = "from_location")]
+    pub from: String,
+    #[schema(value_type = String)]
+    #[sqlx(rename = "to_location")]
+    pub to: String,
+    pub quantity: i32,
+    /// `in_transit` or `received`.
+    #[schema(pattern = "^(in_transit|received)$")]
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+    pub received_at: Option<DateTime<Utc>>,
+    #[serde(skip)]
+    pub request_fingerprint: String,
+}
+
+const TRANSFER_COLUMNS: &str = "transfer_id, product_id, from_location, to_location, quantity, \
+                                status, created_at, received_at, request_fingerprint";
+
+/// What a transfer asks.
+pub struct TransferRequest {
+    pub key: IdempotencyKey,
+    pub product: ProductId,
+    pub from: LocationId,
+    pub to: LocationId,
+    pub quantity: i32,
+    pub in_transit: bool,
+}
+
+impl TransferRequest {
+    fn fingerprint(&self) -> String {
+        format!(
+            "{}:{}>{}:{}:{}",
+            self.product, self.from, self.to, self.quantity, self.in_transit
+        )
+    }
+}
+
+/// Creates a transfer under its key: its units leave `from` (guarded) and, unless in
+/// transit, join `to`, in this transaction. `Ok((transfer, true))`: made now; `false`: the
+/// key's earlier transfer, the same body. Errors: no such product, `from` short
+/// (`OutOfStock`, nothing written), the key used with another body.
+pub(crate) async fn transfer(
+    tx: &mut Tx,
+    req: &TransferRequest,
+) -> Result<(Transfer, bool), CheckoutError> {
+    let fp = req.fingerprint();
+    if let Some(t) = by_key(tx, &req.key).await? {
+        return match t.request_fingerprint == fp {
+            true => Ok((t, false)),
+            false => Err(CheckoutError::KeyReused),
+        };
+    }
+    let product = req.product.as_str();
+    if crate::checkout::tx::lock(tx, &[product]).await?.is_empty() {
+        return Err(CheckoutError::ProductNotFound);
+    }
+    let status = if req.in_transit {
+        "in_transit"
+    } else {
+        "received"
+    };
+    let inserted: Option<Transfer> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO transfers (transfer_id, product_id, from_location, to_location, quantity, status, \
+                                idempotency_key, request_fingerprint, received_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $6 = 'received' THEN clock_timestamp() END) \
+         ON CONFLICT (idempotency_key) DO NOTHING RETURNING {TRANSFER_COLUMNS}"
+    )))
+    .bind(new_row_id())
+    .bind(product)
+    .bind(req.from.as_str())
+    .bind(req.to.as_str())
+    .bind(req.quantity)
+    .bind(status)
+    .bind(req.key.as_str())
+    .bind(&fp)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(made) = inserted else {
+        // Claimed concurrently: that transfer is the key's, once it commits.
+        return match by_key(tx, &req.key).await? {
+            Some(t) if t.request_fingerprint == fp => Ok((t, false)),
+            Some(_) => Err(CheckoutError::KeyReused),
+            None => Err(CheckoutError::OutcomeUnknown),
+        };
+    };
+    ensure(tx, product, &[req.from.as_str(), req.to.as_str()]).await?;
+    if add(tx, product, req.from.as_str(), -req.quantity, "transfer")
+        .await?
+        .is_none()
+    {
+        return Err(CheckoutError::OutOfStock);
+    }
+    if !req.in_transit {
+        add(tx, product, req.to.as_str(), req.quantity, "transfer").await?;
+    }
+    Ok((made, true))
+}
+
+async fn by_key(tx: &mut Tx, key: &IdempotencyKey) -> Result<Option<Transfer>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {TRANSFER_COLUMNS} FROM transfers WHERE idempotency_key = $1"
+    )))
+    .bind(key.as_str())
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// A transfer by id.
+pub(crate) async fn get(
+    exec: impl sqlx::PgExecutor<'_>,
+    id: Uuid,
+) -> Result<Option<Transfer>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {TRANSFER_COLUMNS} FROM transfers WHERE transfer_id = $1"
+    )))
+    .bind(id)
+    .fetch_optional(exec)
+    .await
+}
+
+/// Receives an in-transit transfer: its units join `to`, exactly once (one guarded status
+/// change from `in_transit`, under the product's row lock). `Ok((transfer, true))` when
+/// received now; a transfer received already answers as it is. `None`: no such transfer.
+pub(crate) async fn receive(
+    tx: &mut Tx,
+    id: Uuid,
+) -> Result<Option<(Transfer, bool)>, sqlx::Error> {
+    let Some(t) = get(&mut **tx, id).await? else {
+        return Ok(None);
+    };
+    crate::checkout::tx::lock(tx, &[t.product_id.as_str()]).await?;
+    let received: Option<Transfer> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE transfers SET status = 'received', received_at = clock_timestamp() \
+          WHERE transfer_id = $1 AND status = 'in_transit' RETURNING {TRANSFER_COLUMNS}"
+    )))
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(t) = received else {
+        return Ok(get(&mut **tx, id).await?.map(|t| (t, false)));
+    };
+    ensure(tx, &t.product_id, &[t.to.as_str()]).await?;
+    add(tx, &t.product_id, &t.to, t.quantity, "transfer").await?;
+    Ok(Some((t, true)))
+}
