@@ -127,11 +127,16 @@ async fn an_expired_hold_gives_its_units_back_within_5_s_and_says_hold_expired()
     let hold = parse::<Hold>(&hold);
     assert_eq!(hold.status, HoldStatus::Held);
     let id = hold.hold_id;
+    // Both counts in one statement (one snapshot): two reads could straddle the expiry's
+    // commit and see half of it, which no transaction ever wrote.
     let stock = || async {
-        (
-            app.stock_on_primary("exp").await,
-            app.stock_on_primary("exp-b").await,
+        sqlx::query_as::<_, (i32, i32)>(
+            "SELECT (SELECT available_quantity FROM products WHERE product_id = 'exp'), \
+                    (SELECT available_quantity FROM products WHERE product_id = 'exp-b')",
         )
+        .fetch_one(&app.primary)
+        .await
+        .unwrap()
     };
     // Precondition: the units were held when the hold came back.
     assert_eq!(stock().await, (7, 8));
