@@ -73,7 +73,10 @@ async fn unanalyzed_database() -> (String, sqlx::PgPool) {
          ALTER TABLE restocks SET (autovacuum_enabled = off); \
          ALTER TABLE hold_lines SET (autovacuum_enabled = off); \
          ALTER TABLE products SET (autovacuum_enabled = off); \
-         ALTER TABLE events SET (autovacuum_enabled = off);",
+         ALTER TABLE events SET (autovacuum_enabled = off); \
+         ALTER TABLE stock_levels SET (autovacuum_enabled = off); \
+         ALTER TABLE locations SET (autovacuum_enabled = off); \
+         ALTER TABLE transfers SET (autovacuum_enabled = off);",
     )
     .execute(&pool)
     .await
