@@ -19,7 +19,7 @@
 -- (`allocations`, the answer's shape), so a give-back returns each unit to its own location
 -- and the order path writes no extra row.
 --
--- Live after this migration (docs/design/orders.md): take_order_batches_v5, lines_verdicts_v2,
+-- Live after this migration (docs/design/orders.md): take_order_batches_v5, lines_verdicts_v2 and their helpers,
 -- allocate_v1, drop_verdict_v1, customer_units_v2. take_order_batches_v4 and lines_verdicts_v1
 -- stay for binaries that still call them (they know no location: a product kept at more than
 -- one location must not be sold by them, and they refuse to: see their guard below).
@@ -235,6 +235,29 @@ AS $$
                 ELSE p_locs[coalesce(p_loc_ends[p_i - 1], 0) + 1 : p_loc_ends[p_i]] END
 $$;
 
+-- What `p_product` has left at `p_locs` (the active levels `p_lv_*`): what a request that
+-- names its locations may take.
+CREATE FUNCTION locations_left_v1(p_product text, p_locs text[], p_lv_product text[],
+                                  p_lv_location text[], p_left integer[])
+RETURNS integer
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT coalesce(sum(p_left[k]), 0)::integer
+      FROM generate_subscripts(p_left, 1) AS k
+     WHERE p_lv_product[k] = p_product AND p_lv_location[k] = ANY (p_locs)
+$$;
+
+-- The locations of the levels `p_lv_location` (in active_levels_v1's order), each once, in
+-- that order: where a request that names no location takes from.
+CREATE FUNCTION ranked_locations_v1(p_lv_location text[])
+RETURNS text[]
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT coalesce(array_agg(x.l ORDER BY x.first), '{}')
+      FROM (SELECT u.l, min(u.k) AS first FROM unnest(p_lv_location) WITH ORDINALITY AS u(l, k)
+             GROUP BY u.l) x
+$$;
+
 -- The verdicts of carts (or a hold) whose product rows the caller has locked, in arrival
 -- order: cart c's lines are p_products[p_ends[c-1]+1 .. p_ends[c]] (each product once), for
 -- p_users[c]. Each is judged (drop_verdict_v1) against what the carts before it that may be
@@ -281,7 +304,7 @@ DECLARE
     v_lv_p    text[];
     v_lv_l    text[];
     v_lv_q    integer[];
-    v_ranked  text[] := '{}';
+    v_ranked  text[];
     v_locs    text[];
     v_named   boolean;
     v_a       record;
@@ -301,11 +324,7 @@ BEGIN
     SELECT array_agg(a.product_id), array_agg(a.location_id), array_agg(a.available_quantity)
       INTO v_lv_p, v_lv_l, v_lv_q
       FROM active_levels_v1(v_known) a;
-    FOR k IN 1 .. coalesce(cardinality(v_lv_l), 0) LOOP
-        IF NOT (v_lv_l[k] = ANY (v_ranked)) THEN
-            v_ranked := v_ranked || v_lv_l[k];
-        END IF;
-    END LOOP;
+    v_ranked := ranked_locations_v1(v_lv_l);
     FOR c IN 1 .. cardinality(p_ends) LOOP
         v_n := p_ends[c] - v_lo + 1;
         c_left := '{}'; c_limit := '{}'; c_starts := '{}'; c_ends := '{}';
@@ -318,10 +337,8 @@ BEGIN
             v_missing := v_missing OR v_at IS NULL;
             -- What the line may take: its cart's own locations' levels, or the product's count.
             c_left := c_left || CASE WHEN NOT v_named THEN v_stock[v_at]
-                                     ELSE (SELECT coalesce(sum(v_lv_q[k]), 0)::integer
-                                             FROM generate_subscripts(v_lv_q, 1) AS k
-                                            WHERE v_lv_p[k] = p_products[i]
-                                              AND v_lv_l[k] = ANY (v_locs)) END;
+                                     ELSE locations_left_v1(p_products[i], v_locs, v_lv_p,
+                                                            v_lv_l, v_lv_q) END;
             c_limit := c_limit || v_limit[v_at];
             c_starts := c_starts || v_starts[v_at];
             c_ends := c_ends || v_ends[v_at];
@@ -486,7 +503,7 @@ DECLARE
     v_lv_l    text[];
     v_lv_q    integer[];
     v_lv_q0   integer[];
-    v_ranked  text[] := '{}';
+    v_ranked  text[];
     v_named   boolean[];
     v_locs    text[];
     v_left_i  integer;
@@ -540,11 +557,7 @@ BEGIN
       INTO v_lv_p, v_lv_l, v_lv_q
       FROM active_levels_v1(p_products) a;
     v_lv_q0 := v_lv_q;
-    FOR k IN 1 .. coalesce(cardinality(v_lv_l), 0) LOOP
-        IF NOT (v_lv_l[k] = ANY (v_ranked)) THEN
-            v_ranked := v_ranked || v_lv_l[k];
-        END IF;
-    END LOOP;
+    v_ranked := ranked_locations_v1(v_lv_l);
     -- Which products have a request that names its locations.
     v_named := array_fill(false, ARRAY[cardinality(p_products)]);
     IF cardinality(p_locs) > 0 THEN
@@ -634,9 +647,7 @@ BEGIN
             v_locs := request_locations_v1(p_locs, p_loc_ends, v_lo[j] + r.i - 1, v_ranked);
             v_left_i := v_left[j];
             IF v_named[j] THEN
-                SELECT coalesce(sum(v_lv_q[k]), 0) INTO v_left_i
-                  FROM generate_subscripts(v_lv_q, 1) AS k
-                 WHERE v_lv_p[k] = p_products[j] AND v_lv_l[k] = ANY (v_locs);
+                v_left_i := locations_left_v1(p_products[j], v_locs, v_lv_p, v_lv_l, v_lv_q);
             END IF;
             v_verdict := drop_verdict_v1(v_now, ARRAY[p_products[j]], ARRAY[r.qty],
                                          ARRAY[v_left_i], ARRAY[v_limit[j]], ARRAY[v_starts[j]],
@@ -749,9 +760,7 @@ BEGIN
             v_locs := request_locations_v1(p_locs, p_loc_ends, i, v_ranked);
             v_left_i := v_left[j];
             IF v_named[j] THEN
-                SELECT coalesce(sum(v_lv_q[k]), 0) INTO v_left_i
-                  FROM generate_subscripts(v_lv_q, 1) AS k
-                 WHERE v_lv_p[k] = p_products[j] AND v_lv_l[k] = ANY (v_locs);
+                v_left_i := locations_left_v1(p_products[j], v_locs, v_lv_p, v_lv_l, v_lv_q);
             END IF;
             v_verdict := drop_verdict_v1(v_now, ARRAY[p_products[j]], ARRAY[p_qty[i]],
                                          ARRAY[v_left_i], ARRAY[v_limit[j]], ARRAY[v_starts[j]],

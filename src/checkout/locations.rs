@@ -8,7 +8,7 @@
 
 use super::error::CheckoutError;
 use super::tx::Tx;
-use crate::domain::{LocationId, Locations};
+use crate::domain::LocationId;
 use crate::routing::Db;
 use serde::Serialize;
 use std::collections::HashSet;
@@ -119,13 +119,8 @@ pub(crate) async fn rename(
 }
 
 impl super::Checkout {
-    /// `Err(UnknownLocation)` unless every location `l` names exists.
-    pub async fn known_locations(&self, l: &Locations) -> Result<(), CheckoutError> {
-        self.known.check(&self.db, l.get()).await
-    }
-
     /// `Err(UnknownLocation)` unless every one of `ids` exists.
-    pub async fn known_location_ids(&self, ids: &[LocationId]) -> Result<(), CheckoutError> {
+    pub async fn known_locations(&self, ids: &[LocationId]) -> Result<(), CheckoutError> {
         self.known.check(&self.db, ids).await
     }
 

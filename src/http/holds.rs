@@ -82,7 +82,7 @@ async fn take(
     let user = super::acting_user(&caller, body.user_id.as_deref(), "take holds")?;
     let lines = parse_lines(&body.lines)?;
     let locations = crate::domain::Locations::parse(body.locations.as_deref())?;
-    state.checkout.known_locations(&locations).await?;
+    state.checkout.known_locations(locations.get()).await?;
     let ttl = match &body.ttl_s {
         Some(n) => HoldTtl::parse(n)?,
         None => HoldTtl::DEFAULT,

@@ -185,7 +185,7 @@ async fn place(
     let key = super::required_key(&headers)?;
     let user = super::acting_user(&caller, body.user_id.as_deref(), "place orders")?;
     let locations = Locations::parse(body.locations.as_deref())?;
-    state.checkout.known_locations(&locations).await?;
+    state.checkout.known_locations(locations.get()).await?;
     let single = |product, quantity| OrderRequest {
         user: user.clone(),
         product,

@@ -112,7 +112,7 @@ async fn create(
         }
     };
     let ids: Vec<LocationId> = stock.iter().map(|(l, _)| l.clone()).collect();
-    state.checkout.known_location_ids(&ids).await?;
+    state.checkout.known_locations(&ids).await?;
     let rules = Rules {
         max_per_customer: body
             .max_per_customer
@@ -467,7 +467,7 @@ async fn availability(
     if let Some(raw) = q.locations.as_deref() {
         let names: Vec<String> = raw.split(',').map(str::to_string).collect();
         let at = crate::domain::Locations::parse(Some(&names))?;
-        state.checkout.known_locations(&at).await?;
+        state.checkout.known_locations(at.get()).await?;
         return by_location(&state, id, qty, at).await;
     }
     let gate = state.checkout.available(&id).await?;
