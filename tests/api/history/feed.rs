@@ -2,6 +2,12 @@
 //! transaction ended, the whole feed read through the service's own read must hold one
 //! `order.confirmed` per order the tables hold, one `order.cancelled` per cancelled order, a
 //! `stock.changed` per restock, and books that add up to every product's stock.
+//!
+//! With locations (issue 46), two sets of books: per product from the events' `lines`, which
+//! add up to the product's units at every location (an inactive one's too: its restocks and
+//! transfers are announced, though they move no count that is for sale); and per (product,
+//! location) from `stock.changed`'s `location_id` and the `allocations` orders and holds carry,
+//! which add up to each level, the active ones to the product's count.
 
 use sqlx::PgPool;
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +32,7 @@ pub(super) async fn feed_anomalies(pool: &PgPool) -> Vec<String> {
     }
     let mut announced: HashMap<(Uuid, &str), usize> = HashMap::new();
     let mut books: BTreeMap<String, i64> = BTreeMap::new();
+    let mut at: BTreeMap<(String, String), i64> = BTreeMap::new();
     let hold_orders: Vec<Uuid> = events
         .iter()
         .filter(|e| e.kind == "hold.confirmed")
@@ -40,11 +47,30 @@ pub(super) async fn feed_anomalies(pool: &PgPool) -> Vec<String> {
                 )
             })
         };
+        let allocations = || {
+            e.data["allocations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| {
+                    let s = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
+                    (
+                        (s("product_id"), s("location_id")),
+                        a["quantity"].as_i64().unwrap_or_default(),
+                    )
+                })
+        };
         let order = e.data["order_id"].as_str().and_then(|o| o.parse().ok());
         let sign = match e.kind.as_str() {
             "stock.changed" => {
                 let p = e.data["product_id"].as_str().unwrap_or_default().to_owned();
-                *books.entry(p).or_default() += e.data["delta"].as_i64().unwrap_or_default();
+                let l = e.data["location_id"]
+                    .as_str()
+                    .unwrap_or("default")
+                    .to_owned();
+                let delta = e.data["delta"].as_i64().unwrap_or_default();
+                *books.entry(p.clone()).or_default() += delta;
+                *at.entry((p, l)).or_default() += delta;
                 0
             }
             "order.confirmed" | "order.cancelled" => {
@@ -63,6 +89,9 @@ pub(super) async fn feed_anomalies(pool: &PgPool) -> Vec<String> {
         };
         for (p, q) in lines() {
             *books.entry(p).or_default() += sign * q;
+        }
+        for (place, q) in allocations() {
+            *at.entry(place).or_default() += sign * q;
         }
     }
     let orders: Vec<(Uuid, String)> =
@@ -100,6 +129,32 @@ pub(super) async fn feed_anomalies(pool: &PgPool) -> Vec<String> {
     if restocked as i64 != restocks {
         found.push(format!("{restocks} restocks, {restocked} restock events"));
     }
+    let levels: Vec<(String, String, i64, bool)> = sqlx::query_as(
+        "SELECT s.product_id, s.location_id, s.available_quantity::int8, l.active \
+           FROM stock_levels s JOIN locations l USING (location_id)",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("levels");
+    let mut everywhere: BTreeMap<String, i64> = BTreeMap::new();
+    let mut for_sale: BTreeMap<String, i64> = BTreeMap::new();
+    for (p, l, level, active) in levels {
+        *everywhere.entry(p.clone()).or_default() += level;
+        let booked = at.remove(&(p.clone(), l.clone())).unwrap_or(0);
+        if active {
+            *for_sale.entry(p.clone()).or_default() += booked;
+        }
+        if booked != level {
+            found.push(format!(
+                "{p} at {l}: the events' books say {booked}, the level {level}"
+            ));
+        }
+    }
+    for ((p, l), booked) in at.into_iter().filter(|(_, n)| *n != 0) {
+        found.push(format!(
+            "{p} at {l}: the events' books say {booked}, and there is no level"
+        ));
+    }
     let stock: Vec<(String, i64)> =
         sqlx::query_as("SELECT product_id, available_quantity::int8 FROM products")
             .fetch_all(pool)
@@ -107,9 +162,16 @@ pub(super) async fn feed_anomalies(pool: &PgPool) -> Vec<String> {
             .expect("products");
     for (p, available) in stock {
         let booked = books.get(&p).copied().unwrap_or(0);
-        if booked != available {
+        let held = everywhere.get(&p).copied().unwrap_or(0);
+        if booked != held {
             found.push(format!(
-                "{p}: the events' books say {booked}, the row {available}"
+                "{p}: the events' lines say {booked}, its levels {held}"
+            ));
+        }
+        let active = for_sale.get(&p).copied().unwrap_or(0);
+        if active != available {
+            found.push(format!(
+                "{p}: the events' books at its active locations say {active}, the row {available}"
             ));
         }
     }
