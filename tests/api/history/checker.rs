@@ -1,6 +1,7 @@
 //! The checker: a pure function of the history and the database. Its own tests, at the end,
 //! hold that it can fail.
 
+use super::locations::{self, Cause, Movement, Opening};
 use super::model::*;
 use super::nemesis::{FAULTS, Fault, Window};
 use super::own_data;
@@ -33,6 +34,13 @@ pub(super) enum Subject {
         user: String,
         record: Record,
     },
+    /// A transfer, by its key.
+    Transfer(String),
+    /// One product's count at one location.
+    Location {
+        product: String,
+        location: String,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -56,6 +64,9 @@ impl Subject {
                 user: user.clone(),
                 record: *record,
             },
+            Target::Transfer { key, .. } | Target::Receive { key, .. } => {
+                Subject::Transfer(key.clone())
+            }
         }
     }
 
@@ -64,7 +75,9 @@ impl Subject {
             (Subject::Order(id), Target::Cancel { order_id, .. }) => id == order_id,
             (Subject::Order(id), _) => op.answer.order_id() == Some(*id),
             (Subject::Product(p), Target::Order { product, .. })
-            | (Subject::Product(p), Target::Restock { product, .. }) => p == product,
+            | (Subject::Product(p), Target::Restock { product, .. })
+            | (Subject::Product(p), Target::Transfer { product, .. }) => p == product,
+            (Subject::Location { product, location }, _) => touches(op, product, location),
             (
                 Subject::Customer {
                     user: u,
@@ -79,22 +92,40 @@ impl Subject {
     }
 }
 
+/// Whether `op` moved units of `product` at `location`, by its request (a restock there, a
+/// transfer from or to it) or by its answer (an order's or a cancel's allocations there, a
+/// receive of a transfer to it).
+fn touches(op: &Op, product: &str, location: &str) -> bool {
+    match &op.target {
+        Target::Restock {
+            product: p,
+            location: l,
+            ..
+        } => p == product && Target::restocked_at(l) == location,
+        Target::Transfer {
+            product: p,
+            from,
+            to,
+            ..
+        } => p == product && (from == location || to == location),
+        Target::Receive { .. } => {
+            op.answer.body()["product_id"] == product && op.answer.body()["to"] == location
+        }
+        Target::Order { .. } | Target::Cancel { .. } => op.answer.allocations().is_some_and(|a| {
+            a.iter()
+                .any(|a| a.product == product && a.location == location)
+        }),
+        Target::Save { .. } | Target::Read { .. } => false,
+    }
+}
+
 struct Checker<'a> {
-    initial: &'a BTreeMap<String, i64>,
     db: &'a Snapshot,
     found: Vec<Anomaly>,
 }
 
-pub(super) fn check(
-    initial: &BTreeMap<String, i64>,
-    history: &[Op],
-    db: &Snapshot,
-) -> Vec<Anomaly> {
-    let mut c = Checker {
-        initial,
-        db,
-        found: vec![],
-    };
+pub(super) fn check(initial: &Opening, history: &[Op], db: &Snapshot) -> Vec<Anomaly> {
+    let mut c = Checker { db, found: vec![] };
     c.statuses(history);
     let mut keys: BTreeMap<(String, String), Vec<&Op>> = BTreeMap::new();
     let mut cancels: BTreeMap<Uuid, Vec<&Op>> = BTreeMap::new();
@@ -108,7 +139,10 @@ pub(super) fn check(
             Target::Cancel { order_id, .. } => cancels.entry(*order_id).or_default().push(op),
             Target::Restock { key, .. } => restocks.entry(key.clone()).or_default().push(op),
             // Judged on their own, below.
-            Target::Save { .. } | Target::Read { .. } => {}
+            Target::Save { .. }
+            | Target::Read { .. }
+            | Target::Transfer { .. }
+            | Target::Receive { .. } => {}
         }
     }
     let rows: HashMap<(&str, &str), &Row> = db
@@ -127,7 +161,8 @@ pub(super) fn check(
     c.unasked_rows(&keys, &cancels);
     c.cancels(&cancels);
     let restocked = c.restocks(&restocks);
-    c.conservation(&restocked);
+    c.found
+        .extend(locations::check(initial, restocked, history, db));
     c.limits();
     c.windows(history);
     c.found.extend(own_data::read_your_writes(history));
@@ -172,6 +207,14 @@ impl<'a> Checker<'a> {
                 }
                 (Target::Order { .. }, 201 | 422 | 503) => None,
                 (Target::Cancel { .. } | Target::Restock { .. }, 200 | 503) => None,
+                (Target::Transfer { .. }, 409) if code != OUT_OF_STOCK => {
+                    Some("transfer 409 not OUT_OF_STOCK")
+                }
+                (Target::Transfer { .. }, 422) if code != "IDEMPOTENCY_KEY_REUSED" => {
+                    Some("422 not IDEMPOTENCY_KEY_REUSED")
+                }
+                (Target::Transfer { .. }, 201 | 409 | 422 | 503) => None,
+                (Target::Receive { .. }, 200 | 503) => None,
                 // A read of own data may fail closed; a write's outcome may be unknown.
                 (Target::Save { .. } | Target::Read { .. }, 200 | 503) => None,
                 (Target::Read { record, .. }, 404)
@@ -494,10 +537,11 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Each restock key answered 200 was applied exactly once, and every retry answered the
-    /// same. Returns the units each product was given, as the admins saw it.
-    fn restocks(&mut self, restocks: &BTreeMap<String, Vec<&Op>>) -> BTreeMap<String, i64> {
-        let mut given: BTreeMap<String, i64> = BTreeMap::new();
+    /// Each restock key answered 200 was applied exactly once, at its location, and every
+    /// retry answered the same. Returns the units each location was given, as the admins saw
+    /// it.
+    fn restocks(&mut self, restocks: &BTreeMap<String, Vec<&Op>>) -> Vec<Movement> {
+        let mut given = vec![];
         if self.db.restocks.is_none() {
             self.flag(
                 "no restocks table",
@@ -509,11 +553,15 @@ impl<'a> Checker<'a> {
         for (key, ops) in restocks {
             let subject = Subject::Restock(key.clone());
             let Target::Restock {
-                product, quantity, ..
+                product,
+                quantity,
+                location,
+                ..
             } = &ops[0].target
             else {
                 unreachable!()
             };
+            let location = Target::restocked_at(location);
             let results: BTreeSet<String> = ops
                 .iter()
                 .filter(|o| o.answer.status() == Some(200))
@@ -542,14 +590,19 @@ impl<'a> Checker<'a> {
             if results.is_empty() {
                 continue;
             }
-            *given.entry(product.clone()).or_default() += quantity;
+            given.push(Movement {
+                place: place(product, location),
+                cause: Cause::Restock,
+                delta: *quantity,
+            });
             let applied: Vec<&RestockRow> = table.iter().filter(|r| r.key == *key).collect();
             if self.db.restocks.is_some()
                 && (applied.len() != 1
                     || applied[0].product != *product
-                    || applied[0].quantity != *quantity)
+                    || applied[0].quantity != *quantity
+                    || applied[0].location != location)
             {
-                self.flag("restock not applied exactly once", subject, format!("answered 200 for {product}+{quantity}; the restocks table holds {applied:?}"));
+                self.flag("restock not applied exactly once", subject, format!("answered 200 for {product}+{quantity}@{location}; the restocks table holds {applied:?}"));
             }
         }
         for r in table.iter().filter(|r| !restocks.contains_key(&r.key)) {
@@ -560,29 +613,6 @@ impl<'a> Checker<'a> {
             );
         }
         given
-    }
-
-    /// initial + restocks − confirmed = final, per product, and never negative (cancelled
-    /// orders gave their units back; refused rows never took any).
-    fn conservation(&mut self, restocked: &BTreeMap<String, i64>) {
-        for (product, initial) in self.initial {
-            let confirmed: i64 = self
-                .db
-                .orders
-                .iter()
-                .filter(|r| r.product == *product && r.status == "confirmed")
-                .map(|r| r.quantity)
-                .sum();
-            let added = restocked.get(product).copied().unwrap_or(0);
-            let want = initial + added - confirmed;
-            let stock = self.db.stock.get(product).copied().unwrap_or(i64::MIN);
-            if stock != want || stock < 0 {
-                self.flag("stock not conserved", 
-                    Subject::Product(product.clone()),
-                    format!("stock {stock}; want {initial} initial + {added} restocked − {confirmed} confirmed = {want}"),
-                );
-            }
-        }
     }
 
     /// No user holds more of a limited product than its limit, at the end or at any commit
@@ -814,6 +844,8 @@ pub(super) fn summary(
             Target::Restock { .. } => "restock",
             Target::Save { .. } => "save",
             Target::Read { .. } => "read",
+            Target::Transfer { .. } => "transfer",
+            Target::Receive { .. } => "receive",
         };
         let heard = match op.answer.status() {
             None => "lost".to_string(),
@@ -858,6 +890,110 @@ fn windowed_bought_after_not_started(history: &[Op]) -> bool {
         .iter()
         .filter(windowed)
         .any(|o| o.answer.status() == Some(201) && o.sent_ms > first_no)
+}
+
+/// What a run must have exercised for the per-location checks to mean anything.
+fn location_coverage(history: &[Op]) -> Vec<(&'static str, bool)> {
+    let seen = |f: &dyn Fn(&Op) -> bool| history.iter().any(f);
+    let away_from_default = |o: &Op| {
+        o.answer
+            .allocations()
+            .is_some_and(|a| a.iter().any(|a| a.location != DEFAULT))
+    };
+    let transfer = |o: &Op, in_transit: bool| {
+        matches!(o.target, Target::Transfer { in_transit: t, .. } if t == in_transit)
+            && o.answer.status() == Some(201)
+    };
+    let receive = |o: &Op| matches!(o.target, Target::Receive { .. });
+    // The same request answered 200/201 twice: a retry or replay met what the first did.
+    let again = |o: &Op, status: u16| {
+        o.answer.status() == Some(status)
+            && history[..o.seq]
+                .iter()
+                .any(|e| e.target == o.target && e.answer.status() == Some(status))
+    };
+    vec![
+        (
+            "an order that named locations answered 201",
+            seen(&|o| {
+                matches!(
+                    o.target,
+                    Target::Order {
+                        locations: Some(_),
+                        ..
+                    }
+                ) && o.answer.status() == Some(201)
+            }),
+        ),
+        (
+            "an order answered 201 with units from a location other than default",
+            seen(&|o| matches!(o.target, Target::Order { .. }) && away_from_default(o)),
+        ),
+        (
+            "an order answered 201 with its units split between two locations",
+            seen(&|o| {
+                matches!(o.target, Target::Order { .. })
+                    && o.answer.status() == Some(201)
+                    && o.answer.allocations().is_some_and(|a| {
+                        a.iter().map(|a| &a.location).collect::<BTreeSet<_>>().len() > 1
+                    })
+            }),
+        ),
+        (
+            "a cancel answered 200 that gave units back to a location other than default",
+            seen(&|o| {
+                matches!(o.target, Target::Cancel { .. })
+                    && o.answer.status() == Some(200)
+                    && away_from_default(o)
+            }),
+        ),
+        (
+            "a restock at a location other than default answered 200",
+            seen(&|o| {
+                matches!(&o.target, Target::Restock { location: Some(l), .. } if l != DEFAULT)
+                    && o.answer.status() == Some(200)
+            }),
+        ),
+        (
+            "a transfer received at once answered 201",
+            seen(&|o| transfer(o, false)),
+        ),
+        (
+            "a transfer in transit answered 201",
+            seen(&|o| transfer(o, true)),
+        ),
+        (
+            "a transfer's key answered 201 again (a retry or a replay)",
+            seen(&|o| matches!(o.target, Target::Transfer { .. }) && again(o, 201)),
+        ),
+        (
+            "a transfer answered 409 OUT_OF_STOCK",
+            seen(&|o| {
+                matches!(o.target, Target::Transfer { .. })
+                    && o.answer.refusal() == Some(OUT_OF_STOCK)
+            }),
+        ),
+        (
+            "a transfer's answer lost or 503",
+            seen(&|o| matches!(o.target, Target::Transfer { .. }) && !o.answer.definite()),
+        ),
+        (
+            "a reused transfer key answered 422",
+            seen(&|o| {
+                o.kind == Kind::Reuse
+                    && matches!(o.target, Target::Transfer { .. })
+                    && o.answer.status() == Some(422)
+            }),
+        ),
+        (
+            "a transfer in transit received (200)",
+            seen(&|o| receive(o) && o.answer.status() == Some(200)),
+        ),
+        (
+            "a receive answered 200 again",
+            seen(&|o| receive(o) && again(o, 200)),
+        ),
+    ]
 }
 
 /// What a run must have exercised for its verdict to mean anything.
@@ -949,6 +1085,7 @@ pub(super) fn coverage(
         ),
     ]
     .into_iter()
+    .chain(location_coverage(history))
     .filter(|(_, ok)| !ok)
     .map(|(what, _)| what.to_string())
     .collect();
@@ -977,6 +1114,7 @@ fn order(seq: usize, kind: Kind, key: &str, product: &str, quantity: i64, answer
             key: key.into(),
             product: product.into(),
             quantity,
+            locations: None,
         },
         answer,
     }
@@ -993,7 +1131,8 @@ fn got(status: u16, body: Value) -> Answer {
 fn created(id: Uuid, product: &str, quantity: i64) -> Answer {
     got(
         201,
-        json!({"order_id": id, "product_id": product, "quantity": quantity, "user_id": "ada", "status": "confirmed"}),
+        json!({"order_id": id, "product_id": product, "quantity": quantity, "user_id": "ada", "status": "confirmed",
+               "allocations": [{"product_id": product, "location_id": DEFAULT, "quantity": quantity}]}),
     )
 }
 
@@ -1004,7 +1143,12 @@ fn out_of_stock() -> Answer {
     )
 }
 
+/// A row of `ada`'s; an order's units all from `default`.
 fn row(id: Uuid, key: &str, product: &str, quantity: i64, status: &str) -> Row {
+    let allocations = match status {
+        "refused" => vec![],
+        _ => vec![alloc(product, DEFAULT, quantity)],
+    };
     Row {
         order_id: id,
         user: "ada".into(),
@@ -1014,7 +1158,40 @@ fn row(id: Uuid, key: &str, product: &str, quantity: i64, status: &str) -> Row {
         status: status.into(),
         refusal: None,
         created_at: at(0),
+        allocations,
     }
+}
+
+fn alloc(product: &str, location: &str, quantity: i64) -> Alloc {
+    Alloc {
+        product: product.into(),
+        location: location.into(),
+        quantity,
+    }
+}
+
+/// `product`'s count, all of it at `default`.
+fn set_stock(db: &mut Snapshot, product: &str, n: i64) {
+    db.stock.insert(product.into(), n);
+    db.levels.insert(place(product, DEFAULT), n);
+}
+
+/// Each of `products` created with `n` units at `default`, as the database and its events
+/// hold them: the opening stock, and a snapshot whose `default` is active.
+fn opened(products: &[(&str, i64)], db: &mut Snapshot) -> Opening {
+    db.active.insert(DEFAULT.into(), true);
+    let mut opening = Opening::new();
+    for (p, n) in products {
+        opening.insert(place(p, DEFAULT), *n);
+        db.announced.insert(
+            (place(p, DEFAULT), "create".into()),
+            Announced {
+                added: *n,
+                removed: 0,
+            },
+        );
+    }
+    opening
 }
 
 /// An instant on the primary's clock, `s` seconds into a made-up day.
@@ -1023,7 +1200,7 @@ fn at(s: i64) -> DateTime<Utc> {
 }
 
 /// p: 10 initial; ada's k1 took 2 (a hang-up, then its retry found the order); k2 was refused.
-fn clean() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
+fn clean() -> (Opening, Vec<Op>, Snapshot) {
     let id = Uuid::new_v4();
     let history = vec![
         order(
@@ -1047,8 +1224,7 @@ fn clean() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
             got(422, json!({"error": {"code": "IDEMPOTENCY_KEY_REUSED"}})),
         ),
     ];
-    let db = Snapshot {
-        stock: BTreeMap::from([("p".to_string(), 8)]),
+    let mut db = Snapshot {
         orders: vec![
             row(id, "k1", "p", 2, "confirmed"),
             row(Uuid::new_v4(), "k2", "p", 9, "refused"),
@@ -1056,7 +1232,8 @@ fn clean() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
         restocks: Some(vec![]),
         ..Snapshot::default()
     };
-    (BTreeMap::from([("p".to_string(), 10)]), history, db)
+    set_stock(&mut db, "p", 8);
+    (opened(&[("p", 10)], &mut db), history, db)
 }
 
 #[test]
@@ -1073,7 +1250,7 @@ fn history_checker_flags_a_409_whose_original_committed_later() {
     db.orders[1].status = "confirmed".into();
     db.orders[1].quantity = 1;
     history[2] = order(2, Kind::Retry, "k2", "p", 1, out_of_stock());
-    db.stock.insert("p".into(), 7);
+    set_stock(&mut db, "p", 7);
     let found = check(&initial, &history, &db);
     assert!(
         found.iter().any(|a| a
@@ -1097,6 +1274,7 @@ fn history_checker_flags_a_restock_retry_that_added_twice() {
             key: "r1".into(),
             product: "p".into(),
             quantity: 5,
+            location: None,
         },
         answer,
     };
@@ -1110,7 +1288,7 @@ fn history_checker_flags_a_restock_retry_that_added_twice() {
         Kind::Retry,
         got(200, json!({"product_id": "p", "available_quantity": 18})),
     ));
-    db.stock.insert("p".into(), 18);
+    set_stock(&mut db, "p", 18);
     db.restocks = None;
     let found = check(&initial, &history, &db);
     assert!(
@@ -1174,7 +1352,7 @@ fn history_checker_flags_a_reused_key_that_took_stock() {
     let id = Uuid::new_v4();
     history.push(order(4, Kind::Reuse, "k2", "p", 1, created(id, "p", 1)));
     db.orders[1] = row(id, "k2", "p", 1, "confirmed");
-    db.stock.insert("p".into(), 7);
+    set_stock(&mut db, "p", 7);
     let found = check(&initial, &history, &db);
     assert!(
         found.iter().any(|a| a.what.contains("want 422")),
@@ -1201,7 +1379,8 @@ fn not_started() -> Answer {
     }
 }
 
-fn cancel(seq: usize, order_id: Uuid) -> Op {
+/// ada's cancel of `order_id`, `product`×`quantity` from `default`.
+fn cancel(seq: usize, order_id: Uuid, product: &str, quantity: i64) -> Op {
     Op {
         seq,
         sent_ms: seq as u64,
@@ -1213,7 +1392,11 @@ fn cancel(seq: usize, order_id: Uuid) -> Op {
             user: "ada".into(),
             order_id,
         },
-        answer: got(200, json!({"order_id": order_id, "status": "cancelled"})),
+        answer: got(
+            200,
+            json!({"order_id": order_id, "status": "cancelled",
+                   "allocations": [{"product_id": product, "location_id": DEFAULT, "quantity": quantity}]}),
+        ),
     }
 }
 
@@ -1233,7 +1416,7 @@ fn step(xid: &str, n: i64, order_id: Uuid, cancel: bool) -> Step {
 /// with the same key once it had; k4 bought too; k1 was cancelled, which freed its units for
 /// k5, which took 2 of `lim` again. The commits, in order: k1, k3 and k4 (one batch), k1's
 /// cancel, k5.
-fn drops() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
+fn drops() -> (Opening, Vec<Op>, Snapshot) {
     let (id1, id3, id4, id5) = (
         Uuid::new_v4(),
         Uuid::new_v4(),
@@ -1247,7 +1430,7 @@ fn drops() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
         order(3, Kind::New, "k3", "soon", 1, not_started()),
         order(4, Kind::Retry, "k3", "soon", 1, created(id3, "soon", 1)),
         order(5, Kind::New, "k4", "soon", 1, created(id4, "soon", 1)),
-        cancel(6, id1),
+        cancel(6, id1, "lim", 2),
         order(7, Kind::New, "k5", "lim", 2, created(id5, "lim", 2)),
     ];
     let written_at = |mut r: Row, s: i64| {
@@ -1256,8 +1439,7 @@ fn drops() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
     };
     let mut k2 = row(Uuid::new_v4(), "k2", "lim", 1, "refused");
     k2.refusal = Some(LIMIT_EXCEEDED.into());
-    let db = Snapshot {
-        stock: BTreeMap::from([("lim".to_string(), 8), ("soon".to_string(), 8)]),
+    let mut db = Snapshot {
         rules: BTreeMap::from([
             (
                 "lim".to_string(),
@@ -1290,8 +1472,11 @@ fn drops() -> (BTreeMap<String, i64>, Vec<Op>, Snapshot) {
             step("t9", 50, id1, true),
             step("t5", 60, id5, false),
         ],
+        ..Snapshot::default()
     };
-    let initial = BTreeMap::from([("lim".to_string(), 10), ("soon".to_string(), 10)]);
+    set_stock(&mut db, "lim", 8);
+    set_stock(&mut db, "soon", 8);
+    let initial = opened(&[("lim", 10), ("soon", 10)], &mut db);
     (initial, history, db)
 }
 
@@ -1329,7 +1514,7 @@ fn history_checker_flags_a_user_past_a_limit() {
     history[2] = order(2, Kind::Replay, "k2", "lim", 1, created(id2, "lim", 1));
     db.orders[1] = row(id2, "k2", "lim", 1, "confirmed");
     db.steps.insert(1, step("t2", 20, id2, false));
-    db.stock.insert("lim".into(), 7);
+    set_stock(&mut db, "lim", 7);
     let found = check(&initial, &history, &db);
     only(&found, "a user past a limit", &history);
     assert!(found[0].what.contains("holds 3 of lim"), "{found:?}");
@@ -1397,7 +1582,7 @@ fn history_checker_flags_sale_not_started_once_the_sale_was_on() {
     let mut k6 = row(id6, "k6", "soon", 1, "confirmed");
     k6.created_at = at(103);
     db.orders.push(k6);
-    db.stock.insert("soon".into(), 7);
+    set_stock(&mut db, "soon", 7);
     let found = check(&initial, &history, &db);
     only(&found, "SALE_NOT_STARTED once the sale was on", &history);
     // k3 was told SALE_NOT_STARTED before any 201 for `soon` was heard: that one was true.
@@ -1447,7 +1632,7 @@ fn history_checker_flags_a_limit_passed_and_then_undone_by_a_cancel() {
     db.orders[4] = k5;
     db.steps.insert(1, step("t2", 20, id2, false));
     db.steps.pop();
-    db.stock.insert("lim".into(), 9);
+    set_stock(&mut db, "lim", 9);
     let found = check(&initial, &history, &db);
     only(&found, "a user past a limit", &history);
     assert!(

@@ -17,12 +17,20 @@
 //! The event feed (issue 30) is checked against the same tables: every order the primary
 //! holds announced once, every cancel once, every restock, and books that add up to the stock.
 //!
+//! Locations (issue 46): three products are kept at several locations (one of them inactive
+//! throughout), some buyers name the locations they will take from, restocks name locations,
+//! and a mover transfers units between them, in transit or at once, retrying and receiving
+//! again under the nemesis. Stock is then conserved per (product, location), every answer's
+//! allocations are the row's, and every transfer an admin was told of exists once, in the
+//! state it was answered in (`locations`).
+//!
 //! `STOCKGATE_HISTORY_SEED` replays a workload's choices (the interleavings still differ);
 //! `STOCKGATE_HISTORY_SECS` sets how long the workload runs (default 30; `bench/history.sh`
 //! soaks for 600). The full history is written as JSON lines under the target directory.
 
 mod checker;
 mod feed;
+mod locations;
 mod model;
 mod nemesis;
 mod own_data;
@@ -32,7 +40,8 @@ use crate::helpers::*;
 use checker::{check, coverage, report, summary};
 use chrono::{DateTime, Utc};
 use devcluster::Redis;
-use model::{fingerprint, open_transactions, snapshot};
+use locations::Opening;
+use model::{DEFAULT, fingerprint, open_transactions, place, snapshot};
 use nemesis::{Nemesis, spawn_instance};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -40,8 +49,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use workload::{
-    DEVICES, Device, INITIAL_STOCK, LIMITS, PRODUCTS, RESTOCKERS, RYW_USERS, Restocker, SHOPPERS,
-    Shopper, WINDOWED, World, importer, resolve,
+    DEVICES, Device, INITIAL_STOCK, LIMITS, LOCATIONS, Mover, PRODUCTS, RESTOCKERS, RYW_USERS,
+    Restocker, SHOPPERS, SPREAD, Shopper, WINDOWED, World, importer, resolve,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -82,19 +91,65 @@ async fn settle(pool: &PgPool) {
     }
 }
 
-/// Creates the workload's products, each with `INITIAL_STOCK` and its limit; the windowed
-/// one's sale starts `lead` after the primary's clock now. Returns the initial stock.
-async fn create_products(app: &TestApp, lead: Duration) -> BTreeMap<String, i64> {
+/// Creates the run's locations besides `default`, each with its rank; an inactive one is made
+/// inactive before any product is kept there, so its active flag never changes during the run.
+async fn create_locations(app: &TestApp) {
+    for (id, rank, active) in LOCATIONS {
+        let body = json!({"location_id": id, "name": id, "rank": rank});
+        let r = app
+            .client
+            .post(app.url("/v1/locations"))
+            .bearer_auth(&app.admin)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "creating location {id}");
+        if !active {
+            let r = app
+                .client
+                .patch(app.url(&format!("/v1/locations/{id}")))
+                .bearer_auth(&app.admin)
+                .json(&json!({"active": false}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "deactivating location {id}");
+        }
+    }
+}
+
+/// Creates the workload's products, each with `INITIAL_STOCK` (at `default`, or spread over
+/// several locations by `SPREAD`) and its limit; the windowed one's sale starts `lead` after
+/// the primary's clock now. Returns the stock each (product, location) was created with.
+async fn create_products(app: &TestApp, lead: Duration) -> Opening {
     let starts: DateTime<Utc> =
         sqlx::query_scalar("SELECT date_trunc('milliseconds', now() + make_interval(secs => $1))")
             .bind(lead.as_secs_f64())
             .fetch_one(&app.primary)
             .await
             .unwrap();
-    let mut initial = BTreeMap::new();
+    let mut initial = Opening::new();
     for p in PRODUCTS {
         let limit = LIMITS.iter().find(|(l, _)| *l == p).map(|(_, n)| *n);
         let mut body = json!({"product_id": p, "name": p, "price_cents": 500, "available_quantity": INITIAL_STOCK});
+        let stock: &[(&str, i64)] = match SPREAD.iter().find(|(s, _)| *s == p) {
+            Some((_, stock)) => stock,
+            None => &[(DEFAULT, INITIAL_STOCK)],
+        };
+        if stock.len() > 1 {
+            let total: i64 = stock.iter().map(|(_, n)| n).sum();
+            assert_eq!(
+                total, INITIAL_STOCK,
+                "{p}: the importer re-states {INITIAL_STOCK}"
+            );
+            let entries: Vec<Value> = stock
+                .iter()
+                .map(|(l, n)| json!({"location_id": l, "quantity": n}))
+                .collect();
+            body.as_object_mut().unwrap().remove("available_quantity");
+            body["stock"] = json!(entries);
+        }
         if let Some(limit) = limit {
             body["max_per_customer"] = json!(limit);
         }
@@ -105,7 +160,9 @@ async fn create_products(app: &TestApp, lead: Duration) -> BTreeMap<String, i64>
         assert_eq!(r.status(), 201, "creating {p}");
         let made: Value = r.json().await.unwrap();
         assert_eq!(made["max_per_customer"], json!(limit), "{made}");
-        initial.insert(p.to_string(), INITIAL_STOCK);
+        for (l, n) in stock {
+            initial.insert(place(p, l), *n);
+        }
     }
     initial
 }
@@ -128,6 +185,7 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
     let proxy = ChaosProxy::start(cluster.port(0)).await;
     let a = spawn_instance(&cluster, &database, &redis, &proxy).await;
     let b = spawn_instance(&cluster, &database, &redis, &proxy).await;
+    create_locations(&a).await;
     // The windowed product's sale starts a few seconds in: orders land on both sides of it.
     let initial = create_products(&a, Duration::from_secs((secs / 6).clamp(2, 5))).await;
     let checker_pool = a.primary.clone();
@@ -143,6 +201,9 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
         let restocker = Restocker::new(c, master.fork(), world.clone());
         clients.push(tokio::spawn(restocker.run(deadline)));
     }
+    clients.push(tokio::spawn(
+        Mover::new(master.fork(), world.clone()).run(deadline),
+    ));
     for u in 0..RYW_USERS {
         for d in 0..DEVICES.len() {
             let device = Device::new(u, d, master.fork(), world.clone());

@@ -2,7 +2,7 @@
 //! client sent with what it heard back. The checker reads the one against the other.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -29,6 +29,9 @@ pub(super) struct Row {
     pub(super) refusal: Option<String>,
     /// When the primary inserted the row, on its clock (the column's `clock_timestamp()`).
     pub(super) created_at: DateTime<Utc>,
+    /// Where its units came from (`[]` for a refusal); a cancelled order keeps them, they say
+    /// where its units went back to.
+    pub(super) allocations: Vec<Alloc>,
 }
 
 impl Row {
@@ -66,6 +69,67 @@ pub(super) struct RestockRow {
     pub(super) key: String,
     pub(super) product: String,
     pub(super) quantity: i64,
+    pub(super) location: String,
+}
+
+/// A (product, location): where a count is kept.
+pub(super) type Place = (String, String);
+
+pub(super) fn place(product: &str, location: &str) -> Place {
+    (product.to_owned(), location.to_owned())
+}
+
+/// One entry of an order's, a cart's or a hold's `allocations`, in a row or in an answer.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+pub(super) struct Alloc {
+    #[serde(rename = "product_id")]
+    pub(super) product: String,
+    #[serde(rename = "location_id")]
+    pub(super) location: String,
+    pub(super) quantity: i64,
+}
+
+impl Alloc {
+    pub(super) fn place(&self) -> Place {
+        place(&self.product, &self.location)
+    }
+}
+
+/// `allocations` as a list to compare: sorted, since the order of its entries says nothing.
+/// `None` if `v` is no list of allocations.
+pub(super) fn allocations(v: &Value) -> Option<Vec<Alloc>> {
+    let mut out: Vec<Alloc> = serde_json::from_value(v.clone()).ok()?;
+    out.sort();
+    Some(out)
+}
+
+/// A transfer's state: its units in no location, or joined to `to` (once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum TransferStatus {
+    InTransit,
+    Received,
+}
+
+/// One row of `transfers`.
+#[derive(Clone, Debug)]
+pub(super) struct TransferRow {
+    pub(super) transfer_id: Uuid,
+    pub(super) key: String,
+    pub(super) product: String,
+    pub(super) from: String,
+    pub(super) to: String,
+    pub(super) quantity: i64,
+    pub(super) status: TransferStatus,
+}
+
+/// What `stock.changed` events say moved at one (product, location) for one reason: the
+/// units added and the units removed. A witness of how many times a change was applied,
+/// written in the change's own transaction; the movement ledger will be another.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Announced {
+    pub(super) added: i64,
+    pub(super) removed: i64,
 }
 
 /// One order's confirm or cancel, at its place in the primary's commit order.
@@ -99,6 +163,16 @@ pub(super) struct Snapshot {
     pub(super) restocks: Option<Vec<RestockRow>>,
     /// Every order's confirm and cancel, in commit order per product (by `n`).
     pub(super) steps: Vec<Step>,
+    /// `stock_levels`: each (product, location) that ever held the product.
+    pub(super) levels: BTreeMap<Place, i64>,
+    /// Every location, and whether it is active.
+    pub(super) active: BTreeMap<String, bool>,
+    pub(super) transfers: Vec<TransferRow>,
+    /// The allocations of holds whose units have not been returned (`held`; a confirmed
+    /// hold's units are its order's).
+    pub(super) held: Vec<Alloc>,
+    /// `stock.changed` events by (product, location) and reason.
+    pub(super) announced: BTreeMap<(Place, String), Announced>,
 }
 
 pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
@@ -125,10 +199,11 @@ pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
         String,
         Option<String>,
         DateTime<Utc>,
+        String,
     );
     let orders = sqlx::query_as::<_, OrderRow>(
         "SELECT order_id, user_id, idempotency_key, product_id, quantity::int8, status, \
-                refusal->>'code', created_at FROM orders",
+                refusal->>'code', created_at, allocations::text FROM orders",
     )
     .fetch_all(pool)
     .await
@@ -146,9 +221,13 @@ pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
     .fetch_all(pool)
     .await
     .unwrap();
-    let restocks = sqlx::query_as::<_, (String, String, i64)>(
-        "SELECT idempotency_key, product_id, quantity::int8 FROM restocks \
-         WHERE idempotency_key IS NOT NULL",
+    // `restocks` has no location column: its request fingerprint names a location other than
+    // `default` after an `@` (`product:quantity@location`, `checkout::Checkout::restock`).
+    let restocks = sqlx::query_as::<_, (String, String, i64, String)>(
+        "SELECT idempotency_key, product_id, quantity::int8, \
+                CASE WHEN strpos(request_fingerprint, '@') > 0 \
+                     THEN split_part(request_fingerprint, '@', 2) ELSE 'default' END \
+           FROM restocks WHERE idempotency_key IS NOT NULL",
     )
     .fetch_all(pool)
     .await;
@@ -170,6 +249,7 @@ pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
         cancel,
     })
     .collect();
+    let (levels, active, transfers, held, announced) = by_location(pool).await;
     let restocks = match restocks {
         Ok(rows) => Some(rows),
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => None,
@@ -193,15 +273,21 @@ pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
         orders: orders
             .into_iter()
             .map(
-                |(order_id, user, key, product, quantity, status, refusal, created_at)| Row {
-                    order_id,
-                    user,
-                    key,
-                    product,
-                    quantity,
-                    status,
-                    refusal,
-                    created_at,
+                |(order_id, user, key, product, quantity, status, refusal, created_at, allocs)| {
+                    Row {
+                        order_id,
+                        user,
+                        key,
+                        product,
+                        quantity,
+                        status,
+                        refusal,
+                        created_at,
+                        allocations: serde_json::from_str::<Value>(&allocs)
+                            .ok()
+                            .and_then(|v| allocations(&v))
+                            .unwrap_or_else(|| panic!("an order's allocations: {allocs}")),
+                    }
                 },
             )
             .collect(),
@@ -216,23 +302,111 @@ pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
             .collect(),
         restocks: restocks.map(|rows| {
             rows.into_iter()
-                .map(|(key, product, quantity)| RestockRow {
+                .map(|(key, product, quantity, location)| RestockRow {
                     key,
                     product,
                     quantity,
+                    location,
                 })
                 .collect()
         }),
         steps,
+        levels,
+        active,
+        transfers,
+        held,
+        announced,
     }
 }
 
-/// A digest of every order's status and every product's stock: it stops changing once no
-/// request is still working on the primary.
+type ByLocation = (
+    BTreeMap<Place, i64>,
+    BTreeMap<String, bool>,
+    Vec<TransferRow>,
+    Vec<Alloc>,
+    BTreeMap<(Place, String), Announced>,
+);
+
+/// The per-location tables (migration `20261205000002_locations.sql`): levels, locations,
+/// transfers, live holds' allocations, and what `stock.changed` events announced.
+async fn by_location(pool: &PgPool) -> ByLocation {
+    let levels = sqlx::query_as::<_, (String, String, i64)>(
+        "SELECT product_id, location_id, available_quantity::int8 FROM stock_levels",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(p, l, n)| ((p, l), n))
+    .collect();
+    let active = sqlx::query_as::<_, (String, bool)>("SELECT location_id, active FROM locations")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    type TransferTuple = (Uuid, String, String, String, String, i64, String);
+    let transfers = sqlx::query_as::<_, TransferTuple>(
+        "SELECT transfer_id, idempotency_key, product_id, from_location, to_location, \
+                quantity::int8, status FROM transfers",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(
+        |(transfer_id, key, product, from, to, quantity, status)| TransferRow {
+            transfer_id,
+            key,
+            product,
+            from,
+            to,
+            quantity,
+            status: serde_json::from_value(Value::String(status.clone()))
+                .unwrap_or_else(|_| panic!("a transfer's status: {status}")),
+        },
+    )
+    .collect();
+    let held = sqlx::query_scalar::<_, String>(
+        "SELECT allocations::text FROM holds WHERE status = 'held'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .flat_map(|a| {
+        serde_json::from_str::<Value>(&a)
+            .ok()
+            .and_then(|v| allocations(&v))
+            .unwrap_or_else(|| panic!("a hold's allocations: {a}"))
+    })
+    .collect();
+    let announced = sqlx::query_as::<_, (String, String, String, i64, i64)>(
+        "SELECT d->>'product_id', coalesce(d->>'location_id', 'default'), d->>'reason', \
+                coalesce(sum((d->>'delta')::int8) FILTER (WHERE (d->>'delta')::int8 > 0), 0)::int8, \
+                coalesce(-sum((d->>'delta')::int8) FILTER (WHERE (d->>'delta')::int8 < 0), 0)::int8 \
+           FROM events e, json_array_elements(e.items) item, LATERAL (SELECT item->'data' AS d) x \
+          WHERE e.types && ARRAY['stock.changed'] AND item->>'type' = 'stock.changed' \
+          GROUP BY 1, 2, 3",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(p, l, reason, added, removed)| (((p, l), reason), Announced { added, removed }))
+    .collect();
+    (levels, active, transfers, held, announced)
+}
+
+/// A digest of every order's status, every product's stock, every level and every
+/// transfer's status: it stops changing once no request is still working on the primary.
 pub(super) async fn fingerprint(pool: &PgPool) -> String {
     sqlx::query_scalar(
         "SELECT md5(coalesce((SELECT string_agg(order_id::text || status, ',' ORDER BY order_id) FROM orders), '') \
-         || coalesce((SELECT string_agg(product_id || ':' || available_quantity, ',' ORDER BY product_id) FROM products), ''))",
+         || coalesce((SELECT string_agg(product_id || ':' || available_quantity, ',' ORDER BY product_id) FROM products), '') \
+         || coalesce((SELECT string_agg(product_id || '@' || location_id || ':' || available_quantity, ',' \
+                                        ORDER BY product_id, location_id) FROM stock_levels), '') \
+         || coalesce((SELECT string_agg(transfer_id::text || status, ',' ORDER BY transfer_id) FROM transfers), ''))",
     )
     .fetch_one(pool)
     .await
@@ -266,6 +440,9 @@ pub(super) enum Target {
         key: String,
         product: String,
         quantity: i64,
+        /// The request's `locations`, in its order of preference (`None`: every active one).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        locations: Option<Vec<String>>,
     },
     Cancel {
         user: String,
@@ -275,6 +452,24 @@ pub(super) enum Target {
         key: String,
         product: String,
         quantity: i64,
+        /// `location_id` (`None`: the body names none, which means `default`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        location: Option<String>,
+    },
+    /// `POST /v1/transfers` under `key`.
+    Transfer {
+        key: String,
+        product: String,
+        from: String,
+        to: String,
+        quantity: i64,
+        in_transit: bool,
+    },
+    /// `POST /v1/transfers/{transfer_id}/receive`. `key` is the transfer's, the mover's note
+    /// of which transfer it is (not sent).
+    Receive {
+        key: String,
+        transfer_id: Uuid,
     },
     /// `PUT` of one of a user's own records (read-your-writes): `value` is unique to this
     /// write, so a read names the write it saw.
@@ -335,7 +530,13 @@ pub(super) enum Seen {
 }
 
 impl Target {
-    /// Whether the resolver sends it again until it settles: orders, cancels and restocks. An
+    /// Where a restock's units go.
+    pub(super) fn restocked_at(location: &Option<String>) -> &str {
+        location.as_deref().unwrap_or(DEFAULT)
+    }
+
+    /// Whether the resolver sends it again until it settles: orders, cancels, restocks,
+    /// transfers and receives. An
     /// own record's read needs no answer, and its write is `PUT`, whose outcome the checker
     /// leaves open when it was not heard.
     pub(super) fn resolvable(&self) -> bool {
@@ -365,6 +566,9 @@ pub(super) enum Kind {
     /// A `GET` of an own record.
     Read,
 }
+
+/// The location every database has, and where a write that names none goes.
+pub(super) const DEFAULT: &str = "default";
 
 /// The 409 codes an order may be answered (flash drops added the last three).
 pub(super) const OUT_OF_STOCK: &str = "OUT_OF_STOCK";
@@ -430,6 +634,19 @@ impl Answer {
         self.body()["order_id"].as_str()?.parse().ok()
     }
 
+    /// An order's (or a cancel's) `allocations`, sorted; `None` if the body holds none.
+    pub(super) fn allocations(&self) -> Option<Vec<Alloc>> {
+        allocations(&self.body()["allocations"])
+    }
+
+    pub(super) fn transfer_id(&self) -> Option<Uuid> {
+        self.body()["transfer_id"].as_str()?.parse().ok()
+    }
+
+    pub(super) fn transfer_status(&self) -> Option<TransferStatus> {
+        serde_json::from_value(self.body()["status"].clone()).ok()
+    }
+
     /// What a read of `record` returned, if it returned one (a 200, or a profile's 404).
     pub(super) fn seen(&self, record: Record) -> Option<Seen> {
         let b = self.body();
@@ -480,13 +697,33 @@ impl fmt::Display for Op {
                 key,
                 product,
                 quantity,
-            } => format!("order {user}/{key} {product}×{quantity}"),
+                locations,
+            } => match locations {
+                Some(l) => format!("order {user}/{key} {product}×{quantity} from {l:?}"),
+                None => format!("order {user}/{key} {product}×{quantity}"),
+            },
             Target::Cancel { user, order_id } => format!("cancel {user} {order_id}"),
             Target::Restock {
                 key,
                 product,
                 quantity,
-            } => format!("restock {key} {product}+{quantity}"),
+                location,
+            } => format!(
+                "restock {key} {product}+{quantity}@{}",
+                Target::restocked_at(location)
+            ),
+            Target::Transfer {
+                key,
+                product,
+                from,
+                to,
+                quantity,
+                in_transit,
+            } => {
+                let how = if *in_transit { " in transit" } else { "" };
+                format!("transfer {key} {product}×{quantity} {from}→{to}{how}")
+            }
+            Target::Receive { key, transfer_id } => format!("receive {key} ({transfer_id})"),
             Target::Save {
                 user,
                 record,

@@ -1,7 +1,7 @@
 //! The workload: buyers, restockers and an importer, each on its own seeded choices, sending
 //! through the world the clients share, which logs every request and its answer.
 
-use super::model::{Answer, Kind, Op, Record, Target};
+use super::model::{Answer, DEFAULT, Kind, Op, Record, Target};
 use crate::helpers::SECRET;
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -62,12 +62,18 @@ impl World {
                 key,
                 product,
                 quantity,
-            } => self
-                .http
-                .post(format!("{base}/v1/orders"))
-                .bearer_auth(self.user_token(user))
-                .header("Idempotency-Key", key)
-                .json(&json!({"product_id": product, "quantity": quantity})),
+                locations,
+            } => {
+                let mut body = json!({"product_id": product, "quantity": quantity});
+                if let Some(l) = locations {
+                    body["locations"] = json!(l);
+                }
+                self.http
+                    .post(format!("{base}/v1/orders"))
+                    .bearer_auth(self.user_token(user))
+                    .header("Idempotency-Key", key)
+                    .json(&body)
+            }
             Target::Cancel { user, order_id } => self
                 .http
                 .post(format!("{base}/v1/orders/{order_id}/cancel"))
@@ -76,12 +82,36 @@ impl World {
                 key,
                 product,
                 quantity,
+                location,
+            } => {
+                let mut body = json!({"quantity": quantity});
+                if let Some(l) = location {
+                    body["location_id"] = json!(l);
+                }
+                self.http
+                    .post(format!("{base}/v1/products/{product}/restock"))
+                    .bearer_auth(&self.admin)
+                    .header("Idempotency-Key", key)
+                    .json(&body)
+            }
+            Target::Transfer {
+                key,
+                product,
+                from,
+                to,
+                quantity,
+                in_transit,
             } => self
                 .http
-                .post(format!("{base}/v1/products/{product}/restock"))
+                .post(format!("{base}/v1/transfers"))
                 .bearer_auth(&self.admin)
                 .header("Idempotency-Key", key)
-                .json(&json!({"quantity": quantity})),
+                .json(&json!({"product_id": product, "from": from, "to": to,
+                              "quantity": quantity, "in_transit": in_transit})),
+            Target::Receive { transfer_id, .. } => self
+                .http
+                .post(format!("{base}/v1/transfers/{transfer_id}/receive"))
+                .bearer_auth(&self.admin),
             Target::Save {
                 user,
                 record,
@@ -211,6 +241,36 @@ const COLLECTOR_EVERY: usize = 3;
 pub(super) const SHOPPERS: usize = 38;
 pub(super) const RESTOCKERS: usize = 2;
 
+/// The locations made at setup besides `default` (rank 100): (id, rank, active). `back` is
+/// inactive for the whole run (made inactive before any product is kept there), ranked before
+/// `default`, so a take that forgot `active` would go to it first; it is still restocked and
+/// transferred to and from, as the contract allows.
+pub(super) const LOCATIONS: [(&str, i64, bool); 3] =
+    [("eu-1", 10, true), ("back", 50, false), ("us-1", 200, true)];
+/// The products kept at several locations from creation, and their stock at each: each adds
+/// up to `INITIAL_STOCK`, the count the importer re-states (so an import moves nothing). Only
+/// these are restocked at or moved between locations; the others stay at `default`, as
+/// before locations.
+pub(super) const SPREAD: [(&str, &[(&str, i64)]); 3] = [
+    (
+        "scarce-a",
+        &[("default", 14), ("eu-1", 10), ("us-1", 8), ("back", 8)],
+    ),
+    ("scarce-c", &[("eu-1", 22), ("default", 18)]),
+    ("drop-2", &[("default", 28), ("back", 12)]),
+];
+
+/// Every location of the run, `default` first.
+pub(super) fn all_locations() -> Vec<&'static str> {
+    std::iter::once(DEFAULT)
+        .chain(LOCATIONS.iter().map(|l| l.0))
+        .collect()
+}
+
+fn spread(product: &str) -> bool {
+    SPREAD.iter().any(|(p, _)| *p == product)
+}
+
 /// Users whose own records (settings, profile) are written and read back, each from two
 /// devices (two clients with their own choices). An even user's devices both write and read
 /// through either instance; an odd user writes only from the phone, through one instance, and
@@ -235,6 +295,14 @@ enum Belief {
 struct Held {
     target: Target,
     belief: Belief,
+}
+
+/// What a reused key changes in its body.
+#[derive(Clone, Copy)]
+enum Reuse {
+    Product,
+    Quantity,
+    Locations,
 }
 
 /// A buyer: one user, its own keys.
@@ -306,11 +374,14 @@ impl Shopper {
         // Some keys look like the ones hold confirms once took (`hold:<id>`): any key a client
         // sends is the client's.
         let prefix = if self.rng.chance(10) { "hold:" } else { "" };
+        let product = self.product();
+        let locations = self.preference(product);
         let target = Target::Order {
             user: self.name.clone(),
             key: format!("{prefix}k{}", self.keys.len()),
-            product: self.product().to_string(),
+            product: product.to_string(),
             quantity: self.rng.i64(1..=3),
+            locations,
         };
         self.keys.push(Held {
             target,
@@ -334,6 +405,18 @@ impl Shopper {
             Some(p) if self.rng.chance(60) => p,
             _ => PRODUCTS[self.rng.usize(..PRODUCTS.len())],
         }
+    }
+
+    /// Some buyers of a product kept at several locations name one to three of the run's
+    /// locations, in their own order (`back`, inactive, now and then among them).
+    fn preference(&mut self, product: &str) -> Option<Vec<String>> {
+        if !spread(product) || !self.rng.chance(40) {
+            return None;
+        }
+        let mut all = all_locations();
+        self.rng.shuffle(&mut all);
+        let n = self.rng.usize(1..=3);
+        Some(all[..n].iter().map(|l| l.to_string()).collect())
     }
 
     fn pick(&mut self, want: impl Fn(&Held) -> bool) -> Option<usize> {
@@ -363,8 +446,12 @@ impl Shopper {
         let Some(i) = self.pick(|h| h.belief != Belief::Unsure) else {
             return;
         };
-        let product_too = self.rng.chance(50);
-        let target = self.reused(i, product_too);
+        let what = match self.rng.u64(..100) {
+            0..45 => Reuse::Product,
+            45..65 => Reuse::Locations,
+            _ => Reuse::Quantity,
+        };
+        let target = self.reused(i, what);
         let instance = self.rng.instance();
         self.world
             .call(&self.name, Kind::Reuse, instance, target, None)
@@ -378,7 +465,7 @@ impl Shopper {
         let Some(i) = self.pick(|h| h.belief != Belief::Unsure) else {
             return;
         };
-        let wrong = self.reused(i, false);
+        let wrong = self.reused(i, Reuse::Quantity);
         let instance = self.rng.instance();
         let world = self.world.clone();
         let reuse = world.call(&self.name, Kind::Reuse, instance, wrong, None);
@@ -392,28 +479,40 @@ impl Shopper {
         tokio::join!(reuse, replay);
     }
 
-    /// Key `i`'s target with another quantity (and, if `product_too`, another product).
-    fn reused(&self, i: usize, product_too: bool) -> Target {
+    /// Key `i`'s target with another body: another quantity, another product, or other
+    /// `locations` (some where there were none, none where there were some: both are part of
+    /// the body).
+    fn reused(&self, i: usize, what: Reuse) -> Target {
         let Target::Order {
             user,
             key,
-            product,
-            quantity,
+            mut product,
+            mut quantity,
+            mut locations,
         } = self.keys[i].target.clone()
         else {
             unreachable!("shoppers hold order keys")
         };
-        let (product, quantity) = if product_too {
-            let next = (PRODUCTS.iter().position(|p| *p == product).unwrap() + 1) % PRODUCTS.len();
-            (PRODUCTS[next].to_string(), quantity)
-        } else {
-            (product, quantity % 3 + 1)
-        };
+        match what {
+            Reuse::Product => {
+                let next =
+                    (PRODUCTS.iter().position(|p| *p == product).unwrap() + 1) % PRODUCTS.len();
+                product = PRODUCTS[next].to_string();
+            }
+            Reuse::Quantity => quantity = quantity % 3 + 1,
+            Reuse::Locations => {
+                locations = match locations {
+                    Some(_) => None,
+                    None => Some(vec![DEFAULT.to_string()]),
+                }
+            }
+        }
         Target::Order {
             user,
             key,
             product,
             quantity,
+            locations,
         }
     }
 
@@ -561,10 +660,12 @@ impl Restocker {
                 self.send(Kind::Retry, target, None).await;
                 continue;
             }
+            let product = PRODUCTS[self.rng.usize(..PRODUCTS.len())];
             let target = Target::Restock {
                 key: format!("{}-{}", self.name, self.sent),
-                product: PRODUCTS[self.rng.usize(..PRODUCTS.len())].to_string(),
+                product: product.to_string(),
                 quantity: self.rng.i64(1..=5),
+                location: self.location(product),
             };
             self.sent += 1;
             if self.rng.chance(25) {
@@ -580,6 +681,19 @@ impl Restocker {
         }
     }
 
+    /// Where a restock goes: a product kept at several locations, often to a named one (any
+    /// of the run's, `back` included); sometimes `default` by name; else none named.
+    fn location(&mut self, product: &str) -> Option<String> {
+        let all = all_locations();
+        if spread(product) && self.rng.chance(50) {
+            Some(all[self.rng.usize(..all.len())].to_string())
+        } else if self.rng.chance(10) {
+            Some(DEFAULT.to_string())
+        } else {
+            None
+        }
+    }
+
     /// Returns whether the answer was definite; remembers the target if it was not.
     async fn send(&mut self, kind: Kind, target: Target, hang_up: Option<Duration>) -> bool {
         let instance = self.rng.instance();
@@ -591,6 +705,183 @@ impl Restocker {
             self.unsure.push(target);
         }
         answer.definite()
+    }
+}
+
+/// An admin moving units of the products kept at several locations between the run's
+/// locations (`back` too): some received at once, some in transit and received later. It
+/// hangs up on some requests and retries them with the same key, replays made transfers'
+/// keys, sends a made key with another quantity, and receives some transfers again.
+pub(super) struct Mover {
+    rng: fastrand::Rng,
+    world: Arc<World>,
+    sent: usize,
+    /// Transfers it heard made: the target, the id, and whether a receive of it was answered.
+    made: Vec<(Target, Uuid, bool)>,
+    /// Requests without a definite answer (transfers and receives), retried later.
+    unsure: Vec<Target>,
+}
+
+impl Mover {
+    const NAME: &str = "mover";
+
+    pub(super) fn new(rng: fastrand::Rng, world: Arc<World>) -> Mover {
+        Mover {
+            rng,
+            world,
+            sent: 0,
+            made: vec![],
+            unsure: vec![],
+        }
+    }
+
+    pub(super) async fn run(mut self, deadline: Instant) {
+        while Instant::now() < deadline {
+            tokio::time::sleep(self.rng.ms(100, 300)).await;
+            match self.rng.u64(..100) {
+                0..40 => self.new_transfer().await,
+                40..60 => self.receive(false).await,
+                60..68 => self.receive(true).await,
+                68..78 => self.replay().await,
+                78..83 => self.reuse().await,
+                _ => match self.unsure.pop() {
+                    Some(target) => {
+                        self.send(Kind::Retry, target, None).await;
+                    }
+                    None => self.new_transfer().await,
+                },
+            }
+        }
+    }
+
+    /// Sends `target` and learns from the answer; a lost answer or a 503 leaves it unsure.
+    async fn send(&mut self, kind: Kind, target: Target, hang_up: Option<Duration>) -> Answer {
+        let instance = self.rng.instance();
+        let answer = self
+            .world
+            .call(Self::NAME, kind, instance, target.clone(), hang_up)
+            .await;
+        if !answer.definite() {
+            if !self.unsure.contains(&target) {
+                self.unsure.push(target.clone());
+            }
+            return answer;
+        }
+        self.unsure.retain(|t| *t != target);
+        match (&target, answer.status(), answer.transfer_id()) {
+            (Target::Transfer { .. }, Some(201), Some(id))
+                if !self.made.iter().any(|(_, made, _)| *made == id) =>
+            {
+                self.made.push((target, id, false));
+            }
+            (Target::Receive { transfer_id, .. }, Some(200), _) => {
+                for made in self.made.iter_mut().filter(|m| m.1 == *transfer_id) {
+                    made.2 = true;
+                }
+            }
+            _ => {}
+        }
+        answer
+    }
+
+    /// Sends with a hang-up now and then: then at once again with the same key.
+    async fn send_or_hang_up(&mut self, target: Target) {
+        if self.rng.chance(25) {
+            let after = self.rng.ms(1, 30);
+            let heard = self.send(Kind::HangUp, target.clone(), Some(after)).await;
+            if !heard.definite() {
+                self.send(Kind::Retry, target, None).await;
+            }
+        } else {
+            self.send(Kind::New, target, None).await;
+        }
+    }
+
+    /// A new transfer of 1–3 units of a product kept at several locations: from one of the
+    /// locations it was created at (often `back`, which no buyer empties), to any other.
+    async fn new_transfer(&mut self) {
+        let (product, stocked) = SPREAD[self.rng.usize(..SPREAD.len())];
+        let from = match stocked.iter().find(|(l, _)| *l == "back") {
+            Some((back, _)) if self.rng.chance(40) => back,
+            _ => stocked[self.rng.usize(..stocked.len())].0,
+        };
+        let others: Vec<&str> = all_locations().into_iter().filter(|l| *l != from).collect();
+        let target = Target::Transfer {
+            key: format!("move-{}", self.sent),
+            product: product.to_string(),
+            from: from.to_string(),
+            to: others[self.rng.usize(..others.len())].to_string(),
+            quantity: self.rng.i64(1..=3),
+            in_transit: self.rng.chance(50),
+        };
+        self.sent += 1;
+        self.send_or_hang_up(target).await;
+    }
+
+    /// Receives a made transfer: one still in transit, or (`again`) one it heard received.
+    async fn receive(&mut self, again: bool) {
+        let candidates: Vec<(String, Uuid)> = self
+            .made
+            .iter()
+            .filter(|(t, _, received)| {
+                matches!(
+                    t,
+                    Target::Transfer {
+                        in_transit: true,
+                        ..
+                    }
+                ) && *received == again
+            })
+            .map(|(t, id, _)| match t {
+                Target::Transfer { key, .. } => (key.clone(), *id),
+                _ => unreachable!("the mover makes transfers"),
+            })
+            .collect();
+        let Some((key, transfer_id)) = self.rng.choice(candidates) else {
+            return self.new_transfer().await;
+        };
+        let target = Target::Receive { key, transfer_id };
+        if again {
+            self.send(Kind::Replay, target, None).await;
+        } else {
+            self.send_or_hang_up(target).await;
+        }
+    }
+
+    /// A made transfer's key and body again: the same transfer, in the state it is in now.
+    async fn replay(&mut self) {
+        let targets: Vec<Target> = self.made.iter().map(|m| m.0.clone()).collect();
+        if let Some(target) = self.rng.choice(targets) {
+            self.send(Kind::Replay, target, None).await;
+        }
+    }
+
+    /// A made transfer's key with another quantity: 422, nothing moved.
+    async fn reuse(&mut self) {
+        let targets: Vec<Target> = self.made.iter().map(|m| m.0.clone()).collect();
+        let Some(Target::Transfer {
+            key,
+            product,
+            from,
+            to,
+            quantity,
+            in_transit,
+        }) = self.rng.choice(targets)
+        else {
+            return;
+        };
+        let target = Target::Transfer {
+            key,
+            product,
+            from,
+            to,
+            quantity: quantity % 3 + 1,
+            in_transit,
+        };
+        let instance = self.rng.instance();
+        self.world
+            .call(Self::NAME, Kind::Reuse, instance, target, None)
+            .await;
     }
 }
 
