@@ -105,10 +105,12 @@ export async function launch() {
   return { browser, page, problems };
 }
 
-/** Polls `fn` in the page (every 100 ms) until it is truthy; fails after STEP_MS. */
+/** Polls `fn` in the page (every 100 ms) until it is truthy, and returns that value;
+ * fails after STEP_MS. */
 export async function waitFor(page, what, fn, arg) {
   try {
-    await page.waitForFunction(fn, arg, { timeout: STEP_MS, polling: 100 });
+    const value = await page.waitForFunction(fn, arg, { timeout: STEP_MS, polling: 100 });
+    return await value.jsonValue();
   } catch (e) {
     const slug = what.replace(/[^A-Za-z0-9]+/g, '-').slice(0, 60);
     try {
