@@ -1,7 +1,9 @@
 // stockgate shop page: one product, its availability and how fresh that answer is,
 // refreshed every second, and a buy button that places a real order. A flash drop shows its
 // limit per customer and its sale window: a live countdown to the start (the button stays
-// disabled until then), and "sale ended" from the end.
+// disabled until then), and "sale ended" from the end. A product kept in several locations
+// lists the active ones that hold it (the product page's `stock`), and a confirmed order says
+// where its units ship from (the order's own `allocations`, never a guess from the stock).
 'use strict';
 
 (() => {
@@ -41,6 +43,10 @@
     if (d > 0) return `${d} d ${h}:${pad(m)}:${pad(s % 60)}`;
     if (h > 0) return `${h}:${pad(m)}:${pad(s % 60)}`;
     return `${m}:${pad(s % 60)}`;
+  }
+  // "eu-1 (2), default (1)" from [[location_id, units], …], in the service's order.
+  function places(list) {
+    return list.map(([at, units]) => `${at} (${units})`).join(', ');
   }
   function serviceNow() {
     return Date.now() + clockOffsetMs;
@@ -112,7 +118,8 @@
       setText($('price'), money.format(b.price_cents / 100));
       document.title = `${b.name} · stockgate`;
       setText($('product-freshness'),
-        `name and price as of ${fmtAge(age(product))} ago, from ${b.served_by}`);
+        `name, price and locations as of ${fmtAge(age(product))} ago, from ${b.served_by}`);
+      renderStockAt(b.stock || []);
     }
     if (availability) {
       const b = availability.body;
@@ -131,6 +138,15 @@
     }
     card.dataset.state = availability ? (availability.body.available ? 'in-stock' : 'out-of-stock') : 'loading';
     renderDrop();
+  }
+
+  // Where the product is kept, once that is more than one place: the active locations that
+  // hold units (an inactive one sells nothing, so it is not listed).
+  function renderStockAt(stock) {
+    const selling = stock.filter((s) => s.active && s.available_quantity > 0);
+    const at = $('stock-at');
+    at.classList.toggle('hidden', stock.length < 2 || selling.length === 0);
+    setText(at, `in stock at ${places(selling.map((s) => [s.location_id, s.available_quantity]))}`);
   }
 
   // Where the sale window stands at `now` (the service's clock): 'upcoming' before
@@ -177,6 +193,7 @@
     $('product').dataset.sale = w.phase;
     const buyButton = $('buy');
     buyButton.disabled = buying || w.phase !== 'on';
+    setText(buyButton, `Buy ${$('qty').value}`);
     buyButton.title = w.phase === 'on' ? '' : `you can buy once the sale is on (${win.textContent})`;
   }
 
@@ -243,16 +260,18 @@
         Authorization: `Bearer ${token}`,
         'Idempotency-Key': key,
       },
-      body: JSON.stringify({ product_id: productId, quantity: 1 }),
+      body: JSON.stringify({ product_id: productId, quantity: Number($('qty').value) }),
     });
     if (r.status === 201) {
       const o = r.body;
+      const shipped = (o.allocations || []).map((a) => [a.location_id, a.quantity]);
       showResult('ok', 201, '', 'Order confirmed', [
         span(null, 'order '),
         span('order-id', o.order_id, 'mono'),
         span(null, ' · total '),
         span('order-total', money.format(o.total_cents / 100)),
         span(null, ` · ${o.quantity} × ${o.product_id} · ${o.status}`),
+        span('order-ships', shipped.length ? `ships from ${places(shipped)}` : '', 'ships'),
       ]);
     } else if (r.status === 409 && r.body && r.body.error && Object.hasOwn(REFUSALS, r.body.error.code)) {
       const e = r.body.error;
@@ -292,6 +311,7 @@
     $('token').value = sessionStorage.getItem(TOKEN_KEY) || '';
     setText($('product-id'), productId);
     $('buy-form').addEventListener('submit', buy);
+    $('qty').addEventListener('input', renderDrop);
     // The age of what is shown ticks between refreshes.
     setInterval(render, 200);
     loop();

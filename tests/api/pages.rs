@@ -4,7 +4,8 @@
 //! tells the script what it did over stdin, and the script says what it saw over stdout.
 
 use crate::helpers::*;
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -160,6 +161,63 @@ impl Drop for Reader {
     }
 }
 
+/// `method path` as the admin, with `Idempotency-Key: key` if given and a JSON body: asserts
+/// the answer's status is `want` and returns its body.
+async fn as_admin(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    key: Option<&str>,
+    body: Value,
+    want: StatusCode,
+) -> Value {
+    let mut req = app
+        .client
+        .request(method, app.url(path))
+        .bearer_auth(&app.admin)
+        .json(&body);
+    if let Some(key) = key {
+        req = req.header("Idempotency-Key", key);
+    }
+    let got = answer(req.send().await.unwrap()).await;
+    assert_eq!(got.0, want, "{path}: {}", got.1);
+    got.1
+}
+
+/// Makes each (location, name, rank) and `product` kept at `stock`'s locations (price £1),
+/// then deactivates `inactive`: its units stay, but are not sold.
+async fn keep_at_locations(
+    app: &TestApp,
+    locations: &[(&str, &str, i64)],
+    product: &str,
+    stock: &[(&str, i64)],
+    inactive: &str,
+) {
+    let created = StatusCode::CREATED;
+    for &(id, name, rank) in locations {
+        let body = json!({"location_id": id, "name": name, "rank": rank});
+        as_admin(app, Method::POST, "/v1/locations", None, body, created).await;
+    }
+    let stock: Vec<Value> = (stock.iter())
+        .map(|(l, q)| json!({"location_id": l, "quantity": q}))
+        .collect();
+    let body = json!({"product_id": product, "name": product, "price_cents": 100, "stock": stock});
+    as_admin(app, Method::POST, "/v1/products", None, body, created).await;
+    let path = format!("/v1/locations/{inactive}");
+    let body = json!({"active": false});
+    let got = as_admin(app, Method::PATCH, &path, None, body, StatusCode::OK).await;
+    assert_eq!(got["active"], false, "{got}");
+}
+
+/// What the shop page must say of an order's `allocations`: "ships from eu-1 (2), default (1)".
+fn ships_from(order: &Value) -> String {
+    let places: Vec<String> = (order["allocations"].as_array().expect("allocations"))
+        .iter()
+        .map(|a| format!("{} ({})", a["location_id"].as_str().unwrap(), a["quantity"]))
+        .collect();
+    format!("ships from {}", places.join(", "))
+}
+
 async fn fetch(
     app: &TestApp,
     path: &str,
@@ -276,8 +334,14 @@ async fn the_ops_page_shows_both_replicas_and_follows_replica_1_when_it_is_pause
     });
 }
 
+/// The shop page (tests/browser/shop.mjs) on a product kept at `default` only: fresh
+/// availability, the last unit sold once (shipping from `default`), then 409. And on a product
+/// kept at three locations and a fourth, inactive one that alone could serve the order: the
+/// active places are listed, three units ship from the two the order's allocations name
+/// (no one active location has three), and the list follows the sale. Where each order ships
+/// from is held to the order as the service stored it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_shop_page_shows_fresh_availability_sells_the_last_unit_once_and_then_says_409() {
+async fn the_shop_page_sells_the_last_unit_once_and_says_where_each_order_ships_from() {
     if !browser_available() {
         return;
     }
@@ -287,6 +351,19 @@ async fn the_shop_page_shows_fresh_availability_sells_the_last_unit_once_and_the
         app.create_product(product, 1, 8999).await.status(),
         StatusCode::CREATED
     );
+    let split = "split-sneaker";
+    keep_at_locations(
+        &app,
+        &[
+            ("closed", "Closed", 5),
+            ("eu-1", "Leeds", 10),
+            ("eu-2", "Lyon", 20),
+        ],
+        split,
+        &[("closed", 9), ("eu-1", 2), ("eu-2", 2), ("default", 1)],
+        "closed",
+    )
+    .await;
     let token = app.user_token("shopper-1");
     let mut browser = Browser::spawn(
         "shop.mjs",
@@ -295,12 +372,22 @@ async fn the_shop_page_shows_fresh_availability_sells_the_last_unit_once_and_the
             ("STOCKGATE_PRODUCT", product),
             ("STOCKGATE_PRICE", "£89.99"),
             ("STOCKGATE_USER_TOKEN", &token),
+            ("STOCKGATE_SPLIT_PRODUCT", split),
+            ("STOCKGATE_SPLIT_QTY", "3"),
+            (
+                "STOCKGATE_SPLIT_AT",
+                "in stock at eu-1 (2), eu-2 (2), default (1)",
+            ),
+            ("STOCKGATE_SPLIT_LEFT", "in stock at eu-2 (1), default (1)"),
         ],
     );
     let freshness = browser.expect("FRESHNESS").await;
     assert!(freshness.starts_with("In stock — as of "), "{freshness}");
     let order_id = browser.expect("BOUGHT").await;
+    let ships = browser.expect("SHIPS").await;
     browser.expect("SOLD_OUT").await;
+    let split_id = browser.expect("SPLIT_BOUGHT").await;
+    let split_ships = browser.expect("SPLIT_SHIPS").await;
     browser.finish().await;
 
     // What the page showed is what happened: one confirmed order, no stock left.
@@ -312,6 +399,18 @@ async fn the_shop_page_shows_fresh_availability_sells_the_last_unit_once_and_the
     assert_eq!(order["user_id"], "shopper-1", "{order}");
     assert_eq!(app.confirmed_orders(product).await, (1, 1));
     assert_eq!(app.stock_on_primary(product).await, 0);
+    assert_eq!(ships, ships_from(&order), "{order}");
+    assert_eq!(ships, "ships from default (1)");
+
+    // The split order: the page named what the order took, and it did split.
+    let (status, order) = app
+        .get_json(&format!("/v1/orders/{split_id}"), Some(&app.admin))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{order}");
+    assert_eq!(order["quantity"], 3, "{order}");
+    assert_eq!(split_ships, ships_from(&order), "{order}");
+    assert_eq!(split_ships, "ships from eu-1 (2), eu-2 (1)");
+    assert_eq!(app.stock_on_primary(split).await, 2);
 }
 
 /// The shop page on a drop (tests/browser/drop.mjs): "limit 1 per customer" and a countdown
