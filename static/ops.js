@@ -2,7 +2,9 @@
 // the last minute, the thresholds in force, the read-your-writes store), /v1/admin/routing
 // (the policy table) and /v1/admin/holds, and draws what they say: the service works out the
 // numbers, the page only keeps a few minutes of each replica's staleness to chart it as
-// inline SVG. No libraries and no requests to anywhere but this service.
+// inline SVG. For one product chosen on the page, its stock at each location (its product
+// page's `stock`, named and ranked by /v1/locations). No libraries and no requests to
+// anywhere but this service.
 'use strict';
 
 (() => {
@@ -79,12 +81,13 @@
   // ---------- fetching ----------
   class Refused extends Error {}
 
-  // The JSON body of an admin route; a refused token is `Refused`, anything else an Error.
+  // The JSON body of an admin route; a refused token is `Refused`, anything else an Error
+  // with the answer's `status` (0 for none).
   async function fetchJson(path) {
     const headers = { Accept: 'application/json', Authorization: `Bearer ${token()}` };
     const r = await getJson(path, { headers }, REQUEST_TIMEOUT_MS);
     if (r.status === 401 || r.status === 403) throw new Refused(`the token was refused (${describeError(r)})`);
-    if (r.status !== 200 || !r.body) throw new Error(`${path}: ${describeError(r)}`);
+    if (r.status !== 200 || !r.body) throw Object.assign(new Error(`${path}: ${describeError(r)}`), { status: r.status });
     return r.body;
   }
 
@@ -456,6 +459,90 @@
     renderRyw(body.read_your_writes);
   }
 
+  // ---------- one product: stock by location ----------
+  // The product that the panels under "One product" follow ('' until one is chosen). Each
+  // panel polls on its own and draws only an answer about the product still chosen, so
+  // another panel (the product's movements) joins with a card and a poller of its own.
+  let watched = '';
+
+  function watch(product) {
+    watched = product;
+    $('product-panels').classList.toggle('hidden', !product);
+    const card = $('stock-card');
+    card.dataset.product = product;
+    card.dataset.state = 'loading';
+    $('stock-locations').tBodies[0].replaceChildren();
+    $('stock-total').dataset.units = '';
+    setText($('stock-total'), '—');
+    setText($('stock-inactive'), '');
+    setText($('stock-freshness'), 'loading…');
+  }
+
+  async function pollStock() {
+    const product = watched;
+    if (!product) return;
+    let page;
+    let locations;
+    try {
+      [page, { locations }] = await Promise.all([
+        fetchJson(`/v1/products/${encodeURIComponent(product)}`),
+        fetchJson('/v1/locations'),
+      ]);
+    } catch (e) {
+      // An id that names no product is the reader's mistake, said in the card, not a failure.
+      if (product !== watched || (e.status !== 404 && e.status !== 422)) throw e;
+      renderStockMissing(e.message);
+      return;
+    }
+    if (product === watched) renderStock(page, locations);
+  }
+
+  function renderStockMissing(message) {
+    $('stock-card').dataset.state = 'not-found';
+    $('stock-locations').classList.add('hidden');
+    const notice = $('stock-not-found');
+    notice.classList.remove('hidden');
+    setText(notice, message);
+    setText($('stock-inactive'), '');
+    setText($('stock-freshness'), '');
+  }
+
+  // One row per location that ever held the product, in rank order (then location_id, as the
+  // service orders them), with the service's total: the units at active locations.
+  function renderStock(page, locations) {
+    const known = new Map(locations.map((l) => [l.location_id, l]));
+    const rank = (s) => (known.has(s.location_id) ? known.get(s.location_id).rank : Infinity);
+    const levels = [...page.stock].sort((a, b) => rank(a) - rank(b)
+      || (a.location_id < b.location_id ? -1 : Number(a.location_id > b.location_id)));
+    const rows = levels.map((s) => {
+      const l = known.get(s.location_id);
+      const tr = document.createElement('tr');
+      Object.assign(tr.dataset, { location: s.location_id, active: String(s.active), units: String(s.available_quantity) });
+      const state = cell('');
+      const badge = document.createElement('span');
+      badge.className = `badge ${s.active ? 'ok' : 'bad'}`;
+      badge.textContent = s.active ? 'active' : 'inactive';
+      badge.title = s.active ? '' : 'its units are not sold, held or counted as available';
+      state.appendChild(badge);
+      tr.append(cell(s.location_id, 'mono'), cell(l ? l.name : '—'), cell(l ? String(l.rank) : '—', 'num'),
+        state, cell(String(s.available_quantity), `num${s.active ? '' : ' zero'}`));
+      return tr;
+    });
+    $('stock-locations').tBodies[0].replaceChildren(...rows);
+    $('stock-locations').classList.remove('hidden');
+    $('stock-not-found').classList.add('hidden');
+    $('stock-card').dataset.state = 'shown';
+    const total = $('stock-total');
+    total.dataset.units = String(page.available_quantity);
+    setText(total, String(page.available_quantity));
+    const inactive = levels.filter((s) => !s.active).reduce((n, s) => n + s.available_quantity, 0);
+    const note = $('stock-inactive');
+    note.dataset.units = String(inactive);
+    setText(note, inactive ? `and ${inactive} at inactive locations, not sold` : '');
+    setText($('stock-freshness'),
+      `from ${page.served_by}, ${fmtMs(page.stale_by_ms)} behind when read at ${fmtTime(new Date().toISOString())}`);
+  }
+
   // ---------- start ----------
   function start() {
     if (running) return;
@@ -468,6 +555,7 @@
     every('replicas', REPLICAS_EVERY_MS, pollReplicas);
     every('overview', OVERVIEW_EVERY_MS, pollOverview);
     every('holds', ROUTING_EVERY_MS, pollHolds);
+    every('stock', ROUTING_EVERY_MS, pollStock);
   }
 
   document.addEventListener('DOMContentLoaded', () => {
@@ -478,6 +566,10 @@
       sessionStorage.setItem(TOKEN_KEY, t);
       $('token-input').value = '';
       start();
+    });
+    $('stock-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      watch($('stock-product').value.trim());
     });
     $('forget-token').addEventListener('click', () => {
       sessionStorage.removeItem(TOKEN_KEY);

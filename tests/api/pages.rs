@@ -218,6 +218,27 @@ fn ships_from(order: &Value) -> String {
     format!("ships from {}", places.join(", "))
 }
 
+/// The ops page's stock-by-location rows for `product` as the primary holds them, in rank then
+/// `location_id` order: "location name rank state units · … · total N", where the total is the
+/// product's own count (its units at active locations).
+async fn stock_rows(app: &TestApp, product: &str) -> String {
+    let rows: Vec<(String, String, i32, bool, i32)> = sqlx::query_as(
+        "SELECT l.location_id, l.name, l.rank, l.active, s.available_quantity \
+           FROM stock_levels s JOIN locations l USING (location_id) WHERE s.product_id = $1 \
+          ORDER BY l.rank, l.location_id COLLATE \"C\"",
+    )
+    .bind(product)
+    .fetch_all(&app.primary)
+    .await
+    .unwrap();
+    let state = |active| if active { "active" } else { "inactive" };
+    let rows = rows
+        .into_iter()
+        .map(|(l, name, rank, active, n)| format!("{l} {name} {rank} {} {n}", state(active)));
+    let total = format!("total {}", app.stock_on_primary(product).await);
+    rows.chain([total]).collect::<Vec<_>>().join(" · ")
+}
+
 async fn fetch(
     app: &TestApp,
     path: &str,
@@ -278,8 +299,11 @@ async fn the_pages_and_their_assets_are_served_from_the_binary_with_their_types(
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+/// The ops page (tests/browser/ops.mjs): both replicas healthy, the policy, holds, rates and
+/// thresholds in force; one product's stock at each location, as the primary holds it before
+/// and after a transfer, a sale and a new rank; then replica-1 followed as its replay pauses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ops_page_shows_both_replicas_and_follows_replica_1_when_it_is_paused() {
+async fn the_ops_page_shows_stock_by_location_and_follows_replica_1_when_it_is_paused() {
     if !browser_available() {
         return;
     }
@@ -305,6 +329,15 @@ async fn the_ops_page_shows_both_replicas_and_follows_replica_1_when_it_is_pause
         .await
         .unwrap();
     assert_eq!(hold.status(), StatusCode::CREATED);
+    let stocked = "ops-stock";
+    keep_at_locations(
+        &app,
+        &[("closed", "Old depot", 5), ("eu-1", "Leeds", 10)],
+        stocked,
+        &[("closed", 4), ("eu-1", 5), ("default", 3)],
+        "closed",
+    )
+    .await;
     blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
     let _reads = Reader::start(
         app.client.clone(),
@@ -317,6 +350,27 @@ async fn the_ops_page_shows_both_replicas_and_follows_replica_1_when_it_is_pause
             ("STOCKGATE_ADMIN_TOKEN", &app.admin),
             ("STOCKGATE_EVICT_MS", "4000"),
         ],
+    );
+    // The panel's rows are the primary's, before and after stock moves.
+    assert_eq!(
+        browser.expect("STOCK").await,
+        stock_rows(&app, stocked).await
+    );
+    let body = json!({"product_id": stocked, "from": "eu-1", "to": "default", "quantity": 2});
+    let (key, created) = (Some("ops-move"), StatusCode::CREATED);
+    let got = as_admin(&app, Method::POST, "/v1/transfers", key, body, created).await;
+    assert_eq!(got["status"], "received", "{got}");
+    // One unit sold: `closed` is first by rank but inactive, so eu-1 serves it.
+    let sale = app.order("ops-buyer", "ops-sale", stocked, 1).await;
+    let (status, sale) = answer(sale).await;
+    assert_eq!(status, StatusCode::CREATED, "{sale}");
+    assert_eq!(ships_from(&sale), "ships from eu-1 (1)");
+    let (rank, path) = (json!({"rank": 1}), "/v1/locations/default");
+    as_admin(&app, Method::PATCH, path, None, rank, StatusCode::OK).await;
+    browser.send("MOVED").await;
+    assert_eq!(
+        browser.expect("STOCK").await,
+        stock_rows(&app, stocked).await
     );
     browser.expect("READY").await;
 

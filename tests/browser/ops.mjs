@@ -5,9 +5,15 @@
 // service with a non-default eviction threshold, STOCKGATE_EVICT_MS), and the rates, units
 // held and store state of /v1/admin/overview.
 //
+// Stock by location: the test keeps `ops-stock` at three locations (`closed` inactive), and
+// the panel shows each one's count, name, rank and state in rank order with the service's
+// total; after the test moves stock (a transfer, a sale, a new rank) the panel follows. What
+// it shows is said back (STOCK) and the test holds it to the primary's own rows.
+//
 // env: STOCKGATE_URL, STOCKGATE_ADMIN_TOKEN, STOCKGATE_EVICT_MS, SCREENSHOT_DIR
-// protocol: prints READY; waits for PAUSED; prints STALE once replica-1 shows > 1 s;
-//           waits for PAUSED_BOTH; prints DONE once fallbacks and `lagging` show.
+// protocol: prints STOCK <rows> twice, waiting for MOVED between them; prints READY; waits
+//           for PAUSED; prints STALE once replica-1 shows > 1 s; waits for PAUSED_BOTH;
+//           prints DONE once fallbacks and `lagging` show.
 import { check, done, env, expectLine, launch, say, screenshot, waitFor } from './lib.mjs';
 
 const base = env('STOCKGATE_URL');
@@ -78,6 +84,44 @@ await waitFor(page, 'a staleness chart with its thresholds', (evict) => {
     && chart.querySelector('[data-threshold-ms="250"]') && chart.querySelector(`[data-threshold-ms="${evict}"]`);
 }, evictMs);
 await screenshot(page, 'ops-healthy.png');
+
+// An id that names no product is said in the panel, not as a failing request (fails if the
+// page lets the 404 reach the error banner, or shows nothing).
+await page.fill('#stock-product', 'no-such-product');
+await page.click('#stock-submit');
+await waitFor(page, 'no such product, said in the panel', () => {
+  const notice = document.getElementById('stock-not-found');
+  return document.getElementById('stock-card').dataset.state === 'not-found'
+    && notice.textContent.includes('PRODUCT_NOT_FOUND') && !notice.classList.contains('hidden');
+});
+check(await page.evaluate(() => {
+  const banner = document.getElementById('error-banner');
+  return banner.classList.contains('hidden') || !banner.textContent.includes('no-such-product');
+}), 'an unknown product id showed in the error banner');
+
+// Each expectation fails if the panel sorts by location_id instead of rank, leaves out the
+// names of /v1/locations, shows `closed` as active, counts its units in the total, or is drawn
+// only once (the second one comes after the test moved stock). What it shows is said back as
+// "location name rank state units · … · total N".
+const stockAt = async (what, want, inactive) => {
+  const shown = await waitFor(page, `${what}: ${want}`, ([w, units]) => {
+    const rows = [...document.querySelectorAll('#stock-locations tbody tr')]
+      .map((tr) => [...tr.children].map((td) => td.textContent).join(' '));
+    const text = [...rows, `total ${document.getElementById('stock-total').textContent}`].join(' · ');
+    const note = document.getElementById('stock-inactive');
+    return text === w && note.dataset.units === units
+      && note.textContent === `and ${units} at inactive locations, not sold` && text;
+  }, [want, inactive]);
+  say(`STOCK ${shown}`);
+};
+await page.fill('#stock-product', 'ops-stock');
+await page.click('#stock-submit');
+await stockAt('stock by location',
+  'closed Old depot 5 inactive 4 · eu-1 Leeds 10 active 5 · default Default 100 active 3 · total 8', '4');
+await screenshot(page, 'ops-stock.png');
+await expectLine('MOVED');
+await stockAt('stock by location after a transfer, a sale and a new rank',
+  'default Default 1 active 5 · closed Old depot 5 inactive 4 · eu-1 Leeds 10 active 2 · total 7', '4');
 say('READY');
 
 await expectLine('PAUSED');
