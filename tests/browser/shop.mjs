@@ -37,6 +37,9 @@ const name = await page.textContent('#product-name');
 check(name === `Product ${product}`, `the name reads "${name}"`);
 const shownPrice = await page.textContent('#price');
 check(shownPrice === price, `the price reads "${shownPrice}", not ${price}`);
+// Kept at one place only, with a unit there, there is no list of places (fails if the page
+// lists a lone location).
+check(await page.isHidden('#stock-at'), 'a product kept only at default lists its locations');
 say(`FRESHNESS ${await line()}`);
 await screenshot(page, 'shop.png');
 
@@ -53,9 +56,6 @@ say(`BOUGHT ${orderId}`);
 // Where it ships from is the order's answer; the test holds it to the order's allocations
 // (fails if the page drops the line, or names a location the order did not take from).
 say(`SHIPS ${await page.textContent('#order-ships')}`);
-// Kept at one place only, there is no list of places (fails if the page lists a lone
-// location).
-check(await page.isHidden('#stock-at'), 'a product kept only at default lists its locations');
 await screenshot(page, 'shop-bought.png');
 
 // The page keeps refreshing: the last unit is gone.
