@@ -1,5 +1,6 @@
 //! Command line: the options every mode shares and one subcommand per load mode.
 
+use crate::locations::MAX_LOCATIONS;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -92,6 +93,11 @@ pub struct FlashSaleArgs {
     /// Id of the product to create (must not exist yet); default flash-<timestamp>-<random>.
     #[arg(long, value_parser = parse_product_id)]
     pub product_id: Option<String>,
+    /// Spread the fresh product's stock over N locations this run creates (ids unique to
+    /// the run, ranked before `default`, the remainder to the first) and check the books at
+    /// each: a location allocated more than it was given fails the run. 1: all at `default`.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LOCATIONS)))]
+    pub locations: u32,
     /// Also write a self-contained HTML report with charts to this file.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
@@ -112,6 +118,11 @@ pub struct SellOutArgs {
     pub pollers: u32,
     #[arg(long, value_parser = parse_product_id)]
     pub product_id: Option<String>,
+    /// Spread the fresh product's stock over N locations this run creates (ids unique to
+    /// the run, ranked before `default`, the remainder to the first) and check the books at
+    /// each: a location allocated more than it was given fails the run. 1: all at `default`.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LOCATIONS)))]
+    pub locations: u32,
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
 }
@@ -136,6 +147,11 @@ pub struct HotSkuArgs {
     /// instance, on one hot product).
     #[arg(long, requires = "product_id")]
     pub existing: bool,
+    /// Spread the fresh product's stock over N locations this run creates (ids unique to
+    /// the run, ranked before `default`, the remainder to the first) and check the books at
+    /// each: a location allocated more than it was given fails the run. 1: all at `default`.
+    #[arg(long, value_name = "N", conflicts_with = "existing", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LOCATIONS)))]
+    pub locations: u32,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -193,6 +209,12 @@ pub struct CheckoutArgs {
     /// Seed for carts, delays and endings (default: random; printed in the report).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Spread every product's stock over N locations this run creates (ids unique to the
+    /// run, ranked before `default`, the remainder to the first) and check each product's
+    /// books at each: a location allocated more than it was given fails the run. 1: all at
+    /// `default`.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LOCATIONS)))]
+    pub locations: u32,
 }
 
 fn parse_share(s: &str) -> Result<f64, String> {
@@ -247,6 +269,35 @@ mod tests {
             (5, 2000, 200, 1, 4)
         );
         assert_eq!((a.attempts_per_buyer, a.max_per_customer), (1, None));
+        // One location, `default`, unless asked: the run of before locations.
+        assert_eq!(a.locations, 1);
+    }
+
+    #[test]
+    fn locations_are_1_to_50_and_not_for_an_existing_product() {
+        let parse = |args: &[&str]| Cli::try_parse_from(["loadtest"].iter().chain(args));
+        let at = |args: &[&str]| match parse(args).map(|cli| cli.mode) {
+            Ok(Mode::SellOut(a)) => Some(a.locations),
+            Ok(Mode::Checkout(a)) => Some(a.locations),
+            Ok(Mode::HotSku(a)) => Some(a.locations),
+            _ => None,
+        };
+        assert_eq!(at(&["sell-out", "--locations", "3"]), Some(3));
+        assert_eq!(at(&["checkout", "--locations", "50"]), Some(50));
+        assert_eq!(at(&["hot-sku", "--locations", "2"]), Some(2));
+        assert!(parse(&["flash-sale", "--locations", "0"]).is_err());
+        assert!(parse(&["flash-sale", "--locations", "51"]).is_err());
+        // An existing product's stock is where it is: the run spreads nothing.
+        let existing = [
+            "hot-sku",
+            "--product-id",
+            "p",
+            "--existing",
+            "--locations",
+            "2",
+        ];
+        assert!(parse(&existing).is_err());
+        assert!(parse(&existing[..4]).is_ok());
     }
 
     #[test]

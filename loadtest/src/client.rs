@@ -1,7 +1,8 @@
 //! HTTP client for the stockgate JSON API: one pooled connection set to one base URL,
 //! typed calls, and how every answer is classified (confirmed / out of stock / error).
 
-use crate::samples::{AvailAnswer, Clock, FinalRead, OrderOutcome};
+use crate::locations::Stock;
+use crate::samples::{Allocation, AvailAnswer, Clock, FinalRead, Level, OrderOutcome};
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
 use reqwest::{Client, RequestBuilder, Response, StatusCode};
@@ -39,6 +40,9 @@ struct ErrorDetail {
 struct OrderBody {
     quantity: u32,
     status: String,
+    /// Absent from a service before locations: the order says nothing of where.
+    #[serde(default)]
+    allocations: Vec<Allocation>,
 }
 
 #[derive(Deserialize)]
@@ -50,11 +54,15 @@ struct AvailabilityBody {
     served_by: String,
 }
 
+/// A product page, as far as the tool reads it.
 #[derive(Deserialize)]
-struct ProductBody {
-    available_quantity: i64,
-    as_of: DateTime<Utc>,
-    served_by: String,
+pub struct ProductBody {
+    pub available_quantity: i64,
+    pub as_of: DateTime<Utc>,
+    pub served_by: String,
+    /// Each location's count (absent from a service before locations).
+    #[serde(default)]
+    pub stock: Vec<Level>,
 }
 
 impl Api {
@@ -122,9 +130,29 @@ impl Api {
     }
 
     /// POST /v1/products (admin). An existing id is an error: runs need a fresh product.
-    pub async fn create_product(&self, id: &str, stock: u32, price_cents: u32) -> Result<()> {
+    pub async fn create_product(&self, id: &str, stock: &Stock, price_cents: u32) -> Result<()> {
         self.create_limited_product(id, stock, price_cents, None)
             .await
+    }
+
+    /// POST /v1/locations (admin): a location of this run's own. An existing id is an
+    /// error (ids are unique per run, so someone else's location is never reused).
+    pub async fn create_location(&self, id: &str, rank: u32) -> Result<()> {
+        let body = json!({"location_id": id, "name": format!("loadtest {id}"), "rank": rank});
+        let r = self
+            .http
+            .post(format!("{}/v1/locations", self.base))
+            .bearer_auth(self.token()?)
+            .json(&body)
+            .send()
+            .await
+            .with_context(|| format!("creating location {id} at {}", self.base))?;
+        let status = r.status();
+        if status == StatusCode::CREATED {
+            return Ok(());
+        }
+        let text = r.text().await.unwrap_or_default();
+        bail!("creating location {id}: HTTP {status}: {text}")
     }
 
     /// POST /v1/products (admin), with `max_per_customer` when given; fails unless the
@@ -133,7 +161,7 @@ impl Api {
     pub async fn create_limited_product(
         &self,
         id: &str,
-        stock: u32,
+        stock: &Stock,
         price_cents: u32,
         max_per_customer: Option<u32>,
     ) -> Result<()> {
@@ -141,8 +169,11 @@ impl Api {
             "product_id": id,
             "name": format!("loadtest {id}"),
             "price_cents": price_cents,
-            "available_quantity": stock,
         });
+        match stock {
+            Stock::Default(n) => body["available_quantity"] = json!(n),
+            Stock::At(at) => body["stock"] = json!(at),
+        }
         if let Some(limit) = max_per_customer {
             body["max_per_customer"] = json!(limit);
         }
@@ -177,8 +208,9 @@ impl Api {
         bail!("creating product {id}: HTTP {status}: {text}")
     }
 
-    /// GET /v1/products/{id}: its stock, who answered, and as of when.
-    pub async fn product(&self, id: &str) -> Result<(i64, DateTime<Utc>, String)> {
+    /// GET /v1/products/{id}: its stock (in all and per location), who answered, and as
+    /// of when.
+    pub async fn product(&self, id: &str) -> Result<ProductBody> {
         let r = self
             .http
             .get(format!("{}/v1/products/{id}", self.base))
@@ -190,11 +222,9 @@ impl Api {
             let text = r.text().await.unwrap_or_default();
             bail!("reading product {id}: HTTP {status}: {text}");
         }
-        let p: ProductBody = r
-            .json()
+        r.json()
             .await
-            .with_context(|| format!("reading product {id}: unexpected body"))?;
-        Ok((p.available_quantity, p.as_of, p.served_by))
+            .with_context(|| format!("reading product {id}: unexpected body"))
     }
 
     /// Reads the product back after a run, retrying for up to [`SETTLE`] until the
@@ -206,13 +236,14 @@ impl Api {
         let mut last: Option<Result<FinalRead>> = None;
         while start.elapsed() < SETTLE {
             match self.product(id).await {
-                Ok((qty, as_of, served_by)) => {
+                Ok(p) => {
                     let read = FinalRead {
-                        available_quantity: qty,
-                        served_by,
-                        as_of: as_of.to_rfc3339_opts(SecondsFormat::Millis, true),
-                        covers_all_orders: as_of >= covers,
+                        available_quantity: p.available_quantity,
+                        served_by: p.served_by,
+                        as_of: p.as_of.to_rfc3339_opts(SecondsFormat::Millis, true),
+                        covers_all_orders: p.as_of >= covers,
                         waited_ms: start.elapsed().as_millis() as u64,
+                        levels: p.stock,
                     };
                     if read.covers_all_orders {
                         return Ok(read);
@@ -260,7 +291,8 @@ impl Api {
         Ok(r.json().await?)
     }
 
-    /// POST /v1/orders as admin on behalf of `user_id`.
+    /// POST /v1/orders as admin on behalf of `user_id`: how it ended, and, when confirmed,
+    /// where its units came from.
     pub async fn place_order(
         &self,
         product_id: &str,
@@ -268,10 +300,11 @@ impl Api {
         qty: u32,
         idempotency_key: &str,
         deadline: Instant,
-    ) -> OrderOutcome {
+    ) -> (OrderOutcome, Vec<Allocation>) {
+        let failed = |label: String| (OrderOutcome::Failed(label), Vec::new());
         let token = match self.token() {
             Ok(t) => t,
-            Err(_) => return OrderOutcome::Failed("no admin token".into()),
+            Err(_) => return failed("no admin token".into()),
         };
         let rb = self
             .http
@@ -281,12 +314,12 @@ impl Api {
             .json(&json!({ "product_id": product_id, "quantity": qty, "user_id": user_id }));
         let r = match self.bounded(rb, deadline).send().await {
             Ok(r) => r,
-            Err(e) => return OrderOutcome::Failed(transport_label(&e)),
+            Err(e) => return failed(transport_label(&e)),
         };
         let status = r.status();
         let bytes = match r.bytes().await {
             Ok(b) => b,
-            Err(e) => return OrderOutcome::Failed(transport_label(&e)),
+            Err(e) => return failed(transport_label(&e)),
         };
         classify_order(status, &bytes)
     }
@@ -374,17 +407,29 @@ impl Api {
     }
 }
 
-/// 201 confirmed → Confirmed; 409 OUT_OF_STOCK → OutOfStock; 409 LIMIT_EXCEEDED with its
-/// `limit` and `already` → LimitExceeded; anything else → Failed.
-pub fn classify_order(status: StatusCode, body: &[u8]) -> OrderOutcome {
-    match status {
-        StatusCode::CREATED => match serde_json::from_slice::<OrderBody>(body) {
-            Ok(o) if o.status == "confirmed" => OrderOutcome::Confirmed {
+/// 201 confirmed → Confirmed, with the order's `allocations`; 409 OUT_OF_STOCK →
+/// OutOfStock; 409 LIMIT_EXCEEDED with its `limit` and `already` → LimitExceeded; anything
+/// else → Failed. Only a confirmed order has allocations.
+pub fn classify_order(status: StatusCode, body: &[u8]) -> (OrderOutcome, Vec<Allocation>) {
+    if status != StatusCode::CREATED {
+        return (refusal(status, body), Vec::new());
+    }
+    let failed = |label: String| (OrderOutcome::Failed(label), Vec::new());
+    match serde_json::from_slice::<OrderBody>(body) {
+        Ok(o) if o.status == "confirmed" => (
+            OrderOutcome::Confirmed {
                 quantity: o.quantity,
             },
-            Ok(o) => OrderOutcome::Failed(format!("201 status {}", o.status)),
-            Err(_) => OrderOutcome::Failed("201 unreadable body".into()),
-        },
+            o.allocations,
+        ),
+        Ok(o) => failed(format!("201 status {}", o.status)),
+        Err(_) => failed("201 unreadable body".into()),
+    }
+}
+
+/// A non-201 answer to an order.
+fn refusal(status: StatusCode, body: &[u8]) -> OrderOutcome {
+    match status {
         StatusCode::CONFLICT => {
             let error = serde_json::from_slice::<ErrorBody>(body).map(|b| b.error);
             match error {
@@ -435,6 +480,7 @@ mod tests {
 
     #[test]
     fn orders_are_classified_by_status_and_code() {
+        let classify_order = |status, body: &[u8]| classify_order(status, body).0;
         let ok = br#"{"order_id":"x","product_id":"p","quantity":2,"user_id":"u","status":"confirmed","total_cents":2}"#;
         assert_eq!(
             classify_order(StatusCode::CREATED, ok),
@@ -481,6 +527,21 @@ mod tests {
             classify_order(StatusCode::CREATED, b"{}"),
             OrderOutcome::Failed("201 unreadable body".into())
         );
+    }
+
+    #[test]
+    fn a_confirmed_order_says_where_its_units_came_from() {
+        let split = br#"{"order_id":"x","product_id":"p","quantity":3,"status":"confirmed","allocations":[{"product_id":"p","location_id":"a","quantity":2},{"product_id":"p","location_id":"b","quantity":1}]}"#;
+        let (outcome, at) = classify_order(StatusCode::CREATED, split);
+        assert_eq!(outcome, OrderOutcome::Confirmed { quantity: 3 });
+        let at: Vec<_> = at
+            .iter()
+            .map(|a| (a.location_id.as_str(), a.quantity))
+            .collect();
+        assert_eq!(at, [("a", 2), ("b", 1)]);
+        // A refusal takes nothing from anywhere.
+        let oos = br#"{"error":{"code":"OUT_OF_STOCK","message":"no"}}"#;
+        assert!(classify_order(StatusCode::CONFLICT, oos).1.is_empty());
     }
 
     #[test]

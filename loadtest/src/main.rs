@@ -3,6 +3,7 @@
 
 mod cli;
 mod client;
+mod locations;
 mod modes;
 mod report;
 mod samples;

@@ -1,7 +1,9 @@
 //! Raw measurements: the run clock, one sample per request, and the record of a sale run.
 
+use crate::locations::StockAt;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// One clock for a run: monotonic offsets from `t0`, plus the wall time at `t0` so the
@@ -38,6 +40,58 @@ impl Clock {
     pub fn started_at(&self) -> DateTime<Utc> {
         self.t0_wall
     }
+}
+
+/// One entry of an order's `allocations`: units of a product taken from one location.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Allocation {
+    pub product_id: String,
+    pub location_id: String,
+    pub quantity: u64,
+}
+
+/// Units of one product's confirmed orders' allocations per location: where the answers
+/// the tool received say its units were taken from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allocated(BTreeMap<String, u64>);
+
+impl Allocated {
+    /// Counts the entries of `allocations` that are `product_id`'s.
+    pub fn add(&mut self, product_id: &str, allocations: &[Allocation]) {
+        for a in allocations.iter().filter(|a| a.product_id == product_id) {
+            *self.0.entry(a.location_id.clone()).or_default() += a.quantity;
+        }
+    }
+
+    pub fn merge(&mut self, other: Allocated) {
+        for (location, units) in other.0 {
+            *self.0.entry(location).or_default() += units;
+        }
+    }
+
+    /// Units allocated at `location_id` (0 if none).
+    pub fn at(&self, location_id: &str) -> u64 {
+        self.0.get(location_id).copied().unwrap_or(0)
+    }
+
+    /// The locations with allocations, by id.
+    pub fn locations(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+}
+
+impl FromIterator<(String, u64)> for Allocated {
+    fn from_iter<I: IntoIterator<Item = (String, u64)>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+/// One entry of a product page's `stock`: what one location has left of it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Level {
+    pub location_id: String,
+    pub available_quantity: i64,
+    pub active: bool,
 }
 
 /// How one order request ended.
@@ -103,6 +157,9 @@ pub struct FinalRead {
     pub covers_all_orders: bool,
     /// How long the read had to wait for an answer that covers every order.
     pub waited_ms: u64,
+    /// The page's `stock`: each location's count (the per-location books show them).
+    #[serde(skip)]
+    pub levels: Vec<Level>,
 }
 
 /// What a flash-sale or sell-out run asked for.
@@ -120,6 +177,8 @@ pub struct SaleSpec {
     pub concurrency: u32,
     pub qty: u32,
     pub pollers: u32,
+    /// What each of the run's locations was given; empty: all at `default`.
+    pub locations: Vec<StockAt>,
 }
 
 /// Everything one sale run observed.
@@ -130,6 +189,8 @@ pub struct SaleRun {
     /// From creating the product to availability answering 200 for it (before `t0`).
     pub product_visible_after_ms: u64,
     pub orders: Vec<OrderSample>,
+    /// Units of the confirmed orders' allocations, per location.
+    pub allocated: Allocated,
     pub avail: Vec<AvailSample>,
     /// Orders never sent because the --max-seconds safety stop came first.
     pub not_sent: u64,

@@ -1,6 +1,7 @@
 //! Streaming aggregates for the timed modes: an HDR latency histogram, outcome tallies
 //! and per-responder counts, kept per worker and merged at the end.
 
+use crate::samples::Allocated;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -30,6 +31,8 @@ pub struct Tally {
     pub ok: u64,
     /// Units confirmed (orders only).
     pub units: u64,
+    /// Units of the confirmed orders' allocations, per location (orders only).
+    pub allocated: Allocated,
     pub out_of_stock: u64,
     pub errors: BTreeMap<String, u64>,
     pub served_by: BTreeMap<String, ServedBy>,
@@ -41,6 +44,7 @@ impl Default for Tally {
             latency: histogram(),
             ok: 0,
             units: 0,
+            allocated: Allocated::default(),
             out_of_stock: 0,
             errors: BTreeMap::new(),
             served_by: BTreeMap::new(),
@@ -84,6 +88,7 @@ impl Tally {
         }
         self.ok += other.ok;
         self.units += other.units;
+        self.allocated.merge(other.allocated);
         self.out_of_stock += other.out_of_stock;
         for (k, v) in other.errors {
             *self.errors.entry(k).or_default() += v;

@@ -4,6 +4,7 @@
 use super::timed::{self, Hit, TimedSpec};
 use super::{Ctx, fresh_id, warm_up};
 use crate::cli::AvailabilityArgs;
+use crate::locations::Stock;
 use crate::report::TimedReport;
 use crate::samples::Clock;
 use anyhow::{Context, Result};
@@ -23,7 +24,8 @@ pub async fn run(ctx: &Ctx, a: AvailabilityArgs) -> Result<TimedReport> {
         }
         None => {
             let id = fresh_id("avail");
-            api.create_product(&id, FRESH_STOCK, 100).await?;
+            api.create_product(&id, &Stock::Default(FRESH_STOCK), 100)
+                .await?;
             api.wait_visible(&id, &Clock::start()).await?;
             id
         }

@@ -25,6 +25,7 @@ pub async fn run(ctx: &Ctx, a: FlashSaleArgs) -> Result<(SaleReport, SaleRun)> {
         concurrency: a.concurrency,
         qty: a.qty,
         pollers: a.pollers,
+        locations: a.locations,
     };
     if args.orders() > MAX_ORDERS {
         bail!("--buyers x --attempts-per-buyer must be at most {MAX_ORDERS} orders");

@@ -1,11 +1,12 @@
 //! The sale engine shared by flash-sale and sell-out: a fresh product (optionally with a
-//! `max_per_customer`), N distinct buyers sending M orders each with at most C orders in
-//! flight, availability pollers until the buyers are done, and the product read back
-//! afterwards.
+//! `max_per_customer`, optionally with its stock spread over locations of its own), N
+//! distinct buyers sending M orders each with at most C orders in flight, availability
+//! pollers until the buyers are done, and the product read back afterwards.
 
 use super::{Ctx, fresh_id, progress, run_tag, warm_up};
 use crate::client::Api;
-use crate::samples::{AvailSample, Clock, OrderOutcome, OrderSample, SaleRun, SaleSpec};
+use crate::locations::{self, Stock};
+use crate::samples::{Allocated, AvailSample, Clock, OrderOutcome, OrderSample, SaleRun, SaleSpec};
 use anyhow::{Context, Result};
 use indicatif::ProgressBar;
 use std::sync::Arc;
@@ -31,6 +32,8 @@ pub struct SaleArgs {
     pub concurrency: u32,
     pub qty: u32,
     pub pollers: u32,
+    /// Locations to spread the stock over (1: all at `default`).
+    pub locations: u32,
 }
 
 impl SaleArgs {
@@ -73,12 +76,21 @@ struct Sale {
     pb: ProgressBar,
 }
 
-pub async fn run(ctx: &Ctx, mut a: SaleArgs) -> Result<SaleRun> {
-    let api = ctx.api.clone();
+/// Creates the run's locations (if any) and its fresh product, and waits until
+/// availability sees it; returns the product, where its stock is, and how long it took to
+/// become visible.
+async fn set_up(api: &Api, a: &mut SaleArgs) -> Result<(String, Stock, Duration)> {
     let product_id = a.product_id.take().unwrap_or_else(|| fresh_id(a.id_prefix));
-    api.create_limited_product(&product_id, a.stock, PRICE_CENTS, a.max_per_customer)
+    let stock = Stock::spread(a.stock, &locations::create(api, a.locations).await?);
+    api.create_limited_product(&product_id, &stock, PRICE_CENTS, a.max_per_customer)
         .await?;
     let visible = api.wait_visible(&product_id, &Clock::start()).await?;
+    Ok((product_id, stock, visible))
+}
+
+pub async fn run(ctx: &Ctx, mut a: SaleArgs) -> Result<SaleRun> {
+    let api = ctx.api.clone();
+    let (product_id, stock, visible) = set_up(&api, &mut a).await?;
     let replicas_before = api.replicas().await.ok();
     warm_up(ctx, (a.concurrency + a.pollers) as usize).await;
 
@@ -93,9 +105,11 @@ pub async fn run(ctx: &Ctx, mut a: SaleArgs) -> Result<SaleRun> {
         concurrency: a.concurrency,
         qty: a.qty,
         pollers: a.pollers,
+        locations: stock.at().map(<[_]>::to_vec).unwrap_or_default(),
     };
     let sale = Arc::new(Sale::start(api, product_id.into(), &a, ctx.deadline));
-    let (orders, avail, avail_capped) = sale.clone().drive(a.concurrency, a.pollers).await?;
+    let (orders, allocated, avail, avail_capped) =
+        sale.clone().drive(a.concurrency, a.pollers).await?;
 
     let last_answer = orders.iter().map(|o| o.recv_us).max().unwrap_or(0);
     let final_read = sale
@@ -111,6 +125,7 @@ pub async fn run(ctx: &Ctx, mut a: SaleArgs) -> Result<SaleRun> {
         product_visible_after_ms: visible.as_millis() as u64,
         not_sent: a.orders().saturating_sub(orders.len() as u64),
         orders,
+        allocated,
         avail,
         avail_capped,
         final_read,
@@ -147,13 +162,14 @@ impl Sale {
     }
 
     /// Runs `concurrency` buyer tasks and `pollers` poller tasks until every buyer is done
-    /// (or the safety stop); returns the orders and the availability samples, each sorted
-    /// by answer time, and whether a poller hit the sample cap.
+    /// (or the safety stop); returns the orders, the units allocated per location, and the
+    /// availability samples, each sorted by answer time, and whether a poller hit the
+    /// sample cap.
     async fn drive(
         self: Arc<Self>,
         concurrency: u32,
         pollers: u32,
-    ) -> Result<(Vec<OrderSample>, Vec<AvailSample>, bool)> {
+    ) -> Result<(Vec<OrderSample>, Allocated, Vec<AvailSample>, bool)> {
         let mut buyers = tokio::task::JoinSet::new();
         for _ in 0..concurrency {
             buyers.spawn(self.clone().buy());
@@ -165,8 +181,11 @@ impl Sale {
         }
 
         let mut orders = Vec::with_capacity(self.orders.min(10_000_000) as usize);
+        let mut allocated = Allocated::default();
         while let Some(r) = buyers.join_next().await {
-            orders.extend(r.context("a buyer task panicked")?);
+            let (mine, at) = r.context("a buyer task panicked")?;
+            orders.extend(mine);
+            allocated.merge(at);
         }
         self.buyers_done.store(true, Ordering::Relaxed);
         let mut avail = Vec::new();
@@ -179,13 +198,15 @@ impl Sale {
         self.pb.finish_and_clear();
         orders.sort_by_key(|o| o.recv_us);
         avail.sort_by_key(|s| s.recv_us);
-        Ok((orders, avail, avail_capped))
+        Ok((orders, allocated, avail, avail_capped))
     }
 
     /// One buyer task: takes the next order (a buyer and one of its attempts) and places
-    /// it with a fresh Idempotency-Key, until every order is sent or the safety stop.
-    async fn buy(self: Arc<Self>) -> Vec<OrderSample> {
+    /// it with a fresh Idempotency-Key, until every order is sent or the safety stop;
+    /// returns its orders and the units their answers allocated per location.
+    async fn buy(self: Arc<Self>) -> (Vec<OrderSample>, Allocated) {
         let mut out = Vec::new();
+        let mut allocated = Allocated::default();
         while Instant::now() < self.deadline {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
             if n >= self.orders {
@@ -195,10 +216,11 @@ impl Sale {
             let user = format!("buyer-{buyer}");
             let key = format!("lt-{}-{buyer}-{attempt}", self.tag);
             let sent = Instant::now();
-            let outcome = (self.api)
+            let (outcome, at) = (self.api)
                 .place_order(&self.pid, &user, self.qty, &key, self.deadline)
                 .await;
             let recv = Instant::now();
+            allocated.add(&self.pid, &at);
             match &outcome {
                 OrderOutcome::Confirmed { quantity } => self
                     .units
@@ -222,7 +244,7 @@ impl Sale {
                 self.failed.load(Ordering::Relaxed)
             ));
         }
-        out
+        (out, allocated)
     }
 
     /// One poller task: asks availability back-to-back until the buyers are done, keeping

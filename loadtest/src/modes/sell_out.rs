@@ -22,6 +22,7 @@ pub async fn run(ctx: &Ctx, a: SellOutArgs) -> Result<(SaleReport, SaleRun)> {
             concurrency: a.concurrency,
             qty: a.qty,
             pollers: a.pollers,
+            locations: a.locations,
         },
     )
     .await?;

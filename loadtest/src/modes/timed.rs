@@ -3,6 +3,7 @@
 
 use super::{Ctx, progress};
 use crate::report::TimedMeta;
+use crate::samples::Allocation;
 use crate::stats::Tally;
 use anyhow::{Context, Result};
 use indicatif::ProgressBar;
@@ -14,8 +15,12 @@ use tokio::task::JoinHandle;
 
 /// How one call ended, as far as the tally cares.
 pub enum Hit {
-    /// An order confirmed for this many units.
-    Confirmed(u32),
+    /// An order of `product_id` confirmed for this many units, taken from these locations.
+    Confirmed {
+        product_id: Arc<str>,
+        units: u32,
+        allocations: Vec<Allocation>,
+    },
     OutOfStock,
     /// A 200 availability answer.
     Answer {
@@ -139,9 +144,14 @@ where
 /// Counts one call in the tally; `true` when it succeeded.
 fn record(t: &mut Tally, hit: Hit, stale_limit_ms: u64) -> bool {
     match hit {
-        Hit::Confirmed(units) => {
+        Hit::Confirmed {
+            product_id,
+            units,
+            allocations,
+        } => {
             t.ok += 1;
             t.units += u64::from(units);
+            t.allocated.add(&product_id, &allocations);
             true
         }
         Hit::Answer {

@@ -1,8 +1,9 @@
 //! The report of a checkout run: what the buyers' holds came to (per step and ending), each
 //! step's latency, the retried and unexpected answers, and each product's books read back
-//! once every hold has ended (given = confirmed + available); its verdict and its text.
+//! once every hold has ended (given = confirmed + available, and at each location when the
+//! stock was spread over several); its verdict and its text.
 
-use crate::report::{LatencySummary, Report, fmt_ms, fmt_rate, oversold};
+use crate::report::{LatencySummary, PerLocation, Report, fmt_ms, fmt_rate, oversold};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
@@ -24,6 +25,9 @@ pub struct ProductCheck {
     /// Given − confirmed − available: units neither sold nor on sale (still held, or lost);
     /// negative when units appeared from nowhere. Must be 0 once every hold has ended.
     pub unaccounted: i64,
+    /// With `--locations N`: the books at each location.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_location: Option<PerLocation>,
 }
 
 impl ProductCheck {
@@ -37,6 +41,7 @@ impl ProductCheck {
             covers_end: true,
             oversold: oversold(confirmed, given),
             unaccounted: given as i64 - confirmed as i64 - available,
+            per_location: None,
         }
     }
 }
@@ -76,6 +81,9 @@ pub fn problems(r: &CheckoutReport, attempts: u32) -> Vec<String> {
                 "{}: no stock read covering the end of the run (served by {})",
                 p.product_id, p.served_by
             ));
+        }
+        if let Some(books) = &p.per_location {
+            out.extend(books.problems(Some(&p.product_id)));
         }
     }
     out
@@ -267,6 +275,18 @@ impl CheckoutReport {
             self.oversold_units,
             self.per_product.len() - off,
             self.per_product.len()
+        )?;
+        let spread = self
+            .per_product
+            .iter()
+            .filter_map(|p| p.per_location.as_ref());
+        let Some(total) = PerLocation::total(spread) else {
+            return Ok(());
+        };
+        total.render_into(out)?;
+        writeln!(
+            out,
+            "  (summed over the products; each product's own books, in the JSON, are judged)"
         )
     }
 }
@@ -332,6 +352,37 @@ mod tests {
         let found = problems(&report(vec![p]), 5);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("off by 2"), "{found:?}");
+    }
+
+    // Mutation that fails this test: `problems` without each product's per-location problems.
+    #[test]
+    fn a_location_of_one_product_allocated_beyond_its_stock_fails_the_run_and_is_named() {
+        use crate::locations::StockAt;
+        use crate::samples::Level;
+        // 4 given (a 2, b 2), 4 confirmed, 0 left: the product balances; but b gave 3.
+        let mut p = ProductCheck::new("p".into(), 4, 4, 0);
+        let given = ["a", "b"].map(|id| StockAt {
+            location_id: id.into(),
+            quantity: 2,
+        });
+        let levels = ["a", "b"].map(|id| Level {
+            location_id: id.into(),
+            available_quantity: 0,
+            active: true,
+        });
+        let allocated = [("a".to_string(), 1), ("b".to_string(), 3)]
+            .into_iter()
+            .collect();
+        p.per_location = Some(PerLocation::of(&given, &allocated, Some(&levels)));
+        let r = report(vec![p]);
+        let found = problems(&r, 5);
+        assert!(
+            found
+                .iter()
+                .any(|m| m.starts_with("OVERSOLD AT LOCATION b of p:")),
+            "{found:?}"
+        );
+        assert!(r.render().contains("per location"));
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - `mod.rs`: the [`Report`] trait every mode's report implements, what they all share
 //!   (`oversold`, `per_second`, [`Failures`]), and writing their outputs;
 //! - `latency.rs`: [`LatencySummary`], one endpoint's latency percentiles;
+//! - `per_location.rs`: [`PerLocation`], a product's books at each location its stock was
+//!   spread over (`--locations N`), and the oversell verdict per location;
 //! - `text.rs`: the plain-text pieces every rendering uses (formats, rows, tables, verdict);
 //! - `sale/`: flash-sale and sell-out's [`SaleReport`]: its sections, the per-buyer limit
 //!   arithmetic, and its text;
@@ -18,11 +20,13 @@
 pub mod checkout;
 pub mod html;
 mod latency;
+mod per_location;
 mod sale;
 mod text;
 mod timed;
 
 pub use self::latency::LatencySummary;
+pub use self::per_location::PerLocation;
 pub use self::sale::SaleReport;
 use self::text::{error_lines, line};
 pub use self::text::{fmt_ms, fmt_rate};

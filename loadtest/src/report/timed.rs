@@ -1,8 +1,9 @@
 //! The report of a timed mode (hot-sku, availability): C workers calling back-to-back for
-//! N seconds, each keeping a tally, merged at the end.
+//! N seconds, each keeping a tally, merged at the end; for a hot product spread over
+//! several locations, its books at each.
 
 use super::text::{latency_table, line, served_by_lines, verdict};
-use super::{Failures, LatencySummary, Report, fmt_rate, per_second};
+use super::{Failures, LatencySummary, PerLocation, Report, fmt_rate, per_second};
 use crate::stats::{ServedBy, Tally};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -38,6 +39,9 @@ pub struct TimedReport {
     pub requests_per_s: f64,
     pub latency: LatencySummary,
     pub stopped_by_max_seconds: bool,
+    /// hot-sku with `--locations N`: the books at each location.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_location: Option<PerLocation>,
     pub ok: bool,
     pub problems: Vec<String>,
 }
@@ -122,16 +126,16 @@ impl Seen {
 }
 
 impl TimedReport {
-    pub fn hot_sku(m: TimedMeta, t: &Tally) -> Self {
+    pub fn hot_sku(m: TimedMeta, t: &Tally, per_location: Option<PerLocation>) -> Self {
         let seen = Seen::orders(t, m.elapsed_us);
-        Self::build(m, t, seen)
+        Self::build(m, t, seen, per_location)
     }
 
     pub fn availability(m: TimedMeta, t: &Tally, stale_limit_ms: u64) -> Self {
-        Self::build(m, t, Seen::answers(t, stale_limit_ms))
+        Self::build(m, t, Seen::answers(t, stale_limit_ms), None)
     }
 
-    fn build(m: TimedMeta, t: &Tally, seen: Seen) -> Self {
+    fn build(m: TimedMeta, t: &Tally, seen: Seen, per_location: Option<PerLocation>) -> Self {
         let (mode, noun) = seen.names();
         let (own, none_ok) = seen.problems();
         let mut problems = Vec::new();
@@ -144,6 +148,9 @@ impl TimedReport {
         }
         if m.stopped_by_max_seconds {
             problems.push("stopped early by --max-seconds".into());
+        }
+        if let Some(books) = &per_location {
+            problems.extend(books.problems(None));
         }
         Self {
             mode: mode.into(),
@@ -159,6 +166,7 @@ impl TimedReport {
             requests_per_s: per_second(t.requests(), m.elapsed_us),
             latency: LatencySummary::of(&t.latency),
             stopped_by_max_seconds: m.stopped_by_max_seconds,
+            per_location,
             ok: problems.is_empty(),
             problems,
         }
@@ -239,6 +247,9 @@ impl Report for TimedReport {
         writeln!(out, "\nlatency")?;
         latency_table(out, &[(latency_row, &self.latency)])?;
         self.seen.answers_into(out)?;
+        if let Some(books) = &self.per_location {
+            books.render_into(out)?;
+        }
         writeln!(out)?;
         verdict(out, &self.problems)
     }

@@ -1,9 +1,11 @@
 //! The books after the run: wait until the service lists nothing of ours as held, then
-//! read every product's stock back.
+//! read every product's stock back (in all, and per location).
 
 use super::Plan;
 use crate::client::{Api, error_label};
+use crate::report::PerLocation;
 use crate::report::checkout::ProductCheck;
+use crate::samples::Allocated;
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
 use reqwest::{Method, StatusCode};
@@ -72,8 +74,13 @@ pub(super) async fn wait_holds_ended(
 }
 
 /// Reads every product back once the holds have ended and checks its books against the
-/// units we saw confirmed.
-pub(super) async fn read_books(plan: &Plan, units: &[u64]) -> Result<Vec<ProductCheck>> {
+/// units we saw confirmed (and, when its stock was spread, each location's against the
+/// units allocated there).
+pub(super) async fn read_books(
+    plan: &Plan,
+    units: &[u64],
+    allocated: &[Allocated],
+) -> Result<Vec<ProductCheck>> {
     let end = Utc::now();
     let mut per_product = Vec::with_capacity(plan.products.len());
     for (i, id) in plan.products.iter().enumerate() {
@@ -82,6 +89,10 @@ pub(super) async fn read_books(plan: &Plan, units: &[u64]) -> Result<Vec<Product
         let mut p = ProductCheck::new(id.clone(), given, units[i], read.available_quantity);
         p.served_by = read.served_by;
         p.covers_end = read.covers_all_orders;
+        p.per_location = plan
+            .stock
+            .at()
+            .map(|given| PerLocation::of(given, &allocated[i], Some(&read.levels)));
         per_product.push(p);
     }
     Ok(per_product)

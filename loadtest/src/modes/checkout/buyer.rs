@@ -5,6 +5,7 @@ use super::Plan;
 use super::tally::{Step, Tally};
 use super::workload::{Ending, buyer_rng, ending, pick_cart};
 use crate::client::{Answer, error_code, error_label};
+use crate::samples::Allocation;
 use chrono::{DateTime, Utc};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
@@ -26,6 +27,9 @@ struct HoldBody {
 struct OrderBody {
     status: String,
     lines: Vec<LineBody>,
+    /// Where its units came from (a hold's confirm keeps the hold's).
+    #[serde(default)]
+    allocations: Vec<Allocation>,
 }
 
 #[derive(Deserialize)]
@@ -186,6 +190,7 @@ fn confirmed(plan: &Plan, t: &mut Tally, ans: &Answer, mut held: Vec<(usize, u64
                             None => got.push((usize::MAX, l.quantity)),
                         }
                     }
+                    t.allocate(&plan.index, &o.allocations);
                     got.sort_unstable();
                     held.sort_unstable();
                     if got != held {

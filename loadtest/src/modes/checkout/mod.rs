@@ -3,7 +3,9 @@
 //! nothing held.
 //!
 //! The accounting rests on one identity per product, read back through the API once every
-//! hold has ended: `available_quantity + units we saw confirmed == stock given`. Units
+//! hold has ended: `available_quantity + units we saw confirmed == stock given` — and, with
+//! `--locations N`, the same at each location of each product, from the confirmed orders'
+//! `allocations` and the product page's `stock`. Units
 //! still held would make the left side short, so the check waits (polling
 //! `GET /v1/admin/holds`) until the service says nothing of ours is held, and gives up at
 //! the latest `expires_at` + 5 s (the contract's bound) plus a little grace.
@@ -28,6 +30,7 @@ use self::tally::Tally;
 use super::{Ctx, fresh_id, progress, run_tag, warm_up};
 use crate::cli::CheckoutArgs;
 use crate::client::Api;
+use crate::locations::{self, Stock};
 use crate::report::checkout::{CheckoutReport, ProductCheck, Steps, problems};
 use crate::report::{LatencySummary, per_second};
 use anyhow::{Context, Result, bail};
@@ -50,8 +53,10 @@ pub async fn run(ctx: &Ctx, a: CheckoutArgs) -> Result<CheckoutReport> {
     let api = ctx.api.clone();
     let base = fresh_id("co");
     let products: Arc<[String]> = (0..a.products).map(|i| format!("{base}-{i}")).collect();
+    // Every product is spread over the same locations, the same way.
+    let stock = Stock::spread(a.stock, &locations::create(&api, a.locations).await?);
     for id in products.iter() {
-        api.create_product(id, a.stock, 100).await?;
+        api.create_product(id, &stock, 100).await?;
     }
     let index = products
         .iter()
@@ -64,6 +69,7 @@ pub async fn run(ctx: &Ctx, a: CheckoutArgs) -> Result<CheckoutReport> {
         api,
         products,
         index,
+        stock,
         tag: run_tag(),
         seed,
         a,
@@ -72,7 +78,7 @@ pub async fn run(ctx: &Ctx, a: CheckoutArgs) -> Result<CheckoutReport> {
 
     let (t, elapsed) = drive(&plan).await?;
     let held = wait_holds_ended(&plan.api, &plan.index, t.last_end).await?;
-    let per_product = read_books(&plan, &t.units).await?;
+    let per_product = read_books(&plan, &t.units, &t.allocated).await?;
     Ok(report(&plan, t, elapsed, held, per_product))
 }
 
@@ -112,6 +118,8 @@ struct Plan {
     api: Arc<Api>,
     products: Arc<[String]>,
     index: HashMap<String, usize>,
+    /// Where each product's stock was put.
+    stock: Stock,
     tag: String,
     seed: u64,
     a: CheckoutArgs,

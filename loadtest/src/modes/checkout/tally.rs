@@ -3,10 +3,11 @@
 //! and merged at the end.
 
 use crate::report::checkout::Counts;
+use crate::samples::{Allocated, Allocation};
 use crate::stats::histogram;
 use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 /// Everything one worker saw.
@@ -16,6 +17,8 @@ pub(super) struct Tally {
     pub(super) release: Histogram<u64>,
     pub(super) counts: Counts,
     pub(super) units: Vec<u64>,
+    /// Per product, the units of its confirmed orders' allocations per location.
+    pub(super) allocated: Vec<Allocated>,
     pub(super) retried: BTreeMap<String, u64>,
     pub(super) unexpected: BTreeMap<String, u64>,
     /// The latest moment a hold of ours could still be holding units.
@@ -32,6 +35,7 @@ impl Tally {
             release: histogram(),
             counts: Counts::default(),
             units: vec![0; products],
+            allocated: vec![Allocated::default(); products],
             retried: BTreeMap::new(),
             unexpected: BTreeMap::new(),
             last_end: None,
@@ -45,6 +49,15 @@ impl Tally {
             .unexpected
             .entry(format!("{}: {label}", step.name()))
             .or_default() += 1;
+    }
+
+    /// Counts a confirmed order's allocations of our products (`index`) per location.
+    pub(super) fn allocate(&mut self, index: &HashMap<String, usize>, allocations: &[Allocation]) {
+        for a in allocations {
+            if let Some(&i) = index.get(&a.product_id) {
+                self.allocated[i].add(&a.product_id, std::slice::from_ref(a));
+            }
+        }
     }
 
     pub(super) fn ended(&mut self, at: DateTime<Utc>) {
@@ -71,6 +84,9 @@ impl Tally {
         c.unresolved += d.unresolved;
         for (u, v) in self.units.iter_mut().zip(&o.units) {
             *u += v;
+        }
+        for (mine, theirs) in self.allocated.iter_mut().zip(o.allocated) {
+            mine.merge(theirs);
         }
         for (k, v) in o.retried {
             *self.retried.entry(k).or_default() += v;

@@ -12,7 +12,7 @@ use self::per_buyer::PerBuyer;
 use self::sections::{
     AfterSale, AvailabilitySeen, OrderCounts, SaleLatency, SaleTiming, sell_out_moment,
 };
-use crate::report::oversold;
+use crate::report::{PerLocation, oversold};
 use crate::samples::{OrderOutcome, OrderSample, SaleRun};
 use serde::Serialize;
 use serde_json::Value;
@@ -38,6 +38,9 @@ pub struct SaleReport {
     pub latency: SaleLatency,
     pub availability: AvailabilitySeen,
     pub after: AfterSale,
+    /// The books at each location, when the stock was spread over several (`--locations`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_location: Option<PerLocation>,
     pub replicas_before: Option<Value>,
     pub replicas_after: Option<Value>,
     pub ok: bool,
@@ -76,6 +79,7 @@ impl SaleReport {
             latency: SaleLatency::of(run, &rejected_after),
             availability: AvailabilitySeen::of(run, sell_out),
             after: AfterSale::of(&run.final_read, expected),
+            per_location: per_location(run),
             replicas_before: run.replicas_before.clone(),
             replicas_after: run.replicas_after.clone(),
             ok: false,
@@ -142,8 +146,21 @@ impl SaleReport {
                 o.not_sent
             ));
         }
+        if let Some(books) = &self.per_location {
+            problems.extend(books.problems(None));
+        }
         problems
     }
+}
+
+/// The books per location of a run that spread its stock over several; `None` when it
+/// kept it all at `default`.
+fn per_location(run: &SaleRun) -> Option<PerLocation> {
+    if run.spec.locations.is_empty() {
+        return None;
+    }
+    let levels = run.final_read.as_ref().ok().map(|r| r.levels.as_slice());
+    Some(PerLocation::of(&run.spec.locations, &run.allocated, levels))
 }
 
 #[cfg(test)]
@@ -173,6 +190,49 @@ mod tests {
         let text = r.render();
         assert!(text.contains("verdict: OK"), "{text}");
         assert!(text.contains("OVERSOLD"), "{text}");
+        // All at `default` (--locations 1): the report of before locations.
+        assert!(!text.contains("per location"), "{text}");
+        let json = serde_json::to_value(&r).expect("serializes");
+        assert!(json.get("per_location").is_none(), "{json}");
+    }
+
+    // Mutation that fails this test: `find_problems` without the per-location books'
+    // problems (the verdict judged on the product's total alone).
+    #[test]
+    fn a_location_allocated_beyond_its_stock_fails_the_sale_though_the_total_adds_up() {
+        use crate::locations::StockAt;
+        use crate::samples::Level;
+        let at = |id: &str, quantity| StockAt {
+            location_id: id.into(),
+            quantity,
+        };
+        let left = |id: &str| Level {
+            location_id: id.into(),
+            available_quantity: 0,
+            active: true,
+        };
+        // 3 units (a 2, b 1), 3 confirmed, 0 left: the total adds up; but the answers say
+        // b gave 2 of its 1, and a's 2 are gone with only 1 allocated there.
+        let orders = vec![confirmed(1_000), confirmed(2_000), confirmed(3_000)];
+        let mut sale = run(orders, Vec::new(), 0);
+        sale.spec.stock = 3;
+        sale.spec.locations = vec![at("a", 2), at("b", 1)];
+        sale.allocated = [("a".to_string(), 1), ("b".to_string(), 2)]
+            .into_iter()
+            .collect();
+        if let Ok(read) = sale.final_read.as_mut() {
+            read.levels = vec![left("a"), left("b")];
+        }
+        let r = SaleReport::build(&sale);
+        assert_eq!((r.oversold, r.after.matches), (0, true));
+        assert!(!r.ok);
+        let text = r.render();
+        assert!(text.contains("stock 3 over 2 locations (2/1)"), "{text}");
+        assert!(text.contains("OVERSOLD AT LOCATION b:"), "{text}");
+        assert!(text.contains("verdict: FAIL"), "{text}");
+        let json = serde_json::to_value(&r).expect("serializes");
+        assert_eq!(json["per_location"]["oversold"], 1, "{json}");
+        assert_eq!(json["per_location"]["locations"][1]["location_id"], "b");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! A sale report as plain text: header, orders, per buyer, timing, latency, availability
-//! answers, the stock read back, and the verdict.
+//! answers, the stock read back (in all, and per location when it was spread over several),
+//! and the verdict.
 
 use super::SaleReport;
 use crate::report::text::{latency_table, line, replica_summary, served_by_lines, verdict};
@@ -16,10 +17,19 @@ impl SaleReport {
         let limit = b
             .max_per_customer
             .map_or(String::new(), |l| format!(", limit {l} per customer"));
+        let spread = self.per_location.as_ref().map_or(String::new(), |p| {
+            let given = p
+                .locations
+                .iter()
+                .take(p.spread_over)
+                .map(|l| l.given.to_string());
+            let given: Vec<String> = given.collect();
+            format!(" over {} locations ({})", p.spread_over, given.join("/"))
+        });
         writeln!(out, "== {} against {} ==", self.mode, self.base_url)?;
         writeln!(
             out,
-            "product {}: stock {}{limit}, {} buyers{attempts} x qty {}, concurrency {}, {} pollers (started {})",
+            "product {}: stock {}{spread}{limit}, {} buyers{attempts} x qty {}, concurrency {}, {} pollers (started {})",
             self.product_id,
             self.stock,
             self.buyers,
@@ -214,6 +224,9 @@ impl SaleReport {
         }
         if let Some(r) = &self.replicas_after {
             writeln!(out, "  replicas: {}", replica_summary(r))?;
+        }
+        if let Some(books) = &self.per_location {
+            books.render_into(out)?;
         }
         writeln!(out)?;
         verdict(out, &self.problems)
