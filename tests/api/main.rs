@@ -17,6 +17,7 @@ mod helpers;
 mod history;
 mod idempotency_window;
 mod import;
+mod loadtest;
 mod locations;
 mod metrics;
 mod migration;
