@@ -220,7 +220,7 @@ struct NewTransfer {
         (status = 404, description = "PRODUCT_NOT_FOUND", body = ErrorBody),
         (status = 409, description = "OUT_OF_STOCK: `from` holds fewer units; nothing was written", body = ErrorBody),
         (status = 413, response = PayloadTooLarge),
-        (status = 422, description = "UNKNOWN_LOCATION, SAME_LOCATION (`from` = `to`), INVALID_QUANTITY, IDEMPOTENCY_KEY_REUSED", body = ErrorBody),
+        (status = 422, description = "UNKNOWN_LOCATION, SAME_LOCATION (`from` = `to`), INVALID_QUANTITY, IDEMPOTENCY_KEY_REUSED, VALUE_OUT_OF_RANGE (`to`'s count would pass 2^31 − 1; nothing written)", body = ErrorBody),
         (status = 503, response = Unavailable),
     )
 )]
@@ -305,6 +305,7 @@ async fn show_transfer(
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
         (status = 404, description = "TRANSFER_NOT_FOUND", body = ErrorBody),
+        (status = 422, description = "VALUE_OUT_OF_RANGE: `to`'s count (or the product's) would pass 2^31 − 1; the transfer stays `in_transit`", body = ErrorBody),
         (status = 503, response = Unavailable),
     )
 )]
