@@ -104,7 +104,7 @@ pub(super) async fn write_batch(db: &Db, rows: &[Row]) -> anyhow::Result<Applied
 /// and returns their ids. Existing products are left to [`lock_differing`].
 async fn insert_new(tx: &mut Tx, rows: &[&Row]) -> sqlx::Result<HashSet<String>> {
     let (ids, names, prices, counts) = columns(rows.iter().map(|r| (*r, r.available_quantity)));
-    Ok(stock::create_many(tx, &ids, &names, &prices, &counts)
+    Ok(stock::create_many(tx, &ids, &names, &prices, &counts, None)
         .await?
         .into_iter()
         .collect())
@@ -133,7 +133,7 @@ async fn update_restated(tx: &mut Tx, updates: &[(&Row, i32, i32)]) -> sqlx::Res
         .iter()
         .map(|(r, _, _)| r.available_quantity)
         .collect();
-    stock::restate(tx, &ids, &names, &prices, &deltas, &stated).await
+    stock::restate(tx, &ids, &names, &prices, &deltas, &stated, None).await
 }
 
 /// The id, name and price columns of `rows`, and a count for each.

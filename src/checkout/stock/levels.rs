@@ -87,18 +87,59 @@ pub(crate) async fn ensure(
     Ok(())
 }
 
+/// Why a level moves, as its movement (the ledger's row) states it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Change<'a> {
+    /// The movement's reason: `create`, `restock`, `import`, `transfer_out`, `transfer_in`
+    /// or an adjustment's own.
+    pub reason: &'a str,
+    /// The transfer or import it belongs to.
+    pub reference: Option<&'a str>,
+    pub note: Option<&'a str>,
+    /// An adjustment's key and request fingerprint (its answer is the movement).
+    pub key: Option<(&'a str, &'a str)>,
+}
+
+impl<'a> Change<'a> {
+    pub(crate) fn because(reason: &'a str) -> Self {
+        Change {
+            reason,
+            reference: None,
+            note: None,
+            key: None,
+        }
+    }
+
+    /// The `stock.changed` event's reason for this movement's.
+    fn event_reason(&self) -> &'a str {
+        match self.reason {
+            r @ ("create" | "restock" | "import") => r,
+            "transfer_out" | "transfer_in" => "transfer",
+            _ => "adjust",
+        }
+    }
+}
+
+/// A level after a change: its count, and the movement that records it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Moved {
+    pub available_quantity: i32,
+    pub movement_id: i64,
+}
+
 /// Adds `delta` (any sign) to `product`'s level at `location`, guarded (`… >= -delta`), and
-/// to the product's count when the location is active, with a `stock.changed` event
-/// (`reason`) stating the level after. The product's row must be locked and the level must
-/// exist ([`ensure`]). `None`: the level would go below zero (nothing changed).
+/// to the product's count when the location is active, in ONE statement that also writes
+/// the movement (the ledger's row, `change`) and a `stock.changed` event stating the level
+/// after. The product's row must be locked and the level must exist ([`ensure`]). `None`:
+/// the level would go below zero (nothing changed).
 pub(crate) async fn add(
     tx: &mut Tx,
     product: &str,
     location: &str,
     delta: i32,
-    reason: &str,
-) -> Result<Option<i32>, sqlx::Error> {
-    sqlx::query_scalar(
+    change: Change<'_>,
+) -> Result<Option<Moved>, sqlx::Error> {
+    let row: Option<(i32, i64)> = sqlx::query_as(
         "WITH l AS (UPDATE stock_levels s SET available_quantity = s.available_quantity + $3, \
                            updated_at = clock_timestamp() \
                      WHERE s.product_id = $1 AND s.location_id = $2 AND s.available_quantity + $3 >= 0 \
@@ -108,20 +149,33 @@ pub(crate) async fn add(
                      WHERE p.product_id = $1 AND EXISTS (SELECT FROM l) \
                        AND (SELECT active FROM locations WHERE location_id = $2) \
                     RETURNING 1), \
+              m AS (INSERT INTO movements (product_id, location_id, delta, reason, ref, note, \
+                                           idempotency_key, request_fingerprint, available_after) \
+                    SELECT $1, $2, $3, $5, $6, $7, $8, $9, l.available_quantity FROM l \
+                    RETURNING movement_id), \
               e AS (INSERT INTO events (types, items, k) \
                     SELECT '{stock.changed}', json_build_array(json_build_object( \
                            'type', 'stock.changed', 'data', json_build_object( \
                            'product_id', $1::text, 'location_id', $2::text, 'delta', $3::int4, \
                            'available_quantity', l.available_quantity, 'reason', $4::text))), 1 \
-                      FROM l WHERE $3 <> 0 OR $4 = 'create') \
-         SELECT l.available_quantity FROM l",
+                      FROM l WHERE $3 <> 0 OR $4 IN ('create', 'adjust')) \
+         SELECT l.available_quantity, m.movement_id FROM l, m",
     )
     .bind(product)
     .bind(location)
     .bind(delta)
-    .bind(reason)
+    .bind(change.event_reason())
+    .bind(change.reason)
+    .bind(change.reference)
+    .bind(change.note)
+    .bind(change.key.map(|k| k.0))
+    .bind(change.key.map(|k| k.1))
     .fetch_optional(&mut **tx)
-    .await
+    .await?;
+    Ok(row.map(|(available_quantity, movement_id)| Moved {
+        available_quantity,
+        movement_id,
+    }))
 }
 
 /// A product's levels, as its page states them: one per location that ever held it.
@@ -226,14 +280,31 @@ pub(crate) async fn transfer(
         };
     };
     ensure(tx, product, &[req.from.as_str(), req.to.as_str()]).await?;
-    if add(tx, product, req.from.as_str(), -req.quantity, "transfer")
-        .await?
-        .is_none()
-    {
+    let reference = made.transfer_id.to_string();
+    let moved = |reason| Change {
+        reference: Some(&reference),
+        ..Change::because(reason)
+    };
+    let from = add(
+        tx,
+        product,
+        req.from.as_str(),
+        -req.quantity,
+        moved("transfer_out"),
+    )
+    .await?;
+    if from.is_none() {
         return Err(CheckoutError::OutOfStock);
     }
     if !req.in_transit {
-        add(tx, product, req.to.as_str(), req.quantity, "transfer").await?;
+        add(
+            tx,
+            product,
+            req.to.as_str(),
+            req.quantity,
+            moved("transfer_in"),
+        )
+        .await?;
     }
     Ok((made, true))
 }
@@ -282,6 +353,11 @@ pub(crate) async fn receive(
         return Ok(get(&mut **tx, id).await?.map(|t| (t, false)));
     };
     ensure(tx, &t.product_id, &[t.to.as_str()]).await?;
-    add(tx, &t.product_id, &t.to, t.quantity, "transfer").await?;
+    let reference = t.transfer_id.to_string();
+    let change = Change {
+        reference: Some(&reference),
+        ..Change::because("transfer_in")
+    };
+    add(tx, &t.product_id, &t.to, t.quantity, change).await?;
     Ok(Some((t, true)))
 }

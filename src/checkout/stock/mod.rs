@@ -368,7 +368,14 @@ pub(crate) async fn restock(
         return Ok(None);
     }
     levels::ensure(tx, product.as_str(), &[location.as_str()]).await?;
-    levels::add(tx, product.as_str(), location.as_str(), quantity, "restock").await?;
+    levels::add(
+        tx,
+        product.as_str(),
+        location.as_str(),
+        quantity,
+        levels::Change::because("restock"),
+    )
+    .await?;
     let stocked: Stocked = sqlx::query_as(concat!(
         "SELECT product_id, name, price_cents, available_quantity, ",
         rule_columns!(),
@@ -425,7 +432,14 @@ pub(crate) async fn create(
     let names: Vec<&str> = sorted.iter().map(|(l, _)| l.as_str()).collect();
     levels::ensure(tx, id.as_str(), &names).await?;
     for (location, quantity) in sorted {
-        levels::add(tx, id.as_str(), location.as_str(), *quantity, "create").await?;
+        levels::add(
+            tx,
+            id.as_str(),
+            location.as_str(),
+            *quantity,
+            levels::Change::because("create"),
+        )
+        .await?;
     }
     sqlx::query_as(concat!(
         "SELECT product_id, name, price_cents, available_quantity, ",
@@ -445,6 +459,7 @@ pub(crate) async fn create_many(
     names: &[&str],
     prices: &[i32],
     stock: &[i32],
+    reference: Option<&str>,
 ) -> sqlx::Result<Vec<String>> {
     sqlx::query_scalar(
         "WITH c AS (INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
@@ -456,6 +471,9 @@ pub(crate) async fn create_many(
                     ON CONFLICT (product_id) DO NOTHING RETURNING product_id, stated_quantity AS available_quantity), \
               lv AS (INSERT INTO stock_levels (product_id, location_id, available_quantity) \
                      SELECT product_id, 'default', available_quantity FROM c ORDER BY product_id COLLATE \"C\"), \
+              mv AS (INSERT INTO movements (product_id, location_id, delta, reason, ref, available_after) \
+                     SELECT product_id, 'default', available_quantity, 'import', $5, available_quantity \
+                       FROM c ORDER BY product_id COLLATE \"C\"), \
               e AS (INSERT INTO events (types, items, k) \
                     SELECT '{stock.changed}', json_agg(json_build_object('type', 'stock.changed', \
                            'data', json_build_object('product_id', product_id, \
@@ -469,6 +487,7 @@ pub(crate) async fn create_many(
     .bind(names)
     .bind(prices)
     .bind(stock)
+    .bind(reference)
     .fetch_all(&mut **tx)
     .await
 }
@@ -514,6 +533,7 @@ pub(crate) async fn restate(
     prices: &[i32],
     deltas: &[i32],
     stated: &[i32],
+    reference: Option<&str>,
 ) -> sqlx::Result<()> {
     let moving: Vec<&str> = ids
         .iter()
@@ -540,6 +560,9 @@ pub(crate) async fn restate(
                      RETURNING s.product_id, s.available_quantity), \
               moved AS (SELECT lv.product_id, lv.available_quantity, lv.available_quantity - old.available_quantity AS delta \
                           FROM lv JOIN old USING (product_id)), \
+              mv AS (INSERT INTO movements (product_id, location_id, delta, reason, ref, available_after) \
+                     SELECT product_id, 'default', delta, 'import', $6, available_quantity \
+                       FROM moved WHERE delta <> 0 ORDER BY product_id COLLATE \"C\"), \
               r AS (UPDATE products p SET name = u.name, price_cents = u.price, stated_quantity = u.stated, \
                            available_quantity = p.available_quantity \
                              + CASE WHEN (SELECT active FROM locations WHERE location_id = 'default') \
@@ -559,6 +582,7 @@ pub(crate) async fn restate(
     .bind(prices)
     .bind(stated)
     .bind(deltas)
+    .bind(reference)
     .execute(&mut **tx)
     .await?;
     Ok(())
