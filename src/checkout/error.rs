@@ -46,6 +46,10 @@ pub enum CheckoutError {
     /// A body or query named a location that does not exist; nothing was written.
     #[error("no location {0}")]
     UnknownLocation(String),
+    /// An adjustment's `expected` is not the location's count (`available`); nothing was
+    /// written.
+    #[error("the location's count is {available}, not the expected one")]
+    StockChanged { available: i32 },
     #[error("the hold expired; its units went back")]
     HoldExpired,
     #[error("the hold was released; its units went back")]

@@ -228,4 +228,71 @@ impl super::Checkout {
     ) -> Result<Option<super::Transfer>, CheckoutError> {
         Ok(super::stock::levels::get(self.db.primary().pool()?, id).await?)
     }
+
+    /// An adjustment under its key (`true`: made now): the location must exist (422
+    /// otherwise, before anything is written).
+    pub async fn adjust(
+        &self,
+        req: super::AdjustmentRequest,
+    ) -> Result<(super::Adjusted, bool), CheckoutError> {
+        self.known
+            .check(&self.db, std::slice::from_ref(&req.location))
+            .await?;
+        let this = self.clone();
+        super::whole_or_none(async move {
+            let mut tx = this.db.primary().begin().await?;
+            match super::stock::levels::adjust(&mut tx, &req).await {
+                Ok((a, true)) => {
+                    super::commit(tx).await?;
+                    this.reopened(std::slice::from_ref(&req.product)).await;
+                    Ok((a, true))
+                }
+                other => {
+                    tx.rollback().await?;
+                    // The same key, claimed at the same moment for another product.
+                    match other {
+                        Err(e) if is_key_claimed(&e) => Err(CheckoutError::KeyReused),
+                        other => other,
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// A product's movements after `after`, oldest first, from the primary (`None`: no
+    /// such product).
+    pub async fn movements(
+        &self,
+        product: &crate::domain::ProductId,
+        location: Option<&LocationId>,
+        after: i64,
+        limit: i64,
+    ) -> Result<Option<Vec<super::Movement>>, CheckoutError> {
+        if let Some(l) = location {
+            self.known.check(&self.db, std::slice::from_ref(l)).await?;
+        }
+        let pool = self.db.primary().pool()?;
+        let mut tx = pool.begin().await?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT FROM products WHERE product_id = $1)")
+                .bind(product.as_str())
+                .fetch_one(&mut *tx)
+                .await?;
+        if !exists {
+            return Ok(None);
+        }
+        let page =
+            super::stock::levels::movements(&mut *tx, product, location, after, limit).await?;
+        tx.commit().await?;
+        Ok(Some(page))
+    }
+}
+
+/// A unique violation of the adjustments' key: another adjustment claimed it first.
+fn is_key_claimed(e: &CheckoutError) -> bool {
+    match e {
+        CheckoutError::Db(db) => db.sqlstate().as_deref() == Some("23505"),
+        _ => false,
+    }
 }

@@ -44,7 +44,9 @@ pub(crate) use order::{order_columns, with_lines};
 pub use rate_limit::RateLimiter;
 pub use status::{HoldStatus, OrderStatus};
 pub use stock::Stocked;
-pub use stock::levels::{Level, Transfer, TransferRequest};
+pub use stock::levels::{
+    Adjust, AdjustReason, Adjusted, AdjustmentRequest, Level, Movement, Transfer, TransferRequest,
+};
 pub use sweeper::SweeperGuard;
 pub(crate) use tx::commit;
 use tx::whole_or_none;
@@ -229,6 +231,8 @@ impl Checkout {
                 | CheckoutError::HoldReleased
                 | CheckoutError::HoldConfirmed,
             ) => "hold_state",
+            // Not an order's outcome (an adjustment's).
+            Err(CheckoutError::StockChanged { .. }) => "error",
             Err(CheckoutError::Refused(_) | CheckoutError::Db(_)) => "error",
         };
         self.metrics.orders.with_label_values(&[label]).inc();

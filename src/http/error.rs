@@ -44,6 +44,12 @@ pub enum ApiError {
         limit: i32,
         already: i32,
     },
+    /// 409 `STOCK_CHANGED`: an adjustment's `expected` is not the location's count, which
+    /// the error states; nothing was written.
+    #[error(
+        "the location's count is {available_quantity}, not the expected one; nothing was written"
+    )]
+    StockChanged { available_quantity: i32 },
     /// 409 `SALE_NOT_STARTED` with `Retry-After` (seconds to the start); nothing was claimed.
     #[error("the sale has not started yet; send the same request again once it has")]
     SaleNotStarted { retry_after_s: u64 },
@@ -109,6 +115,7 @@ impl ApiError {
             ApiError::Conflict { .. }
             | ApiError::ShortLines(_)
             | ApiError::LimitExceeded { .. }
+            | ApiError::StockChanged { .. }
             | ApiError::SaleNotStarted { .. } => StatusCode::CONFLICT,
             ApiError::CursorExpired => StatusCode::GONE,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -129,6 +136,7 @@ impl ApiError {
             ApiError::ShortLines(_) => "OUT_OF_STOCK",
             ApiError::CursorExpired => "CURSOR_EXPIRED",
             ApiError::LimitExceeded { .. } => "LIMIT_EXCEEDED",
+            ApiError::StockChanged { .. } => "STOCK_CHANGED",
             ApiError::SaleNotStarted { .. } => "SALE_NOT_STARTED",
             ApiError::Unauthorized => "UNAUTHORIZED",
             ApiError::Forbidden(_) => "FORBIDDEN",
@@ -158,6 +166,9 @@ impl IntoResponse for ApiError {
                 body.error.product_id = Some(product_id);
                 body.error.limit = Some(limit);
                 body.error.already = Some(already);
+            }
+            ApiError::StockChanged { available_quantity } => {
+                body.error.available_quantity = Some(available_quantity);
             }
             ApiError::SaleNotStarted { retry_after_s } => retry_after = Some(retry_after_s),
             _ => {}
@@ -294,6 +305,9 @@ impl From<CheckoutError> for ApiError {
             CheckoutError::UnknownLocation(id) => {
                 ApiError::invalid("UNKNOWN_LOCATION", format!("there is no location {id}"))
             }
+            CheckoutError::StockChanged { available } => ApiError::StockChanged {
+                available_quantity: available,
+            },
             CheckoutError::HoldExpired => ApiError::conflict(
                 "HOLD_EXPIRED",
                 "the hold expired before it was confirmed; its units went back",

@@ -1,6 +1,7 @@
 //! The HTTP API: the shared state, the extractors that parse at the boundary, the
 //! middleware stack, and the root router that merges each route module's `router()`.
 
+mod adjustments;
 mod admin;
 pub mod error;
 mod events;
@@ -265,6 +266,7 @@ fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::base())
         .merge(products::router())
         .merge(locations::router())
+        .merge(adjustments::router())
         .merge(orders::router())
         .merge(holds::router())
         .merge(users::router())

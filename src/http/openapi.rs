@@ -73,6 +73,8 @@ async fn openapi_json() -> axum::response::Response {
         (name = "holds", description = "Units held while a buyer pays, then confirmed or released"),
         (name = "users", description = "A user's own data, read-your-writes"),
         (name = "reports", description = "Revenue report, dashboard and the orders export"),
+        (name = "locations", description = "Locations and transfers between them"),
+        (name = "ledger", description = "Adjustments with reasons, and the movements of every count"),
         (name = "admin", description = "Replica freshness, the routing policy, bulk imports"),
         (name = "health", description = "Liveness, readiness and metrics"),
         (name = "pages", description = "The operations and storefront pages (HTML)"),

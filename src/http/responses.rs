@@ -32,6 +32,10 @@ pub(crate) struct ErrorDetail {
     pub(crate) limit: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) already: Option<i32>,
+    /// With 409 `STOCK_CHANGED`: the location's count, which was not the adjustment's
+    /// `expected`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) available_quantity: Option<i32>,
     /// With 422 `INVALID_CSV`: the first 100 bad lines of the file; nothing was written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) bad_lines: Option<Vec<crate::import::BadLine>>,
@@ -47,6 +51,7 @@ impl ErrorBody {
                 product_id: None,
                 limit: None,
                 already: None,
+                available_quantity: None,
                 bad_lines: None,
             },
         }

@@ -4,6 +4,7 @@
 // A test states its setup, its action and its checks in one place; it may run long.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
+mod adjustments;
 mod carts;
 mod contract;
 mod drops;

@@ -361,3 +361,213 @@ pub(crate) async fn receive(
     add(tx, &t.product_id, &t.to, t.quantity, change).await?;
     Ok(Some((t, true)))
 }
+
+/// What an adjustment asks: a change of one location's count, with its reason.
+#[derive(Debug, Clone)]
+pub struct AdjustmentRequest {
+    pub key: IdempotencyKey,
+    pub product: ProductId,
+    pub location: LocationId,
+    pub change: Adjust,
+    /// Compare-and-set: made only if the count is exactly this at that moment.
+    pub expected: Option<i32>,
+    pub reason: AdjustReason,
+    pub note: Option<String>,
+}
+
+/// `delta` adds or removes; `set` states the count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Adjust {
+    Delta(i32),
+    Set(i32),
+}
+
+/// An adjustment's reason: the contract's fixed list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdjustReason {
+    Received,
+    Damaged,
+    Lost,
+    Found,
+    Count,
+    Returned,
+    Correction,
+}
+
+impl AdjustReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdjustReason::Received => "received",
+            AdjustReason::Damaged => "damaged",
+            AdjustReason::Lost => "lost",
+            AdjustReason::Found => "found",
+            AdjustReason::Count => "count",
+            AdjustReason::Returned => "returned",
+            AdjustReason::Correction => "correction",
+        }
+    }
+}
+
+impl AdjustmentRequest {
+    /// The body, as its key remembers it (the product too: a key names one adjustment).
+    fn fingerprint(&self) -> String {
+        let change = match self.change {
+            Adjust::Delta(d) => format!("delta={d}"),
+            Adjust::Set(s) => format!("set={s}"),
+        };
+        serde_json::json!([
+            self.product.as_str(),
+            self.location.as_str(),
+            change,
+            self.expected,
+            self.reason.as_str(),
+            self.note,
+        ])
+        .to_string()
+    }
+}
+
+/// An adjustment's answer: the location's count after it, and its movement.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Adjusted {
+    #[schema(value_type = String)]
+    pub product_id: String,
+    #[schema(value_type = String)]
+    pub location_id: String,
+    /// That location's count after the adjustment.
+    pub available_quantity: i32,
+    /// Opaque.
+    pub movement_id: String,
+}
+
+/// Makes an adjustment under its key, under the product's row lock: the count it finds is
+/// the count it changes, so `expected` is a true compare-and-set. `Ok((answer, true))`: made
+/// now; `false`: the key's earlier adjustment, the same body. Errors: no such product,
+/// `StockChanged` (the count is not `expected`), `OutOfStock` (below zero), the key used with
+/// another body; nothing is written by any of them.
+pub(crate) async fn adjust(
+    tx: &mut Tx,
+    req: &AdjustmentRequest,
+) -> Result<(Adjusted, bool), CheckoutError> {
+    let fp = req.fingerprint();
+    if let Some(done) = adjusted_by_key(tx, &req.key, &fp).await? {
+        return Ok((done, false));
+    }
+    let product = req.product.as_str();
+    let location = req.location.as_str();
+    if crate::checkout::tx::lock(tx, &[product]).await?.is_empty() {
+        return Err(CheckoutError::ProductNotFound);
+    }
+    // A concurrent request with this key held the lock before us: its answer is ours.
+    if let Some(done) = adjusted_by_key(tx, &req.key, &fp).await? {
+        return Ok((done, false));
+    }
+    ensure(tx, product, &[location]).await?;
+    let count: i32 = sqlx::query_scalar(
+        "SELECT available_quantity FROM stock_levels WHERE product_id = $1 AND location_id = $2",
+    )
+    .bind(product)
+    .bind(location)
+    .fetch_one(&mut **tx)
+    .await?;
+    if req.expected.is_some_and(|e| e != count) {
+        return Err(CheckoutError::StockChanged { available: count });
+    }
+    let delta = match req.change {
+        Adjust::Delta(d) => d,
+        Adjust::Set(s) => s - count,
+    };
+    let change = Change {
+        reason: req.reason.as_str(),
+        reference: None,
+        note: req.note.as_deref(),
+        key: Some((req.key.as_str(), &fp)),
+    };
+    let Some(moved) = add(tx, product, location, delta, change).await? else {
+        return Err(CheckoutError::OutOfStock);
+    };
+    Ok((
+        Adjusted {
+            product_id: product.to_owned(),
+            location_id: location.to_owned(),
+            available_quantity: moved.available_quantity,
+            movement_id: moved.movement_id.to_string(),
+        },
+        true,
+    ))
+}
+
+/// The key's adjustment, when it made one: its answer for the same body, else `KeyReused`.
+async fn adjusted_by_key(
+    tx: &mut Tx,
+    key: &IdempotencyKey,
+    fingerprint: &str,
+) -> Result<Option<Adjusted>, CheckoutError> {
+    let row: Option<(Adjusted, String)> = sqlx::query_as(
+        "SELECT product_id, location_id, available_after, movement_id::text, request_fingerprint \
+           FROM movements WHERE idempotency_key = $1",
+    )
+    .bind(key.as_str())
+    .fetch_optional(&mut **tx)
+    .await?
+    .map(
+        |(product_id, location_id, available_quantity, movement_id, fp)| {
+            (
+                Adjusted {
+                    product_id,
+                    location_id,
+                    available_quantity,
+                    movement_id,
+                },
+                fp,
+            )
+        },
+    );
+    match row {
+        None => Ok(None),
+        Some((done, fp)) if fp == fingerprint => Ok(Some(done)),
+        Some(_) => Err(CheckoutError::KeyReused),
+    }
+}
+
+/// A movement as the API states it.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct Movement {
+    /// Opaque; ascending in the order the movements committed.
+    pub movement_id: String,
+    pub at: DateTime<Utc>,
+    #[schema(value_type = String)]
+    pub location_id: String,
+    pub delta: i32,
+    /// `create`, `restock`, `import`, `transfer_out`, `transfer_in` or an adjustment's reason.
+    pub reason: String,
+    /// The transfer or import it belongs to.
+    #[serde(rename = "ref")]
+    #[sqlx(rename = "ref")]
+    pub reference: Option<String>,
+    pub note: Option<String>,
+}
+
+/// A product's movements after `after` (a movement id), oldest first, at most `limit`, at
+/// `location` or everywhere. Every writer of a product's levels holds its row lock when it
+/// takes an id, so ids grow in commit order per product and a cursor skips nothing.
+pub(crate) async fn movements(
+    exec: impl sqlx::PgExecutor<'_>,
+    product: &ProductId,
+    location: Option<&LocationId>,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<Movement>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT movement_id::text, at, location_id, delta, reason, ref, note FROM movements \
+          WHERE product_id = $1 AND ($2::text IS NULL OR location_id = $2) AND movement_id > $3 \
+          ORDER BY movement_id LIMIT $4",
+    )
+    .bind(product.as_str())
+    .bind(location.map(LocationId::as_str))
+    .bind(after)
+    .bind(limit)
+    .fetch_all(exec)
+    .await
+}
