@@ -308,18 +308,9 @@ impl From<CheckoutError> for ApiError {
             CheckoutError::StockChanged { available } => ApiError::StockChanged {
                 available_quantity: available,
             },
-            CheckoutError::HoldExpired => ApiError::conflict(
-                "HOLD_EXPIRED",
-                "the hold expired before it was confirmed; its units went back",
-            ),
-            CheckoutError::HoldReleased => ApiError::conflict(
-                "HOLD_RELEASED",
-                "the hold was released; its units went back",
-            ),
-            CheckoutError::HoldConfirmed => ApiError::conflict(
-                "HOLD_CONFIRMED",
-                "the hold was confirmed and is an order now; cancel the order instead",
-            ),
+            e @ (CheckoutError::HoldExpired
+            | CheckoutError::HoldReleased
+            | CheckoutError::HoldConfirmed) => hold_ended(&e),
             CheckoutError::RateLimited => ApiError::TooManyRequests,
             CheckoutError::OutcomeUnknown => ApiError::unavailable(
                 "OUTCOME_UNKNOWN",
@@ -334,6 +325,24 @@ impl From<CheckoutError> for ApiError {
             }
             CheckoutError::Db(e) => e.into(),
         }
+    }
+}
+
+/// A hold that ended before this request: how it ended.
+fn hold_ended(e: &CheckoutError) -> ApiError {
+    match e {
+        CheckoutError::HoldExpired => ApiError::conflict(
+            "HOLD_EXPIRED",
+            "the hold expired before it was confirmed; its units went back",
+        ),
+        CheckoutError::HoldReleased => ApiError::conflict(
+            "HOLD_RELEASED",
+            "the hold was released; its units went back",
+        ),
+        _ => ApiError::conflict(
+            "HOLD_CONFIRMED",
+            "the hold was confirmed and is an order now; cancel the order instead",
+        ),
     }
 }
 

@@ -280,33 +280,29 @@ pub(crate) async fn transfer(
         };
     };
     ensure(tx, product, &[req.from.as_str(), req.to.as_str()]).await?;
-    let reference = made.transfer_id.to_string();
+    move_units(tx, &made, req.in_transit).await?;
+    Ok((made, true))
+}
+
+/// A new transfer's units leave `from` (guarded: `OutOfStock`) and, unless in transit, join
+/// `to`, each a movement naming the transfer.
+async fn move_units(tx: &mut Tx, t: &Transfer, in_transit: bool) -> Result<(), CheckoutError> {
+    let reference = t.transfer_id.to_string();
     let moved = |reason| Change {
         reference: Some(&reference),
         ..Change::because(reason)
     };
-    let from = add(
-        tx,
-        product,
-        req.from.as_str(),
-        -req.quantity,
-        moved("transfer_out"),
-    )
-    .await?;
-    if from.is_none() {
+    let (product, q) = (t.product_id.as_str(), t.quantity);
+    if add(tx, product, &t.from, -q, moved("transfer_out"))
+        .await?
+        .is_none()
+    {
         return Err(CheckoutError::OutOfStock);
     }
-    if !req.in_transit {
-        add(
-            tx,
-            product,
-            req.to.as_str(),
-            req.quantity,
-            moved("transfer_in"),
-        )
-        .await?;
+    if !in_transit {
+        add(tx, product, &t.to, q, moved("transfer_in")).await?;
     }
-    Ok((made, true))
+    Ok(())
 }
 
 async fn by_key(tx: &mut Tx, key: &IdempotencyKey) -> Result<Option<Transfer>, sqlx::Error> {
