@@ -543,6 +543,64 @@
       `from ${page.served_by}, ${fmtMs(page.stale_by_ms)} behind when read at ${fmtTime(new Date().toISOString())}`);
   }
 
+  // ---------- one product: its recent movements ----------
+  // The ledger pages oldest first with a cursor; the card keeps the newest RECENT movements
+  // and the cursor, so after the first walk each poll reads only what is new.
+  const RECENT = 20;
+  const PAGE = 1000;
+  let ledger = { product: '', next: '', recent: [] };
+
+  async function pollMovements() {
+    const product = watched;
+    if (!product) return;
+    if (ledger.product !== product) {
+      ledger = { product, next: '', recent: [] };
+      const card = $('movements-card');
+      card.dataset.product = product;
+      card.dataset.state = 'loading';
+      $('movements').tBodies[0].replaceChildren();
+    }
+    for (;;) {
+      const after = ledger.next ? `&after=${encodeURIComponent(ledger.next)}` : '';
+      let page;
+      try {
+        page = await fetchJson(`/v1/products/${encodeURIComponent(product)}/movements?limit=${PAGE}${after}`);
+      } catch (e) {
+        if (product !== watched || (e.status !== 404 && e.status !== 422)) throw e;
+        renderMovementsMissing(e.message);
+        return;
+      }
+      if (product !== watched || ledger.product !== product) return;
+      ledger.next = page.next;
+      ledger.recent = ledger.recent.concat(page.movements).slice(-RECENT);
+      if (page.movements.length < PAGE) break;
+    }
+    renderMovements(ledger.recent);
+  }
+
+  function renderMovementsMissing(message) {
+    $('movements-card').dataset.state = 'not-found';
+    $('movements').classList.add('hidden');
+    const notice = $('movements-missing');
+    notice.classList.remove('hidden');
+    setText(notice, message);
+  }
+
+  function renderMovements(recent) {
+    const rows = recent.map((m) => {
+      const tr = document.createElement('tr');
+      Object.assign(tr.dataset, { movement: m.movement_id, location: m.location_id, reason: m.reason, delta: String(m.delta) });
+      const signed = m.delta > 0 ? `+${m.delta}` : String(m.delta);
+      tr.append(cell(fmtTime(m.at)), cell(m.location_id, 'mono'), cell(m.reason),
+        cell(signed, `num${m.delta < 0 ? ' zero' : ''}`), cell([m.ref, m.note].filter(Boolean).join(' · '), 'mono'));
+      return tr;
+    });
+    $('movements').tBodies[0].replaceChildren(...rows);
+    $('movements').classList.remove('hidden');
+    $('movements-missing').classList.add('hidden');
+    $('movements-card').dataset.state = 'shown';
+  }
+
   // ---------- start ----------
   function start() {
     if (running) return;
@@ -556,6 +614,7 @@
     every('overview', OVERVIEW_EVERY_MS, pollOverview);
     every('holds', ROUTING_EVERY_MS, pollHolds);
     every('stock', ROUTING_EVERY_MS, pollStock);
+    every('movements', ROUTING_EVERY_MS, pollMovements);
   }
 
   document.addEventListener('DOMContentLoaded', () => {

@@ -372,6 +372,19 @@ async fn the_ops_page_shows_stock_by_location_and_follows_replica_1_when_it_is_p
         browser.expect("STOCK").await,
         stock_rows(&app, stocked).await
     );
+    // The movements card: the primary's ledger rows, oldest first (no row for the sale).
+    let moves: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT location_id, reason, delta FROM movements WHERE product_id = $1 ORDER BY movement_id",
+    )
+    .bind(stocked)
+    .fetch_all(&app.primary)
+    .await
+    .unwrap();
+    let moves: Vec<String> = moves
+        .iter()
+        .map(|(l, r, d)| format!("{l} {r} {d}"))
+        .collect();
+    assert_eq!(browser.expect("MOVES").await, moves.join(" · "));
     browser.expect("READY").await;
 
     let _ticker = WalTicker::start(app.primary.clone());

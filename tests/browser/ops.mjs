@@ -11,7 +11,8 @@
 // it shows is said back (STOCK) and the test holds it to the primary's own rows.
 //
 // env: STOCKGATE_URL, STOCKGATE_ADMIN_TOKEN, STOCKGATE_EVICT_MS, SCREENSHOT_DIR
-// protocol: prints STOCK <rows> twice, waiting for MOVED between them; prints READY; waits
+// protocol: prints STOCK <rows> twice, waiting for MOVED between them; prints MOVES <rows>;
+//           prints READY; waits
 //           for PAUSED; prints STALE once replica-1 shows > 1 s; waits for PAUSED_BOTH;
 //           prints DONE once fallbacks and `lagging` show.
 import { check, done, env, expectLine, launch, say, screenshot, waitFor } from './lib.mjs';
@@ -122,6 +123,15 @@ await screenshot(page, 'ops-stock.png');
 await expectLine('MOVED');
 await stockAt('stock by location after a transfer, a sale and a new rank',
   'default Default 1 active 5 · closed Old depot 5 inactive 4 · eu-1 Leeds 10 active 2 · total 7', '4');
+// The movements card: the ledger's rows oldest first, the transfer's two among them (the sale
+// is not a movement). Said back as "location reason delta · …" for the test to hold to the
+// primary's rows; it fails if the card shows the sale, misses the transfer or is not drawn.
+const moves = await waitFor(page, 'the transfer in the recent movements', () => {
+  const rows = [...document.querySelectorAll('#movements tbody tr')];
+  const text = rows.map((tr) => `${tr.dataset.location} ${tr.dataset.reason} ${tr.dataset.delta}`).join(' · ');
+  return rows.some((tr) => tr.dataset.reason === 'transfer_in') && text;
+});
+say(`MOVES ${moves}`);
 say('READY');
 
 await expectLine('PAUSED');
