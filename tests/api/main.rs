@@ -18,6 +18,7 @@ mod helpers;
 mod history;
 mod idempotency_window;
 mod import;
+mod ledger;
 mod loadtest;
 mod locations;
 mod metrics;
