@@ -165,6 +165,9 @@ mod tests {
             (Events, 4_900 * MS, false, None),
             (Events, 5_100 * MS, false, Some(Reason::NoFreshReplica)),
             (Events, 10 * MS, true, Some(Reason::NoFreshReplica)),
+            (Ledger, 59_000 * MS, false, None),
+            (Ledger, 61_000 * MS, false, Some(Reason::NoFreshReplica)),
+            (Ledger, 10 * MS, true, Some(Reason::NoFreshReplica)),
             (Primary, 10 * MS, false, Some(Reason::PrimaryOnly)),
         ];
         for &(class, staleness, down, expected) in table {

@@ -28,6 +28,11 @@ pub enum QueryClass {
     Export,
     /// The event feed (`GET /v1/events`).
     Events,
+    /// The stock ledger's check (`stockgate verify`, `GET /v1/admin/ledger`): one snapshot
+    /// of every level, movement and allocation. A check is as true as its snapshot and says
+    /// which node and as of when, so a replica a minute behind serves it and spares the
+    /// primary a scan of every table stock lives in.
+    Ledger,
     /// Anything that must be current: writes and the reads inside write transactions.
     Primary,
 }
@@ -121,6 +126,7 @@ pub const POLICY: &[Policy] = &[
         ..replica(QueryClass::Export, 0)
     },
     replica(QueryClass::Events, 5_000),
+    replica(QueryClass::Ledger, 60_000),
     primary(QueryClass::Primary),
 ];
 
@@ -134,6 +140,7 @@ impl QueryClass {
         QueryClass::RevenueReport,
         QueryClass::Export,
         QueryClass::Events,
+        QueryClass::Ledger,
         QueryClass::Primary,
     ];
 
@@ -149,7 +156,8 @@ impl QueryClass {
             QueryClass::RevenueReport => 5,
             QueryClass::Export => 6,
             QueryClass::Events => 7,
-            QueryClass::Primary => 8,
+            QueryClass::Ledger => 8,
+            QueryClass::Primary => 9,
         };
         &POLICY[index]
     }
@@ -164,6 +172,7 @@ impl QueryClass {
             QueryClass::RevenueReport => "revenue_report",
             QueryClass::Export => "export",
             QueryClass::Events => "events",
+            QueryClass::Ledger => "ledger",
             QueryClass::Primary => "primary",
         }
     }
@@ -198,6 +207,7 @@ mod tests {
         assert_eq!(ms(QueryClass::ProductPage), Some(5_000));
         assert_eq!(ms(QueryClass::Dashboard), Some(30_000));
         assert_eq!(ms(QueryClass::RevenueReport), Some(300_000));
+        assert_eq!(ms(QueryClass::Ledger), Some(60_000));
         assert_eq!(QueryClass::Primary.policy().target, Target::Primary);
         assert!(QueryClass::OwnData.policy().read_your_writes);
     }

@@ -110,6 +110,16 @@ impl ReadPool {
     pub fn exec(&self) -> impl sqlx::PgExecutor<'_> + '_ {
         &self.0
     }
+
+    /// A `REPEATABLE READ, READ ONLY` transaction: several statements (or one long one) that
+    /// see one snapshot. It cannot write on any node, the primary included, so a write
+    /// transaction still opens only through [`Primary::begin`]; and it runs on a hot standby.
+    pub async fn snapshot(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
+        Ok(self
+            .0
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .await?)
+    }
 }
 
 #[derive(Debug)]
@@ -158,7 +168,8 @@ impl Timeouts {
             // A page of up to a thousand events: a dashboard's timeout, never held against it.
             QueryClass::Dashboard | QueryClass::Events => (self.dashboard, false),
             QueryClass::RevenueReport => (self.report, false),
-            QueryClass::Export => (self.export, false),
+            // Every level, movement and allocation in one streamed statement: an export's.
+            QueryClass::Export | QueryClass::Ledger => (self.export, false),
             QueryClass::StockGate
             | QueryClass::ProductPage
             | QueryClass::OwnData

@@ -190,6 +190,7 @@ fn request_for(app: &TestApp, class: QueryClass, order_id: &str) -> reqwest::Req
         QueryClass::RevenueReport => get("/v1/reports/revenue").bearer_auth(admin),
         QueryClass::Export => get("/v1/exports/orders").bearer_auth(admin),
         QueryClass::Events => get("/v1/events").bearer_auth(admin),
+        QueryClass::Ledger => get("/v1/admin/ledger").bearer_auth(admin),
         // Its own product, so the restock's reopening never touches the gate's probe.
         QueryClass::Primary => app
             .client
