@@ -1,5 +1,6 @@
 //! `stockgate`: thin entry point. Telemetry, then the command line; configuration errors
-//! are one line on stderr and exit 2, run-time failures one line and exit 1.
+//! are one line on stderr and exit 2, run-time failures one line and exit 1 (`verify`: 1 when
+//! stock disagrees with its ledger, 2 when it could not check).
 
 use clap::Parser;
 use stockgate::cli::{self, Cli, Failure};
@@ -22,6 +23,11 @@ async fn main() {
         Err(Failure::Runtime(e)) => {
             eprintln!("stockgate: error: {e:#}");
             std::process::exit(1);
+        }
+        Err(Failure::Disagreement) => std::process::exit(1),
+        Err(Failure::Unchecked(e)) => {
+            eprintln!("stockgate: could not check: {e:#}");
+            std::process::exit(2);
         }
     }
 }

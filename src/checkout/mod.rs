@@ -23,6 +23,7 @@ mod error;
 mod gate_cache;
 mod holds;
 mod idempotency;
+pub mod ledger;
 mod locations;
 mod order;
 mod orders;

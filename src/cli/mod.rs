@@ -1,6 +1,7 @@
 //! The `stockgate` command line (the contract's subcommands).
 
 mod import;
+mod verify;
 
 use crate::auth::{Caller, Tokens};
 use crate::clock::SystemClock;
@@ -35,6 +36,9 @@ pub enum Command {
     Token(TokenArgs),
     /// Bulk-load products and stock from CSV, throttled against a live replication-lag budget.
     Import(import::ImportArgs),
+    /// Check every product's stock at every location against its ledger; one line per
+    /// disagreement. Exit 0: all agree; 1: some disagree; 2: could not check.
+    Verify,
 }
 
 #[derive(Args)]
@@ -57,10 +61,14 @@ struct Who {
     admin: bool,
 }
 
-/// How a subcommand failed: configuration (exit 2) or at run time (exit 1).
+/// How a subcommand failed: configuration (exit 2) or at run time (exit 1); for `verify`,
+/// stock that disagrees with its ledger (exit 1, the report is on stdout) or a check that
+/// could not be made (exit 2).
 pub enum Failure {
     Config(ConfigError),
     Runtime(anyhow::Error),
+    Disagreement,
+    Unchecked(anyhow::Error),
 }
 
 impl From<ConfigError> for Failure {
@@ -90,6 +98,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Replicas => replicas(&config).await,
         Command::Token(args) => token(&config, args),
         Command::Import(args) => import::run(&config, args).await.map_err(Failure::from),
+        Command::Verify => match verify::run(&config).await {
+            Ok(verify::Found::Agreement) => Ok(()),
+            Ok(verify::Found::Disagreement) => Err(Failure::Disagreement),
+            Err(e) => Err(Failure::Unchecked(e)),
+        },
     }
 }
 
