@@ -1,13 +1,16 @@
-//! Operators' view: replica freshness and the routing policy.
+//! Operators' view: replica freshness, the routing policy, and the stock ledger's check.
 
 use super::responses::{Forbidden, Unauthorized, Unavailable};
-use super::{Admin, AppState, Json};
+use super::{Admin, ApiError, AppState, Json, Stated, stated};
+use crate::checkout::ledger::{self, Disagreement, FirstDisagreements};
 use crate::lsn::format_lsn;
 use crate::routing::freshness::ReplicaState;
 use crate::routing::patroni::ClusterStatus;
 use crate::routing::policy::{POLICY, Policy, Target, WhenNoFreshReplica};
 use crate::routing::{Db, ReplicaStatus};
 use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -17,6 +20,7 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default()
         .routes(routes!(replicas))
         .routes(routes!(routing))
+        .routes(routes!(ledger_check))
 }
 
 #[derive(Serialize, ToSchema)]
@@ -158,4 +162,52 @@ async fn routing(State(state): State<AppState>, _: Admin) -> Json<RoutingView> {
         read_your_writes_ttl_ms: ryw.ttl().as_millis() as u64,
         eviction_threshold_ms: state.db.thresholds().evict_after.as_millis() as u64,
     })
+}
+
+/// The most disagreements one answer lists (`disagreeing` counts them all).
+const LISTED: usize = 1000;
+
+#[derive(Serialize, ToSchema)]
+struct LedgerView {
+    /// (product, location) pairs checked.
+    checked: u64,
+    /// Pairs whose count held is not what the ledger gives.
+    disagreeing: u64,
+    /// The first 1000 of them, in (product, location) order.
+    disagreements: Vec<Disagreement>,
+}
+
+/// Check every product's stock at every location against its ledger (admin; routed read, 60 s budget)
+///
+/// What `stockgate verify` does, for an operator without a shell: one snapshot of every
+/// level, movement and allocation (`docs/operations.md`, "Checking the stock ledger").
+#[utoipa::path(
+    get,
+    path = "/v1/admin/ledger",
+    tag = "admin",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "How many pairs were checked, those that disagree (the first 1000), and the snapshot's node and moment", body = Stated<LedgerView>,
+            headers(
+                ("X-Served-By" = String, description = "`primary` or the replica's name"),
+                ("X-Stale-By-Ms" = u64, description = "`stale_by_ms`"),
+                ("X-Route-Reason" = String, description = "Why the read went where it went"),
+            )),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 503, response = Unavailable),
+    )
+)]
+async fn ledger_check(State(state): State<AppState>, _: Admin) -> Result<Response, ApiError> {
+    let mut first = FirstDisagreements {
+        keep: LISTED,
+        found: Vec::new(),
+    };
+    let verdict = ledger::check(&state.db, &mut first).await?;
+    let view = LedgerView {
+        checked: verdict.checked,
+        disagreeing: verdict.disagreeing,
+        disagreements: first.found,
+    };
+    Ok(stated(StatusCode::OK, view, &verdict.route))
 }
