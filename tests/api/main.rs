@@ -36,4 +36,5 @@ mod retries;
 mod robustness;
 mod schemathesis;
 mod spread;
+mod verify;
 mod webhooks;
