@@ -6,10 +6,10 @@
 
 use crate::carts::lines;
 use crate::helpers::*;
+use devcluster::Cluster;
 use futures::future::join_all;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use devcluster::Cluster;
 use std::process::Command;
 use std::time::Duration;
 
