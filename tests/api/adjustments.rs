@@ -10,20 +10,9 @@ use serde_json::{Value, json};
 
 type Answer = (StatusCode, Value);
 
-async fn admin(app: &TestApp, m: Method, path: &str, key: Option<&str>, body: Value) -> Answer {
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(&app.admin);
-    if let Some(k) = key {
-        req = req.header("Idempotency-Key", k);
-    }
-    if !body.is_null() {
-        req = req.json(&body);
-    }
-    answer(req.send().await.unwrap()).await
-}
-
 async fn adjust(app: &TestApp, product: &str, key: &str, body: Value) -> Answer {
     let path = format!("/v1/products/{product}/adjustments");
-    admin(app, Method::POST, &path, Some(key), body).await
+    send_admin(app, Method::POST, &path, Some(key), body).await
 }
 
 /// Every movement of `product` (at `location`, if given), page by page, `limit` a page.
@@ -38,7 +27,7 @@ async fn movements(app: &TestApp, product: &str, location: Option<&str>, limit: 
         if let Some(a) = &after {
             path += &format!("&after={a}");
         }
-        let (s, page) = admin(app, Method::GET, &path, None, Value::Null).await;
+        let (s, page) = send_admin(app, Method::GET, &path, None, Value::Null).await;
         assert_eq!(s, StatusCode::OK, "{page}");
         let got = page["movements"].as_array().unwrap().clone();
         let next = page["next"].as_str().unwrap().to_owned();
@@ -84,7 +73,7 @@ async fn product_count(app: &TestApp, product: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adjustments_follow_the_contract_and_each_is_one_movement() {
     let app = spawn_app(shared_cluster()).await;
-    let (s, b) = admin(
+    let (s, b) = send_admin(
         &app,
         Method::POST,
         "/v1/locations",
@@ -232,7 +221,7 @@ async fn adjustments_follow_the_contract_and_each_is_one_movement() {
             code,
         );
     }
-    let no_key = admin(
+    let no_key = send_admin(
         &app,
         Method::POST,
         "/v1/products/adj-1/adjustments",
@@ -311,7 +300,7 @@ async fn adjustments_follow_the_contract_and_each_is_one_movement() {
     ] {
         assert_error_for(
             path,
-            &admin(&app, Method::GET, path, None, Value::Null).await,
+            &send_admin(&app, Method::GET, path, None, Value::Null).await,
             status,
             code,
         );

@@ -13,19 +13,6 @@ use serde_json::{Value, json};
 use std::process::Command;
 use std::time::Duration;
 
-type Answer = (StatusCode, Value);
-
-async fn admin(app: &TestApp, m: Method, path: &str, key: Option<&str>, body: Value) -> Answer {
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(&app.admin);
-    if let Some(k) = key {
-        req = req.header("Idempotency-Key", k);
-    }
-    if !body.is_null() {
-        req = req.json(&body);
-    }
-    answer(req.send().await.unwrap()).await
-}
-
 /// `stockgate verify` against `app`'s database (its primary and replicas): the exit code and
 /// what it printed.
 pub(crate) fn verify(cluster: &Cluster, database: &str) -> (Option<i32>, String) {
@@ -139,7 +126,7 @@ async fn client(a: &TestApp, b: &TestApp, i: usize) {
         5 => {
             let body = json!({"product_id": p, "from": at, "to": PLACES[(i + 1) % 3],
                               "quantity": 1 + i % 2, "in_transit": i % 3 == 0});
-            let (s, t) = admin(
+            let (s, t) = send_admin(
                 app,
                 Method::POST,
                 "/v1/transfers",
@@ -152,18 +139,18 @@ async fn client(a: &TestApp, b: &TestApp, i: usize) {
                     "/v1/transfers/{}/receive",
                     t["transfer_id"].as_str().unwrap()
                 );
-                admin(app, Method::POST, &path, None, Value::Null).await;
+                send_admin(app, Method::POST, &path, None, Value::Null).await;
             }
         }
         6 => {
             let body = json!({"location_id": at, "delta": if i % 3 == 0 { 3 } else { -1 }, "reason": "correction"});
             let path = format!("/v1/products/{p}/adjustments");
-            admin(app, Method::POST, &path, Some(&format!("d{i}")), body).await;
+            send_admin(app, Method::POST, &path, Some(&format!("d{i}")), body).await;
         }
         _ => {
             let body = json!({"location_id": at, "set": 4 + i % 5, "reason": "count"});
             let path = format!("/v1/products/{p}/adjustments");
-            admin(app, Method::POST, &path, Some(&format!("s{i}")), body).await;
+            send_admin(app, Method::POST, &path, Some(&format!("s{i}")), body).await;
         }
     }
 }
@@ -179,7 +166,7 @@ async fn verify_agrees_after_a_mixed_workload_on_two_instances() {
     let b = spawn_beside(&a, cluster).await;
     for (id, rank) in [("lw-a", 10), ("lw-b", 20)] {
         let body = json!({"location_id": id, "name": id, "rank": rank});
-        let (s, got) = admin(&a, Method::POST, "/v1/locations", None, body).await;
+        let (s, got) = send_admin(&a, Method::POST, "/v1/locations", None, body).await;
         assert_eq!(s, StatusCode::CREATED, "{got}");
     }
     for p in PRODUCTS {

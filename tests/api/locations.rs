@@ -44,24 +44,12 @@ fn run_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
 
-/// A request as the admin; `body` `null` sends none.
-async fn admin(app: &TestApp, m: Method, path: &str, key: Option<&str>, body: Value) -> Answer {
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(&app.admin);
-    if let Some(k) = key {
-        req = req.header("Idempotency-Key", k);
-    }
-    if !body.is_null() {
-        req = req.json(&body);
-    }
-    answer(req.send().await.unwrap()).await
-}
-
 async fn get(app: &TestApp, path: &str) -> Answer {
-    admin(app, Method::GET, path, None, Value::Null).await
+    send_admin(app, Method::GET, path, None, Value::Null).await
 }
 
 async fn post(app: &TestApp, path: &str, body: Value) -> Answer {
-    admin(app, Method::POST, path, None, body).await
+    send_admin(app, Method::POST, path, None, body).await
 }
 
 /// Asserts `got` is `status` with `field` = `value`.
@@ -84,7 +72,7 @@ async fn locations(app: &TestApp, ranked: &[(&str, i64)]) {
 
 async fn set_active(app: &TestApp, id: &str, active: bool) {
     let (path, body) = (format!("/v1/locations/{id}"), json!({"active": active}));
-    let got = admin(app, Method::PATCH, &path, None, body).await;
+    let got = send_admin(app, Method::PATCH, &path, None, body).await;
     expect(&got, 200, "active", active);
 }
 
@@ -124,7 +112,7 @@ fn moving(p: &str, from: &str, to: &str, quantity: i64, in_transit: bool) -> Val
 }
 
 async fn transfer(app: &TestApp, key: &str, body: Value) -> Answer {
-    admin(app, Method::POST, TRANSFERS, Some(key), body).await
+    send_admin(app, Method::POST, TRANSFERS, Some(key), body).await
 }
 
 /// A transfer's (from, to, quantity, status).
@@ -274,7 +262,7 @@ async fn allocation_follows_the_rule() {
     let ids: Vec<&str> = listed.iter().map(|l| l.location_id.as_str()).collect();
     assert_eq!(ids, [b, c, a, "default"], "rank, then location_id: {list}");
     let rename = json!({"name": "x"});
-    let rename = admin(&app, Method::PATCH, "/v1/locations/none", None, rename);
+    let rename = send_admin(&app, Method::PATCH, "/v1/locations/none", None, rename);
     assert_eq!(rename.await.0, StatusCode::NOT_FOUND);
 
     #[rustfmt::skip]
@@ -672,7 +660,7 @@ async fn a_receive_past_the_column_limit_is_refused_and_the_transfer_stays_in_tr
     let id = t.1["transfer_id"].as_str().expect("a transfer_id");
     let restock = json!({"quantity": 4, "location_id": to});
     let path = format!("/v1/products/{p}/restock");
-    let restocked = admin(&app, Method::POST, &path, None, restock).await;
+    let restocked = send_admin(&app, Method::POST, &path, None, restock).await;
     assert_eq!(restocked.0, StatusCode::OK, "{}", restocked.1);
     assert_levels(&app, p, &[(from, 1), (to, max - 1)]).await;
     let refused = post(&app, &format!("{TRANSFERS}/{id}/receive"), Value::Null).await;

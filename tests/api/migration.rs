@@ -14,22 +14,7 @@ const LOCATIONS: i64 = 20261205000002;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn migrating_a_database_with_sales_holds_and_refusals_keeps_every_number() {
     let cluster = shared_cluster();
-    let db = format!("t_{}", uuid::Uuid::new_v4().simple());
-    cluster.create_database(&db).expect("create test database");
-    let url = cluster.primary_url(&db);
-    let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    let mut before = sqlx::migrate!("./migrations");
-    before.migrations = before
-        .migrations
-        .iter()
-        .filter(|m| m.version < LOCATIONS)
-        .cloned()
-        .collect::<Vec<_>>()
-        .into();
-    before
-        .run(&pool)
-        .await
-        .expect("the schema before locations");
+    let (db, url, pool) = database_before(cluster, LOCATIONS).await;
     // The history, as the binary before locations would have written it: one count each.
     sqlx::raw_sql(
         "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) VALUES \

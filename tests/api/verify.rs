@@ -6,7 +6,7 @@
 
 use crate::helpers::*;
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -56,28 +56,11 @@ fn caught_up(cluster: &devcluster::Cluster) {
     blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).expect("replicas caught up");
 }
 
-async fn admin(
-    app: &TestApp,
-    m: Method,
-    path: &str,
-    key: Option<&str>,
-    body: Value,
-) -> (StatusCode, Value) {
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(&app.admin);
-    if let Some(k) = key {
-        req = req.header("Idempotency-Key", k);
-    }
-    if !body.is_null() {
-        req = req.json(&body);
-    }
-    answer(req.send().await.unwrap()).await
-}
-
 /// A little of everything that moves stock, made by the service: a product created at two
 /// locations and one at `default`, a restock, orders, a cancel, a transfer and a live hold.
 async fn activity(app: &TestApp) {
     let loc = json!({"location_id": "eu-1", "name": "Leeds", "rank": 10});
-    let (s, b) = admin(app, Method::POST, "/v1/locations", None, loc).await;
+    let (s, b) = send_admin(app, Method::POST, "/v1/locations", None, loc).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     let two = json!({"product_id": "v1", "name": "v1", "price_cents": 100,
                      "stock": [{"location_id": "default", "quantity": 10}, {"location_id": "eu-1", "quantity": 5}]});
@@ -86,7 +69,7 @@ async fn activity(app: &TestApp) {
     let (s, b) = answer(app.create_product("v2", 8, 250).await).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     let restock = json!({"quantity": 4, "location_id": "default"});
-    let (s, b) = admin(app, Method::POST, "/v1/products/v1/restock", None, restock).await;
+    let (s, b) = send_admin(app, Method::POST, "/v1/products/v1/restock", None, restock).await;
     assert_eq!(s, StatusCode::OK, "{b}");
     let order = |key: &'static str, qty: i64| {
         let body = json!({"lines": [{"product_id": "v1", "quantity": qty}, {"product_id": "v2", "quantity": 1}]});
@@ -105,7 +88,7 @@ async fn activity(app: &TestApp) {
         "{b}"
     );
     let moving = json!({"product_id": "v1", "from": "default", "to": "eu-1", "quantity": 2, "in_transit": false});
-    let (s, b) = admin(app, Method::POST, "/v1/transfers", Some("t1"), moving).await;
+    let (s, b) = send_admin(app, Method::POST, "/v1/transfers", Some("t1"), moving).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     let hold = json!({"lines": [{"product_id": "v1", "quantity": 2}], "ttl_s": 600, "locations": ["default"]});
     let (s, b) = send_as(app, Method::POST, "/v1/holds", "holder", Some("h1"), hold).await;
@@ -220,22 +203,7 @@ const MOVEMENTS: i64 = 20261206000001;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_database_migrated_to_the_ledger_agrees_with_it() {
     let cluster = shared_cluster();
-    let db = format!("t_{}", uuid::Uuid::new_v4().simple());
-    cluster.create_database(&db).expect("create test database");
-    let url = cluster.primary_url(&db);
-    let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    let mut before = sqlx::migrate!("./migrations");
-    before.migrations = before
-        .migrations
-        .iter()
-        .filter(|m| m.version < MOVEMENTS)
-        .cloned()
-        .collect::<Vec<_>>()
-        .into();
-    before
-        .run(&pool)
-        .await
-        .expect("the schema before the ledger");
+    let (db, url, pool) = database_before(cluster, MOVEMENTS).await;
     // As the binary with locations but no ledger wrote it (its sessions set
     // `stockgate.levels`, so it writes the levels itself): m1 at two locations (7 = 5 + 2),
     // m2 at default; a confirmed order, a cancelled one, a refusal, a confirmed cart across

@@ -208,6 +208,25 @@ pub async fn send_as(
     answer(req.send().await.unwrap()).await
 }
 
+/// `m path` as the admin (with `Idempotency-Key: key` if given; `body` `null` sends none):
+/// the status and the JSON answer.
+pub async fn send_admin(
+    app: &TestApp,
+    m: reqwest::Method,
+    path: &str,
+    key: Option<&str>,
+    body: Value,
+) -> (StatusCode, Value) {
+    let mut req = app.client.request(m, app.url(path)).bearer_auth(&app.admin);
+    if let Some(k) = key {
+        req = req.header("Idempotency-Key", k);
+    }
+    if !body.is_null() {
+        req = req.json(&body);
+    }
+    answer(req.send().await.unwrap()).await
+}
+
 /// An instance of `database`'s deployment that reaches the primary through `proxy` (the
 /// replicas directly), so a test can cut or sever its primary link.
 pub async fn spawn_through_proxy(cluster: &Cluster, database: &str, proxy: &ChaosProxy) -> TestApp {
@@ -220,6 +239,29 @@ pub async fn spawn_through_proxy(cluster: &Cluster, database: &str, proxy: &Chao
         ..AppOptions::new(cluster)
     })
     .await
+}
+
+/// A new database on `cluster` with the schema as it was before migration `version` (every
+/// migration below it applied): its name, URL and a pool, for a test that writes the rows an
+/// older binary would have and then migrates.
+pub async fn database_before(cluster: &Cluster, version: i64) -> (String, String, sqlx::PgPool) {
+    let db = format!("t_{}", uuid::Uuid::new_v4().simple());
+    cluster.create_database(&db).expect("create test database");
+    let url = cluster.primary_url(&db);
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let mut before = sqlx::migrate!("./migrations");
+    before.migrations = before
+        .migrations
+        .iter()
+        .filter(|m| m.version < version)
+        .cloned()
+        .collect::<Vec<_>>()
+        .into();
+    before
+        .run(&pool)
+        .await
+        .expect("the schema before the migration");
+    (db, url, pool)
 }
 
 /// A new, migrated database on `cluster`, already on its replicas.
