@@ -4,25 +4,30 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::domain::ProductId;
 use crate::import::{
-    Announce, Ended, Options, Progress, Row, SharedProgress, clock_now, finish, parse_csv,
-    request_stop, run_engine, update,
+    Announce, BadLine, Ended, Options, Progress, Row, SharedProgress, clock_now, finish, parse_csv,
+    request_stop, run_engine, set_aside_unknown_locations, update,
 };
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
+use uuid::Uuid;
 
 #[derive(Args, Debug, Clone)]
 #[command(
     after_help = "CSV format: a header line naming the columns product_id,name,price_cents,available_quantity \
-(any order), then one product per line, e.g.\n  product_id,name,price_cents,available_quantity\n  mug-1,Classic mug,1299,500\n\
-product_id: 1-64 of [A-Za-z0-9_.-]; price_cents and available_quantity: whole numbers 0..2147483647.\n\
-available_quantity states the product's count: a new product starts with it; an existing one's stock \
-moves by the change since the count it was last given (units sold or restocked since are kept), and its \
-name and price are updated. Re-running the same file changes nothing, also after Ctrl-C."
+and optionally location_id (any order), then one product per line, or one per (product, location), e.g.\n  \
+product_id,name,price_cents,available_quantity,location_id\n  mug-1,Classic mug,1299,500,eu-1\n  mug-1,Classic mug,1299,20,default\n\
+product_id and location_id: 1-64 of [A-Za-z0-9_.-] (no location_id, or an empty one: default; the location must exist, \
+each (product, location) once, a product's lines with the same name and price); price_cents and available_quantity: \
+whole numbers 0..2147483647.\n\
+available_quantity states the product's count at the location: a new product starts with it there; an existing \
+one's stock there moves by the change since the count that location was last given (units sold, restocked or \
+transferred since are kept; it stops at 0, and the summary counts such rows as clamped), and its name and price \
+are updated. Re-running the same file changes nothing, also after Ctrl-C. The import's id, printed first, is \
+the ref of every movement it writes."
 )]
 pub struct ImportArgs {
     /// The CSV file to import.
@@ -46,10 +51,18 @@ pub struct ImportArgs {
 /// terminal); Ctrl-C stops after the current batch.
 pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
     config.require_database_url()?;
-    let (rows, skipped) = read_rows(&args)?;
+    let (rows, bad) = read_rows(&args)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let metrics = crate::metrics::Metrics::new();
     let (db, _monitor) = crate::startup::build_db(config, clock.clone(), &metrics).await?;
+    let (rows, skipped) = check_locations(&db, &args, rows, bad).await?;
+    // The import's id: every movement it writes names it as its `ref`.
+    let id = Uuid::new_v4();
+    println!(
+        "import {id}: {} rows from {}",
+        rows.len(),
+        args.file.display()
+    );
     // Let the monitor take its first samples so the first batch is judged on real data.
     tokio::time::sleep(config.monitor_interval * 4 + Duration::from_millis(100)).await;
     let progress: SharedProgress = Arc::default();
@@ -62,6 +75,7 @@ pub async fn run(config: &Config, args: ImportArgs) -> anyhow::Result<()> {
         &db,
         &metrics,
         Announce::Nobody,
+        id,
         &rows,
         args.options(),
         &progress,
@@ -94,14 +108,26 @@ impl ImportArgs {
     }
 }
 
-/// Reads and validates the whole file: the valid rows and how many lines were skipped. Bad
-/// lines go to stderr (the first 50); any refuses the file unless `--skip-invalid`.
-fn read_rows(args: &ImportArgs) -> anyhow::Result<(Vec<Row>, usize)> {
+/// Reads and validates the whole file: the valid rows and the bad lines. A file that cannot
+/// be read as a whole is refused here, before connecting.
+fn read_rows(args: &ImportArgs) -> anyhow::Result<(Vec<Row>, Vec<BadLine>)> {
     let path = args.file.display();
     let file =
         std::fs::File::open(&args.file).map_err(|e| anyhow::anyhow!("cannot open {path}: {e}"))?;
-    let (rows, bad) =
-        parse_csv(std::io::BufReader::new(file)).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    parse_csv(std::io::BufReader::new(file)).map_err(|e| anyhow::anyhow!("{path}: {e}"))
+}
+
+/// Sets aside the rows at locations that do not exist, then reports every bad line on
+/// stderr (the first 50); any refuses the file unless `--skip-invalid`. Nothing has been
+/// written yet. The rows left, and how many lines were skipped.
+async fn check_locations(
+    db: &crate::routing::Db,
+    args: &ImportArgs,
+    rows: Vec<Row>,
+    mut bad: Vec<BadLine>,
+) -> anyhow::Result<(Vec<Row>, usize)> {
+    let rows = set_aside_unknown_locations(db, rows, &mut bad).await?;
+    let path = args.file.display();
     for b in bad.iter().take(50) {
         eprintln!("{path}:{}: {}", b.line, b.reason);
     }
@@ -135,11 +161,7 @@ fn summary(p: &Progress) -> String {
         0 => String::new(),
         n => format!(
             "; {n} clamped at 0 (more sold than the lowered count): {}{}",
-            p.clamped_products
-                .iter()
-                .map(ProductId::as_str)
-                .collect::<Vec<_>>()
-                .join(", "),
+            p.clamped_products.join(", "),
             if n as usize > p.clamped_products.len() {
                 ", …"
             } else {

@@ -223,7 +223,9 @@ async fn start(
     let parsed = tokio::task::spawn_blocking(move || import::parse_csv(&body[..]))
         .await
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("csv parser task: {e}")))?;
-    let (rows, bad) = parsed.map_err(|e| ApiError::invalid("INVALID_CSV", e))?;
+    let (rows, mut bad) = parsed.map_err(|e| ApiError::invalid("INVALID_CSV", e))?;
+    // Before anything is written: a row at a location that does not exist is a bad line.
+    let rows = import::set_aside_unknown_locations(&state.db, rows, &mut bad).await?;
     if !bad.is_empty() && !opts.skip_invalid {
         return Ok(invalid_csv(bad));
     }
@@ -293,7 +295,8 @@ fn spawn_job(state: &AppState, rows: Vec<Row>, bad: Vec<BadLine>, opts: Options)
     tokio::spawn(async move {
         let announce = Announce::Gate(&checkout);
         let (progress, stop) = (&job.progress, &job.stop);
-        let result = import::run_engine(&db, &metrics, announce, &rows, opts, progress, stop).await;
+        let result =
+            import::run_engine(&db, &metrics, announce, id, &rows, opts, progress, stop).await;
         if let Err(e) = &result {
             tracing::warn!(job = %id, error = %e, "import failed");
         }

@@ -4,14 +4,13 @@
 use super::csv::BadLine;
 use super::throttle::Replicas;
 use super::write::{Applied, StockLimit};
-use crate::domain::ProductId;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// How many clamped products a job lists (it counts them all).
+/// How many clamped rows a job lists (it counts them all).
 const CLAMPED_LISTED: usize = 100;
 
 /// Live progress, shared with whoever reports it (a progress bar, log lines, the endpoint).
@@ -21,19 +20,19 @@ pub struct Progress {
     pub rows_total: u64,
     /// Rows applied so far (created, changed or found unchanged).
     pub rows_done: u64,
-    /// Products new to stockgate: they start with the file's count.
+    /// Rows (a product at a location) of products new to stockgate: each level starts
+    /// with the file's count.
     pub rows_created: u64,
-    /// Existing products whose stated count, name or price differed: stock moved by the
-    /// change in the stated count.
+    /// Rows whose level's stated count, or whose product's name or price, differed: the
+    /// level moved by the change in its stated count.
     pub rows_changed: u64,
-    /// Existing products already as the file states them: nothing written.
+    /// Rows already as the file states them: nothing written.
     pub rows_unchanged: u64,
-    /// Changed rows whose lowered count was below what had been sold since: stock stopped
-    /// at 0 instead of going negative.
+    /// Changed rows whose lowered count was below what had been sold there since: the level
+    /// stopped at 0 instead of going negative.
     pub rows_clamped: u64,
-    /// The first 100 clamped products.
-    #[schema(value_type = Vec<String>)]
-    pub clamped_products: Vec<ProductId>,
+    /// The first 100 clamped rows: the product, and `@location` unless it is `default`.
+    pub clamped_products: Vec<String>,
     pub rows_skipped: u64,
     pub bad_lines: Vec<BadLine>,
     pub batch_size: usize,

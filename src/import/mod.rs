@@ -1,19 +1,28 @@
 //! Bulk import of products from CSV, throttled against live replica staleness.
 //!
-//! The CSV has a header `product_id,name,price_cents,available_quantity` (any column order)
-//! and one product per line. The whole file is validated first: every bad line is reported
-//! with its line number, and unless `--skip-invalid` is given nothing is written. Rows are
-//! then written in batches, one transaction each (a crash or Ctrl-C never leaves half a batch).
+//! The CSV has a header `product_id,name,price_cents,available_quantity` (any column order),
+//! optionally with `location_id`, and one (product, location) per line: a line without a
+//! location (no column, or an empty cell) states the count at `default`. The whole file is
+//! validated first: every bad line is reported with its number (a duplicate (product,
+//! location), a product whose lines disagree on name or price, a location that does not
+//! exist, which is read from the primary before anything is written), and unless
+//! `--skip-invalid` is given nothing is written. Rows are then written in batches, one
+//! transaction each (a crash or Ctrl-C never leaves half a batch).
 //!
-//! **Imports keep what was sold.** A line *states* a product's count; it does not overwrite
-//! the stock. A product new to stockgate starts with the file's count. For one that exists,
-//! the stock moves by the change in the stated count — `file − stated_quantity`, the count
-//! it was last given (at creation or by an import) — and `stated_quantity` becomes the
-//! file's. Sales, cancels and restocks since then never touch `stated_quantity`, so they are
-//! kept; re-running the same file changes nothing; a recount of +5 adds 5; and re-running
-//! after Ctrl-C just continues, because the batches already in are no-ops the second time.
-//! If more was sold than a lowered count leaves, the stock stops at 0 (the CHECK forbids
-//! less) and the row is counted as clamped ([`restate`] is the whole rule).
+//! **Imports keep what was sold**, at each location on its own. A line *states* a product's
+//! count at a location; it does not overwrite the stock. A product new to stockgate starts
+//! with the file's counts (at the locations its lines name, and only there). For one that
+//! exists, each level moves by the change in its stated count — `file − stated_quantity`,
+//! the count the level was last given (at creation or by an import; a level never given one:
+//! its count) — and its `stated_quantity` becomes the file's. Sales, cancels, restocks and
+//! transfers since then never touch `stated_quantity`, so they are kept where they happened;
+//! re-running the same file changes nothing; a recount of +5 adds 5; and re-running after
+//! Ctrl-C just continues, because the batches already in are no-ops the second time. If
+//! more was sold than a lowered count leaves, the level stops at 0 (the CHECK forbids less)
+//! and the row is counted as clamped ([`restate`] is the whole rule). The product's count
+//! moves by its levels' actual changes at active locations; an inactive location's level is
+//! restated all the same. Every change is a movement (reason `import`, `ref` the import's
+//! id: the job's id, or the one the CLI prints when it starts).
 //!
 //! Stock that goes up must reopen the stock gate, which may be answering "sold out" from
 //! memory. In the service the job hands each batch's risen products to
@@ -32,12 +41,14 @@
 
 mod csv;
 mod job;
+mod locations;
 mod throttle;
 mod write;
 
-pub use csv::{BadLine, MAX_LINE_BYTES, Row, parse_csv};
+pub use csv::{BadLine, DEFAULT_LOCATION, MAX_LINE_BYTES, Row, parse_csv};
 pub(crate) use job::update;
 pub use job::{Ended, Progress, SharedProgress, Status, finish, request_stop};
+pub use locations::set_aside_unknown_locations;
 pub use write::{Restated, StockLimit, restate};
 
 use crate::checkout::Checkout;
@@ -49,6 +60,7 @@ use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use throttle::{Replicas, Throttle};
+use uuid::Uuid;
 use write::{Applied, write_batch};
 
 /// Import options shared by the CLI and the admin endpoint.
@@ -74,12 +86,15 @@ pub enum Announce<'a> {
 /// How long one wait for the replicas lasts before they are read again.
 const WAIT_TICK: Duration = Duration::from_millis(50);
 
-/// Writes `rows` in throttled batches. Stops between batches when `stop` is set. The final
-/// state is the caller's to record ([`finish`]), with its own clock.
+/// Writes `rows` in throttled batches, as the import `id` (its movements' `ref`). Stops
+/// between batches when `stop` is set. The final state is the caller's to record
+/// ([`finish`]), with its own clock.
+#[allow(clippy::too_many_arguments)]
 pub async fn run_engine(
     db: &Db,
     metrics: &Metrics,
     announce: Announce<'_>,
+    id: Uuid,
     rows: &[Row],
     opts: Options,
     progress: &SharedProgress,
@@ -112,7 +127,7 @@ pub async fn run_engine(
             continue;
         }
         let end = (done + throttle.batch).min(rows.len());
-        let applied = apply_batch(db, metrics, announce, &rows[done..end]).await?;
+        let applied = apply_batch(db, metrics, announce, id, &rows[done..end]).await?;
         done = end;
         let worst = db.worst_serving_staleness().0.map(|(_, d)| d);
         throttle.adapt(worst);
@@ -137,10 +152,11 @@ async fn apply_batch(
     db: &Db,
     metrics: &Metrics,
     announce: Announce<'_>,
+    id: Uuid,
     rows: &[Row],
 ) -> anyhow::Result<Applied> {
     let t = Instant::now();
-    let applied = write_batch(db, rows).await?;
+    let applied = write_batch(db, rows, id).await?;
     announce_raised(announce, &applied.raised).await;
     metrics.import_rows.inc_by(rows.len() as u64);
     let rate = rows.len() as f64 / t.elapsed().as_secs_f64().max(1e-6);

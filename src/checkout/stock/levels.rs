@@ -87,6 +87,28 @@ pub(crate) async fn ensure(
     Ok(())
 }
 
+/// [`ensure`] for a new product: each level opens at 0 (its count then moves by its own
+/// movement) with `stated[i]` as the count it was last given, which an import restates it
+/// from (`stock_levels.stated_quantity`).
+pub(crate) async fn open_stated(
+    tx: &mut Tx,
+    product: &str,
+    locations: &[&str],
+    stated: &[i32],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO stock_levels (product_id, location_id, available_quantity, stated_quantity) \
+         SELECT $1, l, 0, n FROM unnest($2::text[], $3::int4[]) AS u(l, n) ORDER BY l COLLATE \"C\" \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(product)
+    .bind(locations)
+    .bind(stated)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// Why a level moves, as its movement (the ledger's row) states it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Change<'a> {

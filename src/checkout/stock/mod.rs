@@ -1,8 +1,8 @@
 //! The one owner of `products.available_quantity`. Every write of it is here: an order
 //! batch's take (in the versioned server-side function `checkout/orders/statement.rs`
 //! calls), a cart's or a hold's [`take`], a cancel's, a release's or an expiry's
-//! [`give_back`], a [`restock`], a product's [`create`], and an import's [`create_many`] and
-//! [`restate`]. The rule: **every take is a guarded UPDATE on the primary** (`… AND
+//! [`give_back`], a [`restock`], a product's [`create`], and an import's batch
+//! ([`import`]). The rule: **every take is a guarded UPDATE on the primary** (`… AND
 //! available_quantity >= q`), in the transaction that records why (the order, the hold,
 //! the restock, the import's batch), so stock never moves without its reason and never goes
 //! below zero. A test (`only_this_module_writes_stock`) holds every other file in `src/` to it.
@@ -21,6 +21,7 @@ use super::status::OrderStatus;
 pub(crate) use super::tx::Tx;
 use crate::domain::{Allocation, IdempotencyKey, LocationId, ProductId, Quantity};
 
+pub(crate) mod import;
 pub(crate) mod levels;
 use std::collections::BTreeMap;
 
@@ -400,7 +401,8 @@ pub(crate) async fn restock(
 }
 
 /// A new product with its stock at each of `stock`'s locations (each once; its count: the
-/// active ones'), its stated count their sum. `None`: the id exists already.
+/// active ones'), each level's stated count its own (what an import restates it from), the
+/// product's their sum. `None`: the id exists already.
 pub(crate) async fn create(
     tx: &mut Tx,
     id: &ProductId,
@@ -430,7 +432,8 @@ pub(crate) async fn create(
     let mut sorted: Vec<&(LocationId, i32)> = stock.iter().collect();
     sorted.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
     let names: Vec<&str> = sorted.iter().map(|(l, _)| l.as_str()).collect();
-    levels::ensure(tx, id.as_str(), &names).await?;
+    let counts: Vec<i32> = sorted.iter().map(|(_, q)| *q).collect();
+    levels::open_stated(tx, id.as_str(), &names, &counts).await?;
     for (location, quantity) in sorted {
         levels::add(
             tx,
@@ -449,143 +452,6 @@ pub(crate) async fn create(
     .bind(id.as_str())
     .fetch_optional(&mut **tx)
     .await
-}
-
-/// An import's new products (stock and stated count: the file's), inserted in lock order;
-/// the ids it created (an id that exists already is left to [`lock_differing`]).
-pub(crate) async fn create_many(
-    tx: &mut Tx,
-    ids: &[&str],
-    names: &[&str],
-    prices: &[i32],
-    stock: &[i32],
-    reference: Option<&str>,
-) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
-        "WITH c AS (INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) \
-                    SELECT id, name, price, \
-                           CASE WHEN (SELECT active FROM locations WHERE location_id = 'default') THEN stock ELSE 0 END, \
-                           stock \
-                    FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stock) \
-                    ORDER BY id COLLATE \"C\" \
-                    ON CONFLICT (product_id) DO NOTHING RETURNING product_id, stated_quantity AS available_quantity), \
-              lv AS (INSERT INTO stock_levels (product_id, location_id, available_quantity) \
-                     SELECT product_id, 'default', available_quantity FROM c ORDER BY product_id COLLATE \"C\"), \
-              mv AS (INSERT INTO movements (product_id, location_id, delta, reason, ref, available_after) \
-                     SELECT product_id, 'default', available_quantity, 'import', $5, available_quantity \
-                       FROM c ORDER BY product_id COLLATE \"C\"), \
-              e AS (INSERT INTO events (types, items, k) \
-                    SELECT '{stock.changed}', json_agg(json_build_object('type', 'stock.changed', \
-                           'data', json_build_object('product_id', product_id, \
-                           'location_id', 'default', 'delta', available_quantity, \
-                           'available_quantity', available_quantity, 'reason', 'import')) ORDER BY k), count(*) \
-                    FROM (SELECT c.*, row_number() OVER (ORDER BY product_id COLLATE \"C\") AS k FROM c) c \
-                    GROUP BY (k - 1) / 1000 ORDER BY (k - 1) / 1000) \
-         SELECT product_id FROM c",
-    )
-    .bind(ids)
-    .bind(names)
-    .bind(prices)
-    .bind(stock)
-    .bind(reference)
-    .fetch_all(&mut **tx)
-    .await
-}
-
-/// Locks, in the one product order, the existing products whose stated count, name or price
-/// differ from an import's file, and returns `(product_id, available_quantity,
-/// stated_quantity)` as they stand under the lock (sales wait until the batch commits).
-/// `FOR NO KEY UPDATE`, the lock the UPDATE that follows takes anyway: a refusal's or an
-/// order line's foreign-key check (`FOR KEY SHARE`) never waits on it, so an import and the
-/// buyers of sold-out products never wait on each other in a circle.
-pub(crate) async fn lock_differing(
-    tx: &mut Tx,
-    ids: &[&str],
-    names: &[&str],
-    prices: &[i32],
-    stated: &[i32],
-) -> sqlx::Result<Vec<(String, i32, i32)>> {
-    sqlx::query_as(
-        "SELECT p.product_id, p.available_quantity, p.stated_quantity \
-         FROM products p \
-         JOIN UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[]) AS f(id, name, price, stated) \
-           ON p.product_id = f.id \
-         WHERE (p.name, p.price_cents, p.stated_quantity) IS DISTINCT FROM (f.name, f.price, f.stated) \
-         ORDER BY p.product_id COLLATE \"C\" \
-         FOR NO KEY UPDATE OF p",
-    )
-    .bind(ids)
-    .bind(names)
-    .bind(prices)
-    .bind(stated)
-    .fetch_all(&mut **tx)
-    .await
-}
-
-/// Writes an import's restated rows (locked by [`lock_differing`]): name, price, the file's
-/// count as the stated one, and `deltas[i]` (how far row `i`'s stock moves) applied to its
-/// `default` level, which stops at zero (the count moves as far as the level did, when
-/// `default` is active; its `stock.changed` event states the move made).
-pub(crate) async fn restate(
-    tx: &mut Tx,
-    ids: &[&str],
-    names: &[&str],
-    prices: &[i32],
-    deltas: &[i32],
-    stated: &[i32],
-    reference: Option<&str>,
-) -> sqlx::Result<()> {
-    let moving: Vec<&str> = ids
-        .iter()
-        .zip(deltas)
-        .filter(|(_, d)| **d != 0)
-        .map(|(id, _)| *id)
-        .collect();
-    sqlx::query(
-        "INSERT INTO stock_levels (product_id, location_id, available_quantity) \
-         SELECT id, 'default', 0 FROM unnest($1::text[]) AS id ORDER BY id COLLATE \"C\" \
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(&moving)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "WITH u AS (SELECT * FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[]) \
-                      AS u(id, name, price, stated, delta)), \
-              old AS (SELECT s.product_id, s.available_quantity FROM stock_levels s \
-                       WHERE s.location_id = 'default' AND s.product_id = ANY($1)), \
-              lv AS (UPDATE stock_levels s SET available_quantity = greatest(s.available_quantity + u.delta, 0), \
-                            updated_at = clock_timestamp() \
-                       FROM u WHERE s.product_id = u.id AND s.location_id = 'default' AND u.delta <> 0 \
-                     RETURNING s.product_id, s.available_quantity), \
-              moved AS (SELECT lv.product_id, lv.available_quantity, lv.available_quantity - old.available_quantity AS delta \
-                          FROM lv JOIN old USING (product_id)), \
-              mv AS (INSERT INTO movements (product_id, location_id, delta, reason, ref, available_after) \
-                     SELECT product_id, 'default', delta, 'import', $6, available_quantity \
-                       FROM moved WHERE delta <> 0 ORDER BY product_id COLLATE \"C\"), \
-              r AS (UPDATE products p SET name = u.name, price_cents = u.price, stated_quantity = u.stated, \
-                           available_quantity = p.available_quantity \
-                             + CASE WHEN (SELECT active FROM locations WHERE location_id = 'default') \
-                                    THEN coalesce((SELECT m.delta FROM moved m WHERE m.product_id = u.id), 0) ELSE 0 END, \
-                           updated_at = clock_timestamp() \
-                      FROM u WHERE p.product_id = u.id RETURNING 1) \
-         INSERT INTO events (types, items, k) \
-         SELECT '{stock.changed}', json_agg(json_build_object('type', 'stock.changed', \
-                'data', json_build_object('product_id', product_id, 'location_id', 'default', 'delta', delta, \
-                'available_quantity', available_quantity, 'reason', 'import')) ORDER BY k), count(*) \
-         FROM (SELECT m.*, row_number() OVER (ORDER BY product_id COLLATE \"C\") AS k \
-               FROM moved m WHERE delta <> 0 AND (SELECT count(*) FROM r) >= 0) m \
-         GROUP BY (k - 1) / 1000 ORDER BY (k - 1) / 1000",
-    )
-    .bind(ids)
-    .bind(names)
-    .bind(prices)
-    .bind(stated)
-    .bind(deltas)
-    .bind(reference)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
 }
 
 #[cfg(test)]
