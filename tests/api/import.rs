@@ -278,6 +278,8 @@ fn stated(lines: &[(&str, i64)]) -> String {
 /// What one import did, however it was run.
 #[derive(Debug, PartialEq)]
 struct Applied {
+    /// The import's id: the job's, or the one the CLI printed first.
+    id: String,
     created: u64,
     changed: u64,
     unchanged: u64,
@@ -316,7 +318,14 @@ async fn import_via(app: &TestApp, via: Via, text: String) -> Applied {
                     .map_or(0, |i| i + 1);
                 end.trim_end()[start..].parse().unwrap_or(0)
             };
+            // "import <uuid>: N rows from …"
+            let id = stdout
+                .strip_prefix("import ")
+                .and_then(|rest| rest.split(':').next())
+                .unwrap_or_default()
+                .to_owned();
             Applied {
+                id,
                 created: count(" new,"),
                 changed: count(" changed,"),
                 unchanged: count(" unchanged"),
@@ -329,6 +338,7 @@ async fn import_via(app: &TestApp, via: Via, text: String) -> Applied {
             let done = wait_status(app, &id, "done", Duration::from_secs(30)).await;
             let n = |k: &str| done[k].as_u64().unwrap();
             Applied {
+                id,
                 created: n("rows_created"),
                 changed: n("rows_changed"),
                 unchanged: n("rows_unchanged"),
@@ -678,4 +688,302 @@ async fn ctrl_c_stops_a_cli_import_after_its_batch_and_re_running_the_file_finis
     );
     assert_eq!(product_count(&app, "cc").await, 100_000);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A file with a `location_id` column: `(product, location, count)` lines ("" leaves the
+/// cell empty: `default`).
+fn stated_at(lines: &[(&str, &str, i64)]) -> String {
+    let mut s = String::from("product_id,name,price_cents,location_id,available_quantity\n");
+    for (id, at, count) in lines {
+        s.push_str(&format!("{id},Product {id},500,{at},{count}\n"));
+    }
+    s
+}
+
+async fn create_location(app: &TestApp, id: &str) {
+    let resp = app
+        .client
+        .post(app.url("/v1/locations"))
+        .bearer_auth(&app.admin)
+        .json(&serde_json::json!({"location_id": id, "name": format!("Site {id}")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED, "location {id}");
+}
+
+async fn set_location_active(app: &TestApp, id: &str, active: bool) {
+    let resp = app
+        .client
+        .patch(app.url(&format!("/v1/locations/{id}")))
+        .bearer_auth(&app.admin)
+        .json(&serde_json::json!({ "active": active }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        StatusCode::OK,
+        "location {id} active={active}"
+    );
+}
+
+/// A product's levels on the primary: location → (count, stated count).
+async fn levels(app: &TestApp, product: &str) -> Vec<(String, i64, Option<i64>)> {
+    sqlx::query_as::<_, (String, i32, Option<i32>)>(
+        "SELECT location_id, available_quantity, stated_quantity FROM stock_levels \
+          WHERE product_id = $1 ORDER BY location_id COLLATE \"C\"",
+    )
+    .bind(product)
+    .fetch_all(&app.primary)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(l, n, s)| (l, n.into(), s.map(i64::from)))
+    .collect()
+}
+
+/// A product's movements of reason `import`, oldest first: (location, delta, ref, count after).
+async fn import_movements(app: &TestApp, product: &str) -> Vec<(String, i64, String, i64)> {
+    sqlx::query_as::<_, (String, i32, Option<String>, i32)>(
+        "SELECT location_id, delta, ref, available_after FROM movements \
+          WHERE product_id = $1 AND reason = 'import' ORDER BY movement_id",
+    )
+    .bind(product)
+    .fetch_all(&app.primary)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(l, d, r, a)| (l, d.into(), r.unwrap_or_default(), a.into()))
+    .collect()
+}
+
+/// Sells `units` of `product`, one order each, from `location` only.
+async fn sell_at(app: &TestApp, product: &str, location: &str, units: usize) {
+    for i in 0..units {
+        let body =
+            serde_json::json!({"product_id": product, "quantity": 1, "locations": [location]});
+        let key = format!("{product}-{location}-sale-{i}");
+        let (status, got) = send_as(
+            app,
+            reqwest::Method::POST,
+            "/v1/orders",
+            "buyer",
+            Some(&key),
+            body,
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "sale {i} of {product} at {location}: {got}"
+        );
+        assert_eq!(got["allocations"][0]["location_id"], location, "{got}");
+    }
+}
+
+fn level(at: &str, count: i64, stated: i64) -> (String, i64, Option<i64>) {
+    (at.to_owned(), count, Some(stated))
+}
+
+/// Issue 46: an import states counts per (product, location), each location on its own.
+async fn an_import_states_each_location_on_its_own(via: Via) {
+    let app = spawn_app(shared_cluster()).await;
+    create_location(&app, "north").await;
+    create_location(&app, "south").await;
+    let (p, q) = ("loc-p", "loc-q");
+    let file = |north, south| stated_at(&[(p, "north", north), (p, "south", south), (q, "", 3)]);
+
+    // A new product kept at two locations: each level gets its count, the product their
+    // sum, and no `default` level is made for it. Mutation: the location column ignored
+    // (every row written at `default`: a duplicate level, or 14 at default).
+    let first = import_via(&app, via, file(10, 4)).await;
+    assert_eq!((first.created, first.changed), (3, 0), "{}", first.report);
+    assert_eq!(
+        levels(&app, p).await,
+        [level("north", 10, 10), level("south", 4, 4)]
+    );
+    assert_eq!(app.stock_on_primary(p).await, 14);
+    assert_eq!(levels(&app, q).await, [level("default", 3, 3)]);
+    assert_eq!(app.stock_on_primary(q).await, 3);
+
+    // 3 sold at north, then the same file again: nothing written, the sales stay sold.
+    // Mutation: `stated_quantity = u.stated` dropped from the levels' UPDATE (the level's
+    // last given count then reads as its 7 left, and the re-run puts north back to 10).
+    sell_at(&app, p, "north", 3).await;
+    assert_eq!(app.stock_on_primary(p).await, 11, "the sales are in");
+    let rerun = import_via(&app, via, file(10, 4)).await;
+    assert_eq!(
+        (rerun.created, rerun.changed, rerun.unchanged),
+        (0, 0, 3),
+        "{}",
+        rerun.report
+    );
+    assert_eq!(
+        levels(&app, p).await,
+        [level("north", 7, 10), level("south", 4, 4)]
+    );
+    assert_eq!(import_movements(&app, p).await.len(), 2);
+
+    // A recount of south (+2) moves south only: north keeps its sales. Mutation: the levels'
+    // UPDATE matched on the product alone (`s.location_id = u.loc` dropped: north gets +2).
+    let recount = import_via(&app, via, file(10, 6)).await;
+    assert_eq!(
+        (recount.changed, recount.unchanged, recount.clamped),
+        (1, 2, 0),
+        "{}",
+        recount.report
+    );
+    assert_eq!(
+        levels(&app, p).await,
+        [level("north", 7, 10), level("south", 6, 6)]
+    );
+    assert_eq!(app.stock_on_primary(p).await, 13);
+
+    // North lowered to 2 with 3 sold since: 7 + 2 - 10 = -1 stops at 0, counted and named as
+    // clamped; the movement records the change made (-7), not the one asked (-8). Mutations:
+    // `restated.clamped` not counted; the level's delta pushed as `file − stated` (-8) with
+    // the movement's delta taken from `u.delta` instead of `moved`.
+    let lowered = import_via(&app, via, file(2, 6)).await;
+    assert_eq!(lowered.clamped, 1, "{}", lowered.report);
+    assert!(lowered.report.contains("loc-p@north"), "{}", lowered.report);
+    assert_eq!(
+        levels(&app, p).await,
+        [level("north", 0, 2), level("south", 6, 6)]
+    );
+    assert_eq!(app.stock_on_primary(p).await, 6);
+
+    // Each change is one movement, reason `import`, ref the import that made it. Mutation:
+    // `ref` bound to NULL (as before every import had an id).
+    let by = |a: &Applied, at: &str, delta, after| (at.to_owned(), delta, a.id.clone(), after);
+    assert!(!first.id.is_empty() && first.id != lowered.id, "{first:?}");
+    assert_eq!(
+        import_movements(&app, p).await,
+        [
+            by(&first, "north", 10, 10),
+            by(&first, "south", 4, 4),
+            by(&recount, "south", 2, 6),
+            by(&lowered, "north", -7, 0),
+        ]
+    );
+    assert_eq!(
+        import_movements(&app, q).await,
+        [by(&first, "default", 3, 3)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cli_import_with_locations_restates_each_location_on_its_own() {
+    an_import_states_each_location_on_its_own(Via::Cli).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_job_with_locations_restates_each_location_on_its_own() {
+    an_import_states_each_location_on_its_own(Via::Job).await;
+}
+
+/// An inactive location's stock is not counted as available: an import restates its level
+/// (and writes its movement) but the product's count does not move. Mutation: the `active`
+/// join dropped from `gained` in `stock::import::restate` (the product's count would gain the
+/// inactive level's change: 5 + 6, and 7 for the new product).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inactive_locations_level_is_restated_but_the_products_count_does_not_move() {
+    let app = spawn_app(shared_cluster()).await;
+    create_location(&app, "closed").await;
+    let (r, fresh) = ("inact-r", "inact-new");
+    import_via(
+        &app,
+        Via::Job,
+        stated_at(&[(r, "default", 5), (r, "closed", 4)]),
+    )
+    .await;
+    assert_eq!(app.stock_on_primary(r).await, 9);
+    set_location_active(&app, "closed", false).await;
+    assert_eq!(app.stock_on_primary(r).await, 5, "the deactivation is in");
+
+    let file = stated_at(&[(r, "default", 5), (r, "closed", 10), (fresh, "closed", 7)]);
+    let applied = import_via(&app, Via::Job, file).await;
+    assert_eq!(
+        (applied.created, applied.changed, applied.unchanged),
+        (1, 1, 1),
+        "{}",
+        applied.report
+    );
+    assert_eq!(
+        levels(&app, r).await,
+        [level("closed", 10, 10), level("default", 5, 5)]
+    );
+    assert_eq!(app.stock_on_primary(r).await, 5);
+    assert_eq!(levels(&app, fresh).await, [level("closed", 7, 7)]);
+    assert_eq!(app.stock_on_primary(fresh).await, 0);
+    assert_eq!(import_movements(&app, r).await.last().map(|m| m.1), Some(6));
+    // Reactivated, the restated level counts.
+    set_location_active(&app, "closed", true).await;
+    assert_eq!(app.stock_on_primary(r).await, 15);
+    assert_eq!(app.stock_on_primary(fresh).await, 7);
+}
+
+/// A location that does not exist is found before anything is written: the CLI names the
+/// line and the location and writes none of the file; a (product, location) twice is a bad
+/// line too. Mutation: `set_aside_unknown_locations` not called (the batch fails on the
+/// foreign key: no line named, exit without "unknown location"), or called after the first
+/// batch (with `--batch-size 1`, the lines before it are written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_location_is_a_bad_line_named_before_anything_is_written() {
+    let app = spawn_app(shared_cluster()).await;
+    create_location(&app, "east").await;
+    let dir = std::env::temp_dir().join(format!("sg-import-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("where.csv");
+    let text = stated_at(&[
+        ("unk-1", "east", 5),
+        ("unk-2", "", 4),
+        ("unk-3", "atlantis", 2),
+        ("unk-1", "east", 6),
+        ("unk-4", "east", 1),
+    ]);
+    std::fs::write(&file, &text).unwrap();
+    let out = blocking(|| run_import(&app, &file, &["--batch-size", "1"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("where.csv:4: unknown location atlantis"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("where.csv:5: duplicate product_id unk-1 at location east"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("nothing was written"), "{stderr}");
+    assert_eq!(product_count(&app, "unk").await, 0);
+
+    // The endpoint refuses it the same way, before starting a job.
+    let resp = app
+        .client
+        .post(app.url("/v1/admin/imports"))
+        .bearer_auth(&app.admin)
+        .body(text)
+        .send()
+        .await
+        .unwrap();
+    let refused = assert_error(&answer(resp).await, 422, "INVALID_CSV");
+    let lines: Vec<u64> = refused
+        .bad_lines
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|b| b["line"].as_u64())
+        .collect();
+    assert_eq!(lines, [4, 5]);
+    assert_eq!(product_count(&app, "unk").await, 0);
+
+    // Skipping them, the rest goes in.
+    let out = blocking(|| run_import(&app, &file, &["--skip-invalid"]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(product_count(&app, "unk").await, 3);
+    assert_eq!(levels(&app, "unk-1").await, [level("east", 5, 5)]);
+    let _ = std::fs::remove_dir_all(dir);
 }
