@@ -177,11 +177,15 @@ impl utoipa::PartialSchema for CsvFile {
 impl ToSchema for CsvFile {}
 
 /// What the CSV body's documented schema says, beside its pattern.
-const CSV_BODY: &str = "The header `product_id,name,price_cents,available_quantity`, then a \
-    line per product: its id (1–64 of `A-Z a-z 0-9 _ - .`, each once), its name (1–200 \
-    characters, no control characters; quoted if it holds a comma or a quote) and two whole \
-    numbers from 0 to 2147483647. The schema's pattern admits a file of at most one line \
-    with an unquoted name, which the service always takes; the service takes more.";
+const CSV_BODY: &str = "The header `product_id,name,price_cents,available_quantity` (any \
+    order), optionally with `location_id`, then a line per product, or per (product, \
+    location): its id (1–64 of `A-Z a-z 0-9 _ - .`), its name (1–200 characters, no control \
+    characters; quoted if it holds a comma or a quote; the same on every line of a product), \
+    two whole numbers from 0 to 2147483647, and the location whose count the line states (an \
+    existing location; no column or an empty cell: `default`), each (product, location) once. \
+    A location that does not exist is a bad line (422 `INVALID_CSV`, nothing written). The \
+    schema's pattern admits a file of at most one line with an unquoted name and no \
+    `location_id`, which the service always takes; the service takes more.";
 
 /// A valid file of the header and at most one product (see [`CSV_BODY`]).
 const CSV_PATTERN: &str = concat!(
@@ -192,8 +196,9 @@ const CSV_PATTERN: &str = concat!(
 
 /// Start a bulk import (admin)
 ///
-/// The body is the CSV (`product_id,name,price_cents,available_quantity`, up to 64 MiB),
-/// throttled against live replica staleness; poll the job for progress.
+/// The body is the CSV (`product_id,name,price_cents,available_quantity`, optionally
+/// `location_id`; up to 64 MiB), throttled against live replica staleness; poll the job for
+/// progress. The job's id is the `ref` of every movement it writes.
 #[utoipa::path(
     post,
     path = "/v1/admin/imports",
@@ -208,7 +213,7 @@ const CSV_PATTERN: &str = concat!(
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
         (status = 413, response = PayloadTooLarge),
-        (status = 422, description = "INVALID_CSV (with `bad_lines` in the error; nothing was written), INVALID_BATCH_SIZE", body = ErrorBody),
+        (status = 422, description = "INVALID_CSV (with `bad_lines` in the error, among them rows at a location that does not exist; nothing was written), INVALID_BATCH_SIZE", body = ErrorBody),
         (status = 503, response = Unavailable),
     )
 )]
