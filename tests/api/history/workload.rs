@@ -885,8 +885,8 @@ impl Mover {
     }
 }
 
-/// An operator re-stating the products' counts from a file again and again (the counts they
-/// were created with, so no stock moves; only the price alternates), through the import job
+/// An operator re-stating the products' counts from a file again and again (the counts each
+/// location was created with, so no stock moves; only the price alternates), through the import job
 /// of either instance: its row locks meet every buyer's and refusal's. Returns how many
 /// imports applied a change; one that failed under a fault (a primary cut) is not an anomaly,
 /// a deadlock is, and the test counts those in the database.
@@ -900,9 +900,17 @@ pub(super) async fn importer(
     while Instant::now() < deadline {
         tokio::time::sleep(rng.ms(100, 400)).await;
         round += 1;
-        let mut file = String::from("product_id,name,price_cents,available_quantity\n");
+        // Each (product, location) at the count it was created with, the spread products' by
+        // the `location_id` column (a row without one states `default`).
+        let mut file = String::from("product_id,name,price_cents,available_quantity,location_id\n");
         for p in PRODUCTS {
-            file.push_str(&format!("{p},{p},{},{INITIAL_STOCK}\n", 500 + round % 2));
+            let stock: &[(&str, i64)] = match SPREAD.iter().find(|(s, _)| *s == p) {
+                Some((_, stock)) => stock,
+                None => &[("", INITIAL_STOCK)],
+            };
+            for (l, n) in stock {
+                file.push_str(&format!("{p},{p},{},{n},{l}\n", 500 + round % 2));
+            }
         }
         let base = world.addresses[rng.instance()].read().unwrap().clone();
         let Ok(resp) = world
