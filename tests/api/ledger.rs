@@ -54,7 +54,7 @@ const PLACES: [&str; 3] = ["default", "lw-a", "lw-b"];
 /// One client's share of the workload, `i` choosing what it does; every request goes to `a`
 /// or `b` by turn.
 async fn client(a: &TestApp, b: &TestApp, i: usize) {
-    let app = if i % 2 == 0 { a } else { b };
+    let app = if i.is_multiple_of(2) { a } else { b };
     let user = format!("lw-u{i}");
     let p = PRODUCTS[i % 2];
     let at = PLACES[i % 3];
@@ -71,8 +71,8 @@ async fn client(a: &TestApp, b: &TestApp, i: usize) {
             )
             .await;
             // Every other confirmed order is cancelled, through the other instance.
-            if s == StatusCode::CREATED && i % 16 == 0 {
-                let other = if i % 2 == 0 { b } else { a };
+            if s == StatusCode::CREATED && i.is_multiple_of(16) {
+                let other = if i.is_multiple_of(2) { b } else { a };
                 let path = format!("/v1/orders/{}/cancel", o["order_id"].as_str().unwrap());
                 send_as(other, Method::POST, &path, &user, None, json!({})).await;
             }
@@ -125,7 +125,7 @@ async fn client(a: &TestApp, b: &TestApp, i: usize) {
         }
         5 => {
             let body = json!({"product_id": p, "from": at, "to": PLACES[(i + 1) % 3],
-                              "quantity": 1 + i % 2, "in_transit": i % 3 == 0});
+                              "quantity": 1 + i % 2, "in_transit": i.is_multiple_of(3)});
             let (s, t) = send_admin(
                 app,
                 Method::POST,
@@ -143,7 +143,7 @@ async fn client(a: &TestApp, b: &TestApp, i: usize) {
             }
         }
         6 => {
-            let body = json!({"location_id": at, "delta": if i % 3 == 0 { 3 } else { -1 }, "reason": "correction"});
+            let body = json!({"location_id": at, "delta": if i.is_multiple_of(3) { 3 } else { -1 }, "reason": "correction"});
             let path = format!("/v1/products/{p}/adjustments");
             send_admin(app, Method::POST, &path, Some(&format!("d{i}")), body).await;
         }
