@@ -1,7 +1,9 @@
 //! The event feed against the tables it announces (issue 30): after the run, with every
 //! transaction ended, the whole feed read through the service's own read must hold one
 //! `order.confirmed` per order the tables hold, one `order.cancelled` per cancelled order, a
-//! `stock.changed` per restock, and books that add up to every product's stock.
+//! `stock.changed` per restock, one with reason `adjust` per adjustment's movement (issue 47:
+//! each with its movement's place and delta), and books that add up to every product's stock
+//! (the adjustments' deltas among them).
 //!
 //! With locations (issue 46), two sets of books: per product from the events' `lines`, which
 //! add up to the product's units at every location (an inactive one's too: its restocks and
@@ -128,6 +130,42 @@ pub(super) async fn feed_anomalies(pool: &PgPool) -> Vec<String> {
         .count();
     if restocked as i64 != restocks {
         found.push(format!("{restocks} restocks, {restocked} restock events"));
+    }
+    // Each adjustment's movement announced once, at its place, with its delta: as multisets
+    // of (product, location, delta), so a lost, doubled or misplaced event shows.
+    let mut adjusted: BTreeMap<(String, String, i64), i64> = BTreeMap::new();
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT product_id, location_id, delta::int8 FROM movements WHERE idempotency_key IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("adjustments' movements");
+    let movements = rows.len();
+    for row in rows {
+        *adjusted.entry(row).or_default() += 1;
+    }
+    let adjust_events: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.kind == "stock.changed" && e.data["reason"] == "adjust")
+        .collect();
+    for e in &adjust_events {
+        let s = |k: &str| e.data[k].as_str().unwrap_or("default").to_owned();
+        let delta = e.data["delta"].as_i64().unwrap_or_default();
+        *adjusted
+            .entry((s("product_id"), s("location_id"), delta))
+            .or_default() -= 1;
+    }
+    if adjust_events.len() != movements {
+        found.push(format!(
+            "{movements} adjustments' movements, {} adjust events",
+            adjust_events.len()
+        ));
+    }
+    for ((p, l, delta), n) in adjusted.into_iter().filter(|(_, n)| *n != 0) {
+        found.push(format!(
+            "{p} at {l}, delta {delta:+}: {} adjustments' movements more than adjust events",
+            n
+        ));
     }
     let levels: Vec<(String, String, i64, bool)> = sqlx::query_as(
         "SELECT s.product_id, s.location_id, s.available_quantity::int8, l.active \

@@ -5,8 +5,9 @@
 //! there, transfers in, less transfers out (in transit too: those units are in no location) —
 //! and loses them to the allocations of confirmed orders and of holds not returned. What is
 //! left is its level, at the end and never below zero. A movement is a [`Movement`] with its
-//! [`Cause`]; the ledger's adjustments and imports are more causes, judged by the same books
-//! ([`conserved`]) and held to what announced them ([`announced`]).
+//! [`Cause`]; the ledger's adjustments (issue 47) are one more, each the delta the primary
+//! recorded for it, judged by the same books ([`conserved`]) and held to what announced them
+//! ([`announced`]). (Imports re-state the counts they were created with and move nothing.)
 //!
 //! Every answer's `allocations` are its order's row's, and a row's allocations add up to its
 //! order, from active locations the request named. Every transfer an admin was told of exists
@@ -28,6 +29,7 @@ pub(super) enum Cause {
     Restock,
     TransferOut,
     TransferIn,
+    Adjust,
 }
 
 impl Cause {
@@ -37,6 +39,7 @@ impl Cause {
             Cause::Create => "create",
             Cause::Restock => "restock",
             Cause::TransferOut | Cause::TransferIn => "transfer",
+            Cause::Adjust => "adjust",
         }
     }
 
@@ -47,6 +50,7 @@ impl Cause {
             Cause::Restock => "restocked",
             Cause::TransferOut => "transferred out",
             Cause::TransferIn => "transferred in",
+            Cause::Adjust => "adjusted",
         }
     }
 }
@@ -59,11 +63,11 @@ pub(super) struct Movement {
     pub(super) delta: i64,
 }
 
-/// The per-location checks. `restocked`: the restocks the admins were told of, each at its
-/// location (judged exactly-once by the caller).
+/// The per-location checks. `given`: the restocks the admins were told of, each at its
+/// location, and the movements adjustments wrote (both judged exactly-once by the caller).
 pub(super) fn check(
     opening: &Opening,
-    restocked: Vec<Movement>,
+    given: Vec<Movement>,
     history: &[Op],
     db: &Snapshot,
 ) -> Vec<Anomaly> {
@@ -76,7 +80,7 @@ pub(super) fn check(
             delta: *n,
         })
         .collect();
-    moves.extend(restocked);
+    moves.extend(given);
     moves.extend(transfers(&mut f, history, db));
     allocations(&mut f, history, db);
     conserved(&mut f, &moves, db);

@@ -25,9 +25,13 @@
 //! state it was answered in (`locations`).
 //!
 //! The ledger (issue 47): at the end, `stockgate verify` must find every (product, location)
-//! count equal to its movements less its confirmed orders' and live holds' allocations.
-//! (Adjustments are not part of this workload yet: `tests/api/ledger.rs` runs them beside
-//! the rest on two instances, without the nemesis.)
+//! count equal to its movements less its confirmed orders' and live holds' allocations. An
+//! adjuster changes counts at the products' locations under keys, by a delta or to a count it
+//! read (some as a compare-and-set that loses to a count changed since), hanging up,
+//! retrying, replaying and reusing keys under the nemesis. Every key answered 200 is exactly
+//! one movement, the one its every answer names (`movement_id`, the count after), a refused
+//! key made none, and the movements' deltas, as the primary recorded them, are more causes in
+//! the per-location books and in the event feed's (`stock.changed` with reason `adjust`).
 //!
 //! `STOCKGATE_HISTORY_SEED` replays a workload's choices (the interleavings still differ);
 //! `STOCKGATE_HISTORY_SECS` sets how long the workload runs (default 30; `bench/history.sh`
@@ -54,8 +58,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use workload::{
-    DEVICES, Device, INITIAL_STOCK, LIMITS, LOCATIONS, Mover, PRODUCTS, RESTOCKERS, RYW_USERS,
-    Restocker, SHOPPERS, SPREAD, Shopper, WINDOWED, World, importer, resolve,
+    Adjuster, DEVICES, Device, INITIAL_STOCK, LIMITS, LOCATIONS, Mover, PRODUCTS, RESTOCKERS,
+    RYW_USERS, Restocker, SHOPPERS, SPREAD, Shopper, WINDOWED, World, importer, resolve,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -208,6 +212,9 @@ async fn every_answer_under_paused_replicas_redis_restarts_primary_cuts_and_inst
     }
     clients.push(tokio::spawn(
         Mover::new(master.fork(), world.clone()).run(deadline),
+    ));
+    clients.push(tokio::spawn(
+        Adjuster::new(master.fork(), world.clone()).run(deadline),
     ));
     for u in 0..RYW_USERS {
         for d in 0..DEVICES.len() {

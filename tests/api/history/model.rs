@@ -72,6 +72,18 @@ pub(super) struct RestockRow {
     pub(super) location: String,
 }
 
+/// One row of `movements` written by an adjustment (one with an `Idempotency-Key`).
+#[derive(Clone, Debug)]
+pub(super) struct AdjustmentRow {
+    pub(super) movement_id: i64,
+    pub(super) key: String,
+    pub(super) product: String,
+    pub(super) location: String,
+    /// As the primary recorded it: a `set`'s delta depends on the count it met.
+    pub(super) delta: i64,
+    pub(super) available_after: i64,
+}
+
 /// A (product, location): where a count is kept.
 pub(super) type Place = (String, String);
 
@@ -173,6 +185,8 @@ pub(super) struct Snapshot {
     pub(super) held: Vec<Alloc>,
     /// `stock.changed` events by (product, location) and reason.
     pub(super) announced: BTreeMap<(Place, String), Announced>,
+    /// The movements adjustments wrote (rows of `movements` with an `idempotency_key`).
+    pub(super) adjustments: Vec<AdjustmentRow>,
 }
 
 pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
@@ -250,6 +264,25 @@ pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
     })
     .collect();
     let (levels, active, transfers, held, announced) = by_location(pool).await;
+    let adjustments = sqlx::query_as::<_, (i64, String, String, String, i64, i64)>(
+        "SELECT movement_id, idempotency_key, product_id, location_id, delta::int8, available_after::int8 \
+           FROM movements WHERE idempotency_key IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(
+        |(movement_id, key, product, location, delta, available_after)| AdjustmentRow {
+            movement_id,
+            key,
+            product,
+            location,
+            delta,
+            available_after,
+        },
+    )
+    .collect();
     let restocks = match restocks {
         Ok(rows) => Some(rows),
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => None,
@@ -316,6 +349,7 @@ pub(super) async fn snapshot(pool: &PgPool) -> Snapshot {
         transfers,
         held,
         announced,
+        adjustments,
     }
 }
 
@@ -483,6 +517,22 @@ pub(super) enum Target {
         user: String,
         record: Record,
     },
+    /// `POST /v1/products/{product}/adjustments` under `key`: exactly one of `delta` and
+    /// `set`, `expected` a compare-and-set.
+    Adjust {
+        key: String,
+        product: String,
+        /// `location_id` (`None`: the body names none, which means `default`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        location: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        delta: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        set: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        expected: Option<i64>,
+        reason: String,
+    },
 }
 
 /// A user's own records, the two the read-your-writes promise covers.
@@ -536,7 +586,7 @@ impl Target {
     }
 
     /// Whether the resolver sends it again until it settles: orders, cancels, restocks,
-    /// transfers and receives. An
+    /// transfers, receives and adjustments. An
     /// own record's read needs no answer, and its write is `PUT`, whose outcome the checker
     /// leaves open when it was not heard.
     pub(super) fn resolvable(&self) -> bool {
@@ -643,6 +693,11 @@ impl Answer {
         self.body()["transfer_id"].as_str()?.parse().ok()
     }
 
+    /// An adjustment's `movement_id` (opaque: a string).
+    pub(super) fn movement_id(&self) -> Option<&str> {
+        self.body()["movement_id"].as_str()
+    }
+
     pub(super) fn transfer_status(&self) -> Option<TransferStatus> {
         serde_json::from_value(self.body()["status"].clone()).ok()
     }
@@ -730,6 +785,26 @@ impl fmt::Display for Op {
                 value,
             } => format!("save {user}'s {} = {value}", record.path()),
             Target::Read { user, record } => format!("read {user}'s {}", record.path()),
+            Target::Adjust {
+                key,
+                product,
+                location,
+                delta,
+                set,
+                expected,
+                reason,
+            } => {
+                let change = match (delta, set) {
+                    (Some(d), _) => format!("{d:+}"),
+                    (_, Some(s)) => format!("={s}"),
+                    _ => "?".into(),
+                };
+                let cas = expected.map_or(String::new(), |e| format!(" if {e}"));
+                format!(
+                    "adjust {key} {product}{change}@{}{cas} ({reason})",
+                    Target::restocked_at(location)
+                )
+            }
         };
         let heard = match &self.answer {
             Answer::Lost { lost } => format!("lost ({lost})"),

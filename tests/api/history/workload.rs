@@ -127,7 +127,52 @@ impl World {
                 .http
                 .get(format!("{base}/v1/users/{user}/{}", record.path()))
                 .bearer_auth(self.user_token(user)),
+            Target::Adjust {
+                key,
+                product,
+                location,
+                delta,
+                set,
+                expected,
+                reason,
+            } => {
+                let mut body = json!({"reason": reason});
+                for (field, value) in [("delta", delta), ("set", set), ("expected", expected)] {
+                    if let Some(v) = value {
+                        body[field] = json!(v);
+                    }
+                }
+                if let Some(l) = location {
+                    body["location_id"] = json!(l);
+                }
+                self.http
+                    .post(format!("{base}/v1/products/{product}/adjustments"))
+                    .bearer_auth(&self.admin)
+                    .header("Idempotency-Key", key)
+                    .json(&body)
+            }
         }
+    }
+
+    /// `product`'s count at `location` as its product page states it through `instance`
+    /// (perhaps from a replica, a little behind): what an admin reads before a compare-and-set.
+    /// `None`: no answer, or no such entry. Not logged.
+    async fn level(&self, instance: usize, product: &str, location: &str) -> Option<i64> {
+        let base = self.addresses[instance].read().unwrap().clone();
+        let resp = self
+            .http
+            .get(format!("{base}/v1/products/{product}"))
+            .send()
+            .await
+            .ok()?;
+        let page: Value = resp.json().await.ok()?;
+        let entry = page["stock"]
+            .as_array()?
+            .iter()
+            .find(|e| e["location_id"] == location)?;
+        entry["quantity"]
+            .as_i64()
+            .or_else(|| entry["available_quantity"].as_i64())
     }
 
     /// Where `instance` serves a read of the settings of a user who never writes (`None`: no
@@ -994,5 +1039,173 @@ fn retry_pause(answer: &Answer) -> Duration {
             retry_after: true, ..
         } => Duration::from_secs(1),
         _ => Duration::from_millis(100),
+    }
+}
+
+/// An admin adjusting counts at the locations the products were created at (issue 47): by a
+/// delta (up or down, so some are refused for stock), or to a count it read from the product
+/// page just before, with or without `expected` (some compare-and-sets meet a count that
+/// changed since and are told `STOCK_CHANGED`). It hangs up on some requests and retries them
+/// under the same key and body, replays made adjustments' keys on either instance, and sends
+/// a made key with another body (422).
+pub(super) struct Adjuster {
+    rng: fastrand::Rng,
+    world: Arc<World>,
+    sent: usize,
+    /// Adjustments it heard made (200).
+    made: Vec<Target>,
+    /// Requests without a definite answer, retried later.
+    unsure: Vec<Target>,
+}
+
+/// The adjustments' reasons (the contract's); the movement keeps it, the event says `adjust`.
+const REASONS: [&str; 7] = [
+    "received",
+    "damaged",
+    "lost",
+    "found",
+    "count",
+    "returned",
+    "correction",
+];
+
+impl Adjuster {
+    const NAME: &str = "adjuster";
+
+    pub(super) fn new(rng: fastrand::Rng, world: Arc<World>) -> Adjuster {
+        Adjuster {
+            rng,
+            world,
+            sent: 0,
+            made: vec![],
+            unsure: vec![],
+        }
+    }
+
+    pub(super) async fn run(mut self, deadline: Instant) {
+        while Instant::now() < deadline {
+            tokio::time::sleep(self.rng.ms(150, 400)).await;
+            match self.rng.u64(..100) {
+                0..65 => self.new_adjustment().await,
+                65..78 => self.replay().await,
+                78..85 => self.reuse().await,
+                _ => match self.unsure.pop() {
+                    Some(target) => {
+                        self.send(Kind::Retry, target, None).await;
+                    }
+                    None => self.new_adjustment().await,
+                },
+            }
+        }
+    }
+
+    /// Sends `target` and learns from the answer; a lost answer or a 503 leaves it unsure.
+    async fn send(&mut self, kind: Kind, target: Target, hang_up: Option<Duration>) -> Answer {
+        let instance = self.rng.instance();
+        let answer = self
+            .world
+            .call(Self::NAME, kind, instance, target.clone(), hang_up)
+            .await;
+        if !answer.definite() {
+            if !self.unsure.contains(&target) {
+                self.unsure.push(target);
+            }
+            return answer;
+        }
+        self.unsure.retain(|t| *t != target);
+        if answer.status() == Some(200) && !self.made.contains(&target) {
+            self.made.push(target);
+        }
+        answer
+    }
+
+    /// A new key: a delta of 1–3 either way, or a count near the one the product page states
+    /// (read first), half of those as a compare-and-set against that count. Now and then
+    /// the admin's count is one off (a miscount): that compare-and-set must lose.
+    async fn new_adjustment(&mut self) {
+        let product = PRODUCTS[self.rng.usize(..PRODUCTS.len())];
+        let stocked: Vec<&str> = match SPREAD.iter().find(|(p, _)| *p == product) {
+            Some((_, stock)) => stock.iter().map(|(l, _)| *l).collect(),
+            None => vec![DEFAULT],
+        };
+        let at = stocked[self.rng.usize(..stocked.len())];
+        let (mut delta, mut set, mut expected) = (None, None, None);
+        if self.rng.chance(40) {
+            let d = self.rng.i64(1..=3);
+            delta = Some(if self.rng.chance(50) { d } else { -d });
+        } else {
+            let instance = self.rng.instance();
+            let Some(level) = self.world.level(instance, product, at).await else {
+                return;
+            };
+            set = Some((level + self.rng.i64(-2..=3)).max(0));
+            if self.rng.chance(60) {
+                expected = Some(level + i64::from(self.rng.chance(15)));
+            }
+        }
+        let location = if at != DEFAULT || self.rng.chance(50) {
+            Some(at.to_string())
+        } else {
+            None
+        };
+        let target = Target::Adjust {
+            key: format!("adjust-{}", self.sent),
+            product: product.to_string(),
+            location,
+            delta,
+            set,
+            expected,
+            reason: REASONS[self.rng.usize(..REASONS.len())].to_string(),
+        };
+        self.sent += 1;
+        if self.rng.chance(25) {
+            let after = self.rng.ms(1, 30);
+            let heard = self.send(Kind::HangUp, target.clone(), Some(after)).await;
+            if !heard.definite() {
+                self.send(Kind::Retry, target, None).await;
+            }
+        } else {
+            self.send(Kind::New, target, None).await;
+        }
+    }
+
+    /// A made adjustment's key and body again: the same answer, the same movement.
+    async fn replay(&mut self) {
+        if let Some(target) = self.rng.choice(self.made.clone()) {
+            self.send(Kind::Replay, target, None).await;
+        }
+    }
+
+    /// A made adjustment's key with another reason: 422, nothing written.
+    async fn reuse(&mut self) {
+        let Some(Target::Adjust {
+            key,
+            product,
+            location,
+            delta,
+            set,
+            expected,
+            reason,
+        }) = self.rng.choice(self.made.clone())
+        else {
+            return;
+        };
+        let other = REASONS
+            .iter()
+            .find(|r| **r != reason)
+            .expect("more than one reason");
+        let target = Target::Adjust {
+            key,
+            product,
+            location,
+            delta,
+            set,
+            expected,
+            reason: other.to_string(),
+        };
+        let instance = self.rng.instance();
+        self.world
+            .call(Self::NAME, Kind::Reuse, instance, target, None)
+            .await;
     }
 }
