@@ -233,9 +233,9 @@ impl<'a> Checker<'a> {
                     }
                     // The count it met, which no count is below.
                     "STOCK_CHANGED"
-                        if !op.answer.body()["error"]["available_quantity"]
+                        if op.answer.body()["error"]["available_quantity"]
                             .as_i64()
-                            .is_some_and(|n| n >= 0) =>
+                            .is_none_or(|n| n < 0) =>
                     {
                         Some("STOCK_CHANGED without a count of zero or more")
                     }
