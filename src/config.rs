@@ -29,7 +29,7 @@
 //! | `STOCKGATE_EVENT_RETENTION` | how long events are kept at least (`12h`, `7d`); a cursor before the events purged since is 410 `CURSOR_EXPIRED` | `7d` |
 //! | `STOCKGATE_PEERS` | comma-separated peer URLs (`http://host:port`) of every instance of the deployment, the same list on each: a contended product's single-product orders go to one owner among them (docs/design/peers.md). Requires `STOCKGATE_REDIS_URL` and `STOCKGATE_PEER_URL` | empty: every instance places its own orders |
 //! | `STOCKGATE_PEER_URL` | this instance's own entry of `STOCKGATE_PEERS`; its peer listener binds that port (on that address if it is an IP, else on every interface) | empty: no peer listener |
-//! | `RUST_LOG` | log filter, read by [`crate::telemetry`] from the real environment only (logging starts before `.env` is read) | `info,sqlx=warn,tower_http=info` for serve, `warn` for the other commands |
+//! | `RUST_LOG` | log filter, read by [`crate::telemetry`] from the real environment only (logging starts before `.env` is read) | `info,sqlx=warn,tower_http=info` for serve, `warn,sqlx::query=error` for the other commands |
 
 use std::net::SocketAddr;
 use std::time::Duration;
