@@ -13,7 +13,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -26,27 +28,75 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
 /// The longest note, in characters.
 const MAX_NOTE: usize = 500;
 
-#[derive(Deserialize, ToSchema)]
+/// An adjustment's body as the handler reads it; the document states it as
+/// [`NewAdjustmentBody`].
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewAdjustment {
+    location_id: Option<String>,
+    delta: Option<Number>,
+    set: Option<Number>,
+    expected: Option<Number>,
+    reason: String,
+    note: Option<String>,
+}
+
+/// The fields every adjustment may carry, besides its change.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct AdjustmentFields {
     /// Where (default `default`).
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,64}$", example = "eu-1")]
     location_id: Option<String>,
-    /// Units to add (> 0) or remove (< 0); give `delta` or `set`, not both.
-    #[schema(value_type = Option<i64>, minimum = -2147483647, maximum = 2147483647, example = -3)]
-    delta: Option<Number>,
-    /// The count to state (≥ 0); give `delta` or `set`, not both.
-    #[schema(value_type = Option<i64>, minimum = 0, maximum = 2147483647, example = 17)]
-    set: Option<Number>,
     /// Made only if the location's count is exactly this at that moment, else 409
     /// `STOCK_CHANGED`.
     #[schema(value_type = Option<i64>, minimum = 0, maximum = 2147483647, example = 20)]
-    expected: Option<Number>,
-    #[schema(value_type = AdjustReason)]
-    reason: String,
+    expected: Option<i64>,
+    reason: AdjustReason,
     /// At most 500 characters.
     #[schema(max_length = 500, pattern = "^[^\\x00]*$")]
     note: Option<String>,
+}
+
+/// An adjustment's body: [`AdjustmentFields`] and exactly one of `delta` (not 0) and `set`.
+struct NewAdjustmentBody;
+
+impl utoipa::PartialSchema for NewAdjustmentBody {
+    fn schema() -> RefOr<Schema> {
+        let null = || ObjectBuilder::new().schema_type(Type::Null);
+        let int = |min: i64, max: i64| {
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(min))
+                .maximum(Some(max))
+        };
+        let max = i64::from(i32::MAX);
+        let delta = OneOfBuilder::new()
+            .item(int(1, max))
+            .item(int(-max, -1))
+            .description(Some("Units to add (> 0) or remove (< 0)."));
+        let by_delta = ObjectBuilder::new()
+            .title(Some("By delta"))
+            .property("delta", delta)
+            .required("delta")
+            .property("set", null());
+        let to_set = ObjectBuilder::new()
+            .title(Some("To a count"))
+            .property("set", int(0, max).description(Some("The count to state.")))
+            .required("set")
+            .property("delta", null());
+        AllOfBuilder::new()
+            .item(Ref::from_schema_name(AdjustmentFields::name()))
+            .item(OneOfBuilder::new().item(by_delta).item(to_set))
+            .into()
+    }
+}
+
+impl ToSchema for NewAdjustmentBody {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((AdjustmentFields::name().into(), AdjustmentFields::schema()));
+        schemas.push((AdjustReason::name().into(), AdjustReason::schema()));
+    }
 }
 
 /// A whole number in `range`, else 422 `code`.
@@ -115,7 +165,7 @@ impl NewAdjustment {
         ("Idempotency-Key" = String, Header, description = "Required; the same key and body answers the same adjustment (the same `movement_id`)",
             min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$"),
     ),
-    request_body = NewAdjustment,
+    request_body = NewAdjustmentBody,
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Made (or the same adjustment again, for a repeated key and body): the location's count after it, and its movement", body = Adjusted),

@@ -47,6 +47,9 @@ def _places(body, query):
             for e, place in zip(stock, _PLACES):
                 e["location_id"] = place
             del stock[2:]
+    # An adjustment's location (it carries a `reason`), like a restock's.
+    if "reason" in body and _valid_id(body.get("location_id")):
+        body["location_id"] = "default"
     # A restock's location.
     if "quantity" in body and _valid_id(body.get("location_id")) and "from" not in body:
         body["location_id"] = "default"
