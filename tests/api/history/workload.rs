@@ -801,18 +801,20 @@ impl Mover {
 
     /// Sends `target` and learns from the answer; a lost answer or a 503 leaves it unsure.
     async fn send(&mut self, kind: Kind, target: Target, hang_up: Option<Duration>) -> Answer {
-        let instance = self.rng.instance();
-        let answer = self
-            .world
-            .call(Self::NAME, kind, instance, target.clone(), hang_up)
-            .await;
+        let (world, rng) = (&self.world, &mut self.rng);
+        let answer = tracked(
+            world,
+            rng,
+            Self::NAME,
+            kind,
+            &target,
+            hang_up,
+            &mut self.unsure,
+        )
+        .await;
         if !answer.definite() {
-            if !self.unsure.contains(&target) {
-                self.unsure.push(target.clone());
-            }
             return answer;
         }
-        self.unsure.retain(|t| *t != target);
         match (&target, answer.status(), answer.transfer_id()) {
             (Target::Transfer { .. }, Some(201), Some(id))
                 if !self.made.iter().any(|(_, made, _)| *made == id) =>
@@ -1048,6 +1050,31 @@ fn retry_pause(answer: &Answer) -> Duration {
 /// changed since and are told `STOCK_CHANGED`). It hangs up on some requests and retries them
 /// under the same key and body, replays made adjustments' keys on either instance, and sends
 /// a made key with another body (422).
+/// Sends `target` as `client` through a random instance; a lost answer or a 503 leaves it in
+/// `unsure` (once) for a later retry, a definite one takes it out.
+async fn tracked(
+    world: &World,
+    rng: &mut fastrand::Rng,
+    client: &str,
+    kind: Kind,
+    target: &Target,
+    hang_up: Option<Duration>,
+    unsure: &mut Vec<Target>,
+) -> Answer {
+    let instance = rng.instance();
+    let answer = world
+        .call(client, kind, instance, target.clone(), hang_up)
+        .await;
+    if !answer.definite() {
+        if !unsure.contains(target) {
+            unsure.push(target.clone());
+        }
+    } else {
+        unsure.retain(|t| t != target);
+    }
+    answer
+}
+
 pub(super) struct Adjuster {
     rng: fastrand::Rng,
     world: Arc<World>,
@@ -1101,18 +1128,20 @@ impl Adjuster {
 
     /// Sends `target` and learns from the answer; a lost answer or a 503 leaves it unsure.
     async fn send(&mut self, kind: Kind, target: Target, hang_up: Option<Duration>) -> Answer {
-        let instance = self.rng.instance();
-        let answer = self
-            .world
-            .call(Self::NAME, kind, instance, target.clone(), hang_up)
-            .await;
+        let (world, rng) = (&self.world, &mut self.rng);
+        let answer = tracked(
+            world,
+            rng,
+            Self::NAME,
+            kind,
+            &target,
+            hang_up,
+            &mut self.unsure,
+        )
+        .await;
         if !answer.definite() {
-            if !self.unsure.contains(&target) {
-                self.unsure.push(target);
-            }
             return answer;
         }
-        self.unsure.retain(|t| *t != target);
         if answer.status() == Some(200) && !self.made.contains(&target) {
             self.made.push(target);
         }
