@@ -987,3 +987,50 @@ async fn an_unknown_location_is_a_bad_line_named_before_anything_is_written() {
     assert_eq!(levels(&app, "unk-1").await, [level("east", 5, 5)]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A binary from before per-location imports (a rolling deploy) states `default`'s count in
+/// `products.stated_quantity` only; the levels trigger carries it to the level, so an import by
+/// this binary afterwards moves the level by what that binary stated, and what it sold since
+/// stays sold. The test's own pool is such a session: it does not set `stockgate.levels`.
+// Mutation: the trigger without `stated_quantity = NEW.stated_quantity` (or the update trigger
+// not firing on `stated_quantity`): the level keeps the creation's 10, and our import of 20
+// adds 10 units that the older binary's own import had already added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_binarys_stated_count_is_the_one_our_import_restates_from() {
+    let app = spawn_app(shared_cluster()).await;
+    let made = app.create_product("old-1", 10, 100).await;
+    assert_eq!(made.status(), StatusCode::CREATED);
+    // The older binary: sells 3, then imports a file stating 20 (its rule: +10, keeping the sale).
+    sqlx::raw_sql(
+        "UPDATE products SET available_quantity = available_quantity - 3 WHERE product_id = 'old-1'; \
+         UPDATE products SET stated_quantity = 20, available_quantity = available_quantity + 10 WHERE product_id = 'old-1';",
+    )
+    .execute(&app.primary)
+    .await
+    .unwrap();
+    let level = "SELECT available_quantity, stated_quantity FROM stock_levels WHERE product_id = 'old-1' AND location_id = 'default'";
+    let got: (i32, Option<i32>) = sqlx::query_as(level).fetch_one(&app.primary).await.unwrap();
+    assert_eq!(
+        got,
+        (17, Some(20)),
+        "the level follows the older binary's writes"
+    );
+    // This binary imports the same file: nothing moves.
+    let dir = std::env::temp_dir().join(format!("sg-import-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("old.csv");
+    std::fs::write(
+        &file,
+        "product_id,name,price_cents,available_quantity\nold-1,Product old-1,100,20\n",
+    )
+    .unwrap();
+    let out = blocking(|| run_import(&app, &file, &[]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: (i32, Option<i32>) = sqlx::query_as(level).fetch_one(&app.primary).await.unwrap();
+    assert_eq!(got, (17, Some(20)), "the sold units stay sold");
+    let _ = std::fs::remove_dir_all(dir);
+}
