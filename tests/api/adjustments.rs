@@ -7,6 +7,7 @@ use crate::helpers::*;
 use futures::future::join_all;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 type Answer = (StatusCode, Value);
 
@@ -328,7 +329,9 @@ async fn adjustments_follow_the_contract_and_each_is_one_movement() {
 
 // Mutation: the count compared before the product's row lock (read, then lock, then add):
 // several of the twenty find 20 and win.
-// Mutation: `expected` checked against the product's count instead of the level's: all 409.
+// Mutation: `expected` unchecked: all twenty answer 200.
+// The race really races: the test holds the product's row while the twenty arrive, and lets
+// go only once several of them wait on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn twenty_concurrent_set_if_expected_have_one_winner() {
     let app = spawn_app(shared_cluster()).await;
@@ -343,7 +346,17 @@ async fn twenty_concurrent_set_if_expected_have_one_winner() {
             (i, adjust(app, "cas-1", &format!("cas-{i}"), body).await)
         }
     });
-    let got = join_all(tries).await;
+    let held = app.lock_rows(&["cas-1"]).await;
+    let release = async {
+        wait_for(
+            "adjustments waiting on the product's row",
+            Duration::from_secs(30),
+            || async { sessions_waiting(&app.primary, "Lock", "%").await >= 2 },
+        )
+        .await;
+        held.rollback().await.unwrap();
+    };
+    let (got, ()) = tokio::join!(join_all(tries), release);
     let winners: Vec<i64> = got
         .iter()
         .filter(|(_, a)| a.0 == StatusCode::OK)
