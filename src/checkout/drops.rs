@@ -3,7 +3,7 @@
 //!
 //! The rules are judged in ONE place, the SQL function `drop_verdict_v1` (migration
 //! `20261205000002_locations.sql`): the order batch statement calls it for each request,
-//! the refusal claim for the window, and carts and holds through `lines_verdicts_v2`
+//! the refusal claim for the window, and carts and holds through `lines_verdicts_v3`
 //! ([`lock_and_judge`]) in the statement that locks their product rows. A user's units are counted by
 //! `customer_units_v2`, exact for a caller holding the product's row lock, because every take
 //! and return of the product's units locks that row first. Nothing here ever reads a replica;
@@ -156,7 +156,7 @@ pub(crate) struct Judged {
     pub allocations: Vec<Vec<Allocation>>,
 }
 
-/// A row of `lines_verdicts_v2`: (cart, verdict, product, price, limit, allocations).
+/// A row of `lines_verdicts_v3`: (cart, verdict, product, price, limit, allocations).
 type JudgedRow = (
     Option<i32>,
     Option<sqlx::types::Json<serde_json::Value>>,
@@ -167,7 +167,7 @@ type JudgedRow = (
 );
 
 /// Locks every product `carts` name, in lock order, and judges each cart against the rows in
-/// the same statement (one round trip): `lines_verdicts_v2` locks them, then judges each cart
+/// the same statement (one round trip): `lines_verdicts_v3` locks them, then judges each cart
 /// with `drop_verdict_v1` (the one home of the drop rules) against the stock the carts before
 /// it that fit left, and allocates each that fits (`allocate_v1`). `counted`: the user's count
 /// already includes these lines (a hold's own lines, written before the lock). `batch`: a cart
@@ -194,7 +194,7 @@ pub(crate) async fn lock_and_judge(
     }
     let rows: Vec<JudgedRow> = sqlx::query_as(
         "SELECT cart, verdict, product_id, price_cents, max_per_customer, allocations \
-         FROM lines_verdicts_v2($1, $2, $3, $4, $5, $6, $7, $8) ORDER BY cart NULLS FIRST",
+         FROM lines_verdicts_v3($1, $2, $3, $4, $5, $6, $7, $8) ORDER BY cart NULLS FIRST",
     )
     .bind(&users)
     .bind(&ends)

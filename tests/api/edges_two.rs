@@ -249,7 +249,7 @@ async fn a_cart_whose_key_is_reused_concurrently_changes_no_other_carts_answer()
     wait_for(
         "the first cart's batch waiting on the held row",
         Duration::from_secs(10),
-        || async { sessions_waiting(&app.primary, "Lock", "%lines_verdicts_v2%").await == 1 },
+        || async { sessions_waiting(&app.primary, "Lock", "%lines_verdicts_v3%").await == 1 },
     )
     .await;
     // A's key, claimed with another body by a transaction that has not committed.

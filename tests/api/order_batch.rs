@@ -1,4 +1,4 @@
-//! The order batch's statement, the one the service calls — `take_order_batches_v5`, for one
+//! The order batch's statement, the one the service calls — `take_order_batches_v6`, for one
 //! product or several, which judges each request of a product with a limit or window to judge
 //! or too little stock with `drop_verdict_v1` — called directly on a real primary: first-fit
 //! seats in arrival order, keys that already hold something, repeats inside a batch, a key
@@ -78,7 +78,7 @@ async fn take<'e>(
     let qty: Vec<i32> = reqs.iter().map(|r| r.2).collect();
     let fps: Vec<String> = reqs.iter().map(|r| format!("{product}:{}", r.2)).collect();
     let rows =
-        sqlx::query("SELECT * FROM take_order_batches_v5($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
+        sqlx::query("SELECT * FROM take_order_batches_v6($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
             .bind([product])
             .bind([reqs.len() as i32])
             .bind(&ids)
@@ -473,7 +473,7 @@ fn ends_of(sizes: impl Iterator<Item = usize>) -> Vec<i32> {
         .collect()
 }
 
-/// Calls `take_order_batches_v5` as the service does: `batches` in the order given, each
+/// Calls `take_order_batches_v6` as the service does: `batches` in the order given, each
 /// `(product, requests)`. Its rows as (product, n, status, the row's product, ours).
 async fn take_many<'e>(
     exec: impl sqlx::PgExecutor<'e>,
@@ -487,7 +487,7 @@ async fn take_many<'e>(
     let products: Vec<&str> = batches.iter().map(|b| b.0).collect();
     let ends = ends_of(batches.iter().map(|b| b.1.len()));
     let rows =
-        sqlx::query("SELECT * FROM take_order_batches_v5($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
+        sqlx::query("SELECT * FROM take_order_batches_v6($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
             .bind(&products)
             .bind(&ends)
             .bind(&ids)
@@ -516,7 +516,7 @@ async fn take_many<'e>(
     Ok(got)
 }
 
-/// The batches of several products in one statement (`take_order_batches_v5`, the one the
+/// The batches of several products in one statement (`take_order_batches_v6`, the one the
 /// service calls): products whose whole batch fits and that have no limit or window to judge
 /// are seated whole (no verdict per request), the others by their own batch's first fit, each
 /// request judged by `drop_verdict_v1`, all in one insert and one commit; a repeated key takes
@@ -648,7 +648,7 @@ async fn a_key_claimed_while_the_set_based_batch_waits_takes_no_stock() {
 async fn each_batch_function_returns_the_order_columns_in_their_order() {
     let pool = pool().await;
     let want: Vec<&str> = stockgate::checkout::ORDER_COLUMNS.split(", ").collect();
-    for function in ["take_order_batches_v5"] {
+    for function in ["take_order_batches_v6"] {
         let returned: Vec<String> = sqlx::query_scalar(
             "SELECT a.name FROM pg_proc p, \
                     unnest(p.proargnames, p.proargmodes) WITH ORDINALITY AS a(name, mode, i) \
@@ -665,7 +665,7 @@ async fn each_batch_function_returns_the_order_columns_in_their_order() {
 }
 
 /// When every request of a batch writes its own row (no key twice, none held already),
-/// `take_order_batches_v5` answers from what the INSERT returned instead of reading every key
+/// `take_order_batches_v6` answers from what the INSERT returned instead of reading every key
 /// back; its answers must still be the rows the table holds, column for column, `created_at`
 /// included (each row's own, found by the order ids' rank), with the stock each batch found
 /// and left. Mutations seen failing it: `created_at` by arrival order (`v_at[x.i]`) instead
@@ -717,7 +717,7 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
             "SELECT ",
             row!(),
             ", t.product_id, t.found, t.left_after \
-             FROM take_order_batches_v5($1, $2, $3, $4, $5, $6, $7, '{}', '{}') t"
+             FROM take_order_batches_v6($1, $2, $3, $4, $5, $6, $7, '{}', '{}') t"
         );
         let mut before = std::collections::HashMap::new();
         for p in &products {
@@ -815,7 +815,7 @@ async fn only_live_sql_is_installed() {
         .map(|(name, ..)| name.as_str())
         .collect();
     assert!(
-        called.contains(&"take_order_batches_v5") && called.contains(&"drop_verdict_v1"),
+        called.contains(&"take_order_batches_v6") && called.contains(&"drop_verdict_v1"),
         "the scan of src/ finds the calls: {called:?}"
     );
     let mut live: std::collections::BTreeSet<&str> = functions

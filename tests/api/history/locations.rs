@@ -145,7 +145,7 @@ impl Books {
 /// location: `default` over, the other under); a receive without its `status = 'in_transit'`
 /// guard (`levels::receive`: a retried receive adds the units again at `to`); a transfer in
 /// transit adding its units to `to` at once (`levels::transfer` ignoring `in_transit`); a take
-/// from one location with the level of another lowered (`take_order_batches_v5`'s level
+/// from one location with the level of another lowered (`take_order_batches_v6`'s level
 /// update keyed on the product only). Of the checker: `Books::want` leaving out transfers out
 /// (every source of a made transfer is short).
 fn conserved(f: &mut Found, moves: &[Movement], db: &Snapshot) {
@@ -262,7 +262,7 @@ fn announced(f: &mut Found, moves: &[Movement], db: &Snapshot) {
 /// from an active location and, if the request named `locations`, from one of them. A
 /// location's active flag is judged by the end state: the run's locations never change it.
 ///
-/// Mutations of the service this fails on: `active_levels_v1` without `AND l.active` (`back`,
+/// Mutations of the service this fails on: `active_levels_v2` without `AND l.active` (`back`,
 /// ranked before `default`, serves requests that name no location); `request_locations_v1`
 /// ignoring a request's `locations` (its allocations come from elsewhere); an answer built
 /// from the request, not the row (a retry told another split than the one written). Of the
@@ -1091,7 +1091,7 @@ mod tests {
 
     /// k2 (no locations named) took its 2 units from `back`, which is inactive, and k1 (which
     /// named `eu-1` only) took from `default`; every answer says so, and the books add up.
-    /// What `active_levels_v1` without `AND l.active`, and `request_locations_v1` ignoring a
+    /// What `active_levels_v2` without `AND l.active`, and `request_locations_v1` ignoring a
     /// request's `locations`, do. Mutations of the checker that make it fail: `allocations`
     /// without its location loop, or reading `named` from the last request under a key.
     #[test]
