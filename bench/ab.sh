@@ -13,8 +13,13 @@
 # by that turn's binary and never analyzed (autovacuum off on its tables), dropped after the
 # turn; so two binaries whose migrations differ are each measured on their own schema. Its
 # load is AB_LOAD: `hot` (one product, as above), `spread` (1,000 products, each request one
-# at random: the `spread` shape of bench/fresh.sh) or `carts` (three-line carts over 20
-# products: its `carts` shape).
+# at random: the `spread` shape of bench/fresh.sh), `carts` (three-line carts over 20
+# products: its `carts` shape) or `availability` (reads of the hot product's availability,
+# the stock gate's answer; its column is requests/s, every one a 200).
+#
+# Each turn also reads the CPU the service's process and the primary (its postmaster and every
+# child) spent during the load, from /proc, per confirmed order (or answered read): unlike
+# orders/s these barely move with what else the host runs.
 #
 # Prints a table (one row a turn, then the medians of each side) and appends it to
 # bench/results/ab-<YYYY-MM-DD>.md.
@@ -43,12 +48,12 @@ ADMIN="$(./dev token --admin)"
 BASE_URL="${DATABASE_URL%/*}" REPLICAS="$STOCKGATE_REPLICA_URLS"
 LOAD="${AB_LOAD:-hot}"
 case "$LOAD" in
-  hot) HOT=ab-hot; args=("$HOT"); products="SELECT '$HOT', 'ab hot row', 100, 2000000000, 2000000000" ;;
+  hot|availability) HOT=ab-hot; args=("$HOT"); products="SELECT '$HOT', 'ab hot row', 100, 2000000000, 2000000000" ;;
   spread) args=(spread- 1000); products="SELECT 'spread-' || g, 'product ' || g, 100, 100000000, 100000000 FROM generate_series(1, 1000) g" ;;
   carts) args=(cart- 20 3); products="SELECT 'cart-' || g, 'product ' || g, 100, 100000000, 100000000 FROM generate_series(1, 20) g" ;;
-  *) echo "ab.sh: AB_LOAD is hot, spread or carts" >&2; exit 2 ;;
+  *) echo "ab.sh: AB_LOAD is hot, spread, carts or availability" >&2; exit 2 ;;
 esac
-[ -n "${AB_FRESH:-}" ] || [ "$LOAD" = hot ] || { echo "ab.sh: AB_LOAD=$LOAD needs AB_FRESH=1" >&2; exit 2; }
+[ -n "${AB_FRESH:-}" ] || [ "$LOAD" = hot ] || [ "$LOAD" = availability ] || { echo "ab.sh: AB_LOAD=$LOAD needs AB_FRESH=1" >&2; exit 2; }
 [ -n "${AB_FRESH:-}" ] || psql "$DATABASE_URL" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity)
   VALUES ('$HOT', 'ab hot row', 100, 2000000000)
   ON CONFLICT (product_id) DO UPDATE SET available_quantity = 2000000000"
@@ -80,7 +85,8 @@ SQL
 }
 
 # turn SIDE BINARY: one measured run; appends "side orders/s p50 p99 batch queue-p99
-# batch-p99" to $work/rows (the last two "-" for a binary without those histograms)
+# batch-p99 service-us primary-us" to $work/rows (queue-p99 and batch-p99 "-" for a binary
+# without those histograms; the last two: CPU per order)
 turn() {
   local env=()
   if [ -n "${AB_FRESH:-}" ]; then
@@ -95,7 +101,17 @@ turn() {
   env "${env[@]}" "$2" serve >"$work/serve.log" 2>&1 &
   pid=$!
   wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "ab.sh: $2 did not start" >&2; exit 1; }
-  wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "${args[@]}" >"$work/wrk.txt"
+  local svc0 pg0 svc1 pg1
+  svc0="$(cpu_ticks "$pid")" pg0="$(node_ticks primary)"
+  if [ "$LOAD" = availability ]; then
+    wrk -t2 -c64 -d"${SECS}s" --latency "$URL/v1/products/$HOT/availability" >"$work/wrk.txt"
+    ! grep -q 'Non-2xx' "$work/wrk.txt" || { cat "$work/wrk.txt" >&2; echo "ab.sh: an availability read failed" >&2; exit 1; }
+    # Counted like the orders' 201s below: every request answered 200.
+    awk '/^ *[0-9]+ requests in/ { print "status 201: " $1 }' "$work/wrk.txt" >>"$work/wrk.txt"
+  else
+    wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "${args[@]}" >"$work/wrk.txt"
+  fi
+  svc1="$(cpu_ticks "$pid")" pg1="$(node_ticks primary)"
   local sum count queue batch
   sum="$(metric_at "$URL" stockgate_order_batch_size_sum)" count="$(metric_at "$URL" stockgate_order_batch_size_count)"
   queue="$(quantile_ms "$URL" stockgate_order_queue_seconds 0.99)" batch="$(quantile_ms "$URL" stockgate_order_batch_seconds 0.99)"
@@ -103,7 +119,8 @@ turn() {
   if [ -n "$db" ]; then psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null; db=""; fi
   LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" -v queue="$queue" -v batch="$batch" \
     -v p50="$(wrk_ms "$work/wrk.txt" 50%)" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" \
-    '/^status 201:/ { ok += $3 } END { printf "%s %.0f %.2f %.2f %.1f %s %s\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0), queue, batch }' \
+    -v svc="$(( (svc1 - svc0) * TICK_US ))" -v pg="$(( (pg1 - pg0) * TICK_US ))" \
+    '/^status 201:/ { ok += $3 } END { printf "%s %.0f %.2f %.2f %.1f %s %s %.1f %.1f\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0), queue, batch, (ok > 0 ? svc / ok : 0), (ok > 0 ? pg / ok : 0) }' \
     "$work/wrk.txt" >>"$work/rows"
   tail -1 "$work/rows" >&2
 }
@@ -121,12 +138,12 @@ done
   echo
   echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, load $LOAD with unique keys$([ -z "${AB_FRESH:-}" ] || echo ", a new never-analyzed database a turn, migrated by its binary"); load average $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
-  echo "| turn | orders/s | p50 ms | p99 ms | mean batch | p99 ms in the queue | p99 ms of a batch's transaction |"
-  echo "| --- | --- | --- | --- | --- | --- | --- |"
-  awk '{ printf "| %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7 }' "$work/rows"
+  echo "| turn | orders/s | p50 ms | p99 ms | mean batch | p99 ms in the queue | p99 ms of a batch's transaction | service CPU µs/order | primary CPU µs/order |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  awk '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }' "$work/rows"
   for side in A B; do
     printf '| median %s |' "$side"
-    for col in 2 3 4 5 6 7; do printf ' %s |' "$(awk -v s="$side" -v c="$col" '$1 == s { print $c }' "$work/rows" | median)"; done
+    for col in 2 3 4 5 6 7 8 9; do printf ' %s |' "$(awk -v s="$side" -v c="$col" '$1 == s { print $c }' "$work/rows" | median)"; done
     echo
   done
 } | tee -a "bench/results/ab-$(date -u +%F).md"

@@ -83,19 +83,6 @@ cleanup() {
 trap cleanup EXIT
 
 pid_on() { ss -ltnpH "sport = :$1" 2>/dev/null | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1; }
-# cpu_ticks PID: utime + stime of a process and its children (nginx's workers), in clock ticks
-cpu_ticks() {
-  local p t=0
-  for p in "$1" $(pgrep -P "$1" || true); do t=$(( t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0) )); done
-  echo "$t"
-}
-TICK_US=$(( 1000000 / $(getconf CLK_TCK) ))
-DEV_DIR="${STOCKGATE_DEV_DIR:-/tmp/stockgate-dev}"
-# node_ticks NODE: CPU ticks of a dev-cluster node's postmaster and its children
-node_ticks() {
-  local pm; pm="$(head -1 "$DEV_DIR/$1/postmaster.pid" 2>/dev/null)" || { echo 0; return; }
-  cpu_ticks "$pm"
-}
 # split_now: service primary replicas busy all, in ticks
 split_now() {
   echo "$(cpu_ticks "$SVC_PID") $(node_ticks primary) $(( $(node_ticks replica-1) + $(node_ticks replica-2) ))" \

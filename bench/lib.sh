@@ -190,3 +190,18 @@ load_instances() {
     | LC_ALL=C awk -v s="$SECS" -v p="$p99" '/^status 201:/ { ok += $3 } END { printf "%.0f %.2f\n", ok / s, p }'
   rm -f "$work"/wrk-*.txt
 }
+
+# cpu_ticks PID: utime + stime of a process and its children (nginx's workers, a postmaster's
+# backends), in clock ticks
+cpu_ticks() {
+  local p t=0
+  for p in "$1" $(pgrep -P "$1" || true); do t=$(( t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0) )); done
+  echo "$t"
+}
+TICK_US=$(( 1000000 / $(getconf CLK_TCK) ))
+
+# node_ticks NODE: CPU ticks of a dev-cluster node's postmaster and its children
+node_ticks() {
+  local pm; pm="$(head -1 "${STOCKGATE_DEV_DIR:-/tmp/stockgate-dev}/$1/postmaster.pid" 2>/dev/null)" || { echo 0; return; }
+  cpu_ticks "$pm"
+}

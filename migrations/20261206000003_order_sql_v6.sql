@@ -1,5 +1,5 @@
 -- Order SQL version 6: the answers of version 5, at less cost per order and per product
--- (bench/results/order-sql-v6-2026-12-06.md).
+-- (bench/results/sql-cost-2026-12-06.md).
 --
 --  * The active levels are read product by product (`active_levels_v2`: each product's levels
 --    through the primary key, then its location's row). `active_levels_v1`'s plan, without
