@@ -62,7 +62,10 @@ END
 $$;
 
 -- The verdicts of carts (or a hold): lines_verdicts_v2 with the levels read by
--- active_levels_v2 and ranked by ranked_locations_v2 (migration 20261205000002 describes it).
+-- active_levels_v2 and ranked by ranked_locations_v2 (migration 20261205000002 describes it),
+-- and a cart whose every line's product has units at one location only allocated there
+-- without allocate_v1's search (which finds the same: it scanned every level of the
+-- statement for every line of every cart, with text arrays read by subscript).
 CREATE FUNCTION lines_verdicts_v3(
     p_users    text[],
     p_ends     integer[],
@@ -105,6 +108,13 @@ DECLARE
     v_named   boolean;
     v_a       record;
     v_alloc   jsonb;
+    -- Per locked product (by its place in v_known): its one active level with units, when
+    -- it has exactly one (levels only lose units within the statement, so it stays the only
+    -- one); and the cart's lines' places.
+    v_sole    integer[];
+    v_with    integer[];
+    c_at      integer[];
+    v_k       integer;
 BEGIN
     -- The rows, locked in the lock order every writer shares; each is a row of the answer
     -- (`cart` NULL), for the caller's prices and limits.
@@ -121,15 +131,24 @@ BEGIN
       INTO v_lv_p, v_lv_l, v_lv_q
       FROM active_levels_v2(v_known) a;
     v_ranked := ranked_locations_v2(v_lv_l);
+    v_sole := array_fill(NULL::integer, ARRAY[coalesce(cardinality(v_known), 0)]);
+    v_with := array_fill(0, ARRAY[coalesce(cardinality(v_known), 0)]);
+    FOR k IN 1 .. coalesce(cardinality(v_lv_p), 0) LOOP
+        CONTINUE WHEN v_lv_q[k] = 0;
+        v_at := array_position(v_known, v_lv_p[k]);
+        v_with[v_at] := v_with[v_at] + 1;
+        v_sole[v_at] := CASE WHEN v_with[v_at] = 1 THEN k END;
+    END LOOP;
     FOR c IN 1 .. cardinality(p_ends) LOOP
         v_n := p_ends[c] - v_lo + 1;
-        c_left := '{}'; c_limit := '{}'; c_starts := '{}'; c_ends := '{}';
+        c_left := '{}'; c_limit := '{}'; c_starts := '{}'; c_ends := '{}'; c_at := '{}';
         v_limited := false;
         v_missing := false;
         v_locs := request_locations_v1(p_locs, p_loc_ends, c, v_ranked);
         v_named := v_locs IS DISTINCT FROM v_ranked;
         FOR i IN v_lo .. p_ends[c] LOOP
             v_at := array_position(v_known, p_products[i]);
+            c_at := c_at || v_at;
             v_missing := v_missing OR v_at IS NULL;
             -- What the line may take: its cart's own locations' levels, or the product's count.
             c_left := c_left || CASE WHEN NOT v_named THEN v_stock[v_at]
@@ -163,17 +182,39 @@ BEGIN
                                      c_left, c_limit, c_starts, c_ends, c_already);
         v_alloc := NULL;
         IF v_verdict IS NULL THEN
-            SELECT * INTO v_a FROM allocate_v1(p_products[v_lo:p_ends[c]], p_qty[v_lo:p_ends[c]],
-                                               v_locs, v_lv_p, v_lv_l, v_lv_q);
-            IF v_a.allocations IS NULL THEN
-                RAISE EXCEPTION 'the levels of a cart''s products do not add up to their counts'
-                    USING ERRCODE = 'XX000';
+            -- A line whose product has units at one location only takes them there, whichever
+            -- step of the rule (allocate_v1) places it: no other location can serve any of
+            -- it. A cart of such lines is allocated without the rule's search.
+            v_alloc := '[]';
+            FOR i IN 1 .. v_n LOOP
+                v_k := v_sole[c_at[i]];
+                IF v_k IS NULL OR v_lv_q[v_k] < p_qty[v_lo + i - 1]
+                   OR NOT (v_lv_l[v_k] = ANY (v_locs)) THEN
+                    v_alloc := NULL;
+                    EXIT;
+                END IF;
+                v_alloc := v_alloc || jsonb_build_object('product_id', p_products[v_lo + i - 1],
+                                                         'location_id', v_lv_l[v_k],
+                                                         'quantity', p_qty[v_lo + i - 1]);
+            END LOOP;
+            IF v_alloc IS NOT NULL THEN
+                FOR i IN 1 .. v_n LOOP
+                    v_k := v_sole[c_at[i]];
+                    v_lv_q[v_k] := v_lv_q[v_k] - p_qty[v_lo + i - 1];
+                END LOOP;
+            ELSE
+                SELECT * INTO v_a FROM allocate_v1(p_products[v_lo:p_ends[c]],
+                                                   p_qty[v_lo:p_ends[c]],
+                                                   v_locs, v_lv_p, v_lv_l, v_lv_q);
+                IF v_a.allocations IS NULL THEN
+                    RAISE EXCEPTION 'the levels of a cart''s products do not add up to their counts'
+                        USING ERRCODE = 'XX000';
+                END IF;
+                v_lv_q := v_a.left_after;
+                v_alloc := v_a.allocations;
             END IF;
-            v_lv_q := v_a.left_after;
-            v_alloc := v_a.allocations;
-            FOR i IN v_lo .. p_ends[c] LOOP
-                v_at := array_position(v_known, p_products[i]);
-                v_stock[v_at] := v_stock[v_at] - p_qty[i];
+            FOR i IN 1 .. v_n LOOP
+                v_stock[c_at[i]] := v_stock[c_at[i]] - p_qty[v_lo + i - 1];
             END LOOP;
         END IF;
         RETURN QUERY SELECT c, v_verdict, NULL::text, NULL::integer, NULL::integer,

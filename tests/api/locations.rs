@@ -240,6 +240,7 @@ struct Case {
 }
 
 // Mutation: allocate without step (1) (always split from the first location in order): case `rank` answers {b: 1, c: 2}, not {c: 3}.
+// Mutation: lines_verdicts_v3's one-place carts taking every line at the first line's place: case `cart-apart` answers q at a.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn allocation_follows_the_rule() {
     let app = spawn_app(shared_cluster()).await;
@@ -291,6 +292,11 @@ async fn allocation_follows_the_rule() {
         Case { name: "cart-split", stock: &[("p", "a", 1), ("p", "b", 2), ("q", "a", 1), ("q", "c", 2)],
                lines: &[("p", 3), ("q", 3)], locations: None,
                want: Ok(&[("p", "b", 2), ("p", "a", 1), ("q", "c", 2), ("q", "a", 1)]) },
+        // Each product has units at one place only, not the same one: each line takes its
+        // own (no location serves both, and each line's only source is its own).
+        Case { name: "cart-apart", stock: &[("p", "a", 5), ("q", "c", 5)],
+               lines: &[("p", 2), ("q", 3)], locations: None,
+               want: Ok(&[("p", "a", 2), ("q", "c", 3)]) },
         Case { name: "unknown", stock: &[("p", "a", 5)], lines: &[("p", 1)],
                locations: Some(&["a", "nowhere"]), want: Err((422, "UNKNOWN_LOCATION")) },
     ];
