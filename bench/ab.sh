@@ -106,8 +106,6 @@ turn() {
   if [ "$LOAD" = availability ]; then
     wrk -t2 -c64 -d"${SECS}s" --latency "$URL/v1/products/$HOT/availability" >"$work/wrk.txt"
     ! grep -q 'Non-2xx' "$work/wrk.txt" || { cat "$work/wrk.txt" >&2; echo "ab.sh: an availability read failed" >&2; exit 1; }
-    # Counted like the orders' 201s below: every request answered 200.
-    awk '/^ *[0-9]+ requests in/ { print "status 201: " $1 }' "$work/wrk.txt" >>"$work/wrk.txt"
   else
     wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "${args[@]}" >"$work/wrk.txt"
   fi
@@ -119,8 +117,8 @@ turn() {
   if [ -n "$db" ]; then psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null; db=""; fi
   LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" -v queue="$queue" -v batch="$batch" \
     -v p50="$(wrk_ms "$work/wrk.txt" 50%)" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" \
-    -v svc="$(( (svc1 - svc0) * TICK_US ))" -v pg="$(( (pg1 - pg0) * TICK_US ))" \
-    '/^status 201:/ { ok += $3 } END { printf "%s %.0f %.2f %.2f %.1f %s %s %.1f %.1f\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0), queue, batch, (ok > 0 ? svc / ok : 0), (ok > 0 ? pg / ok : 0) }' \
+    -v svc="$(( (svc1 - svc0) * TICK_US ))" -v pg="$(( (pg1 - pg0) * TICK_US ))" -v shape="$LOAD" \
+    '/^status 201:/ { ok += $3 } shape == "availability" && /requests in/ { ok += $1 } END { printf "%s %.0f %.2f %.2f %.1f %s %s %.1f %.1f\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0), queue, batch, (ok > 0 ? svc / ok : 0), (ok > 0 ? pg / ok : 0) }' \
     "$work/wrk.txt" >>"$work/rows"
   tail -1 "$work/rows" >&2
 }

@@ -100,6 +100,7 @@ DECLARE
     c_ends    timestamptz[];
     c_already bigint[];
     v_verdict jsonb;
+    v_lv_j    integer[];
     v_lv_p    text[];
     v_lv_l    text[];
     v_lv_q    integer[];
@@ -127,17 +128,17 @@ BEGIN
         SELECT NULL::integer, NULL::jsonb, p.product_id, p.price_cents, p.max_per_customer,
                NULL::jsonb
           FROM products p WHERE p.product_id = ANY (v_known);
-    SELECT array_agg(a.product_id), array_agg(a.location_id), array_agg(a.available_quantity)
-      INTO v_lv_p, v_lv_l, v_lv_q
+    SELECT array_agg(a.product_at), array_agg(a.product_id), array_agg(a.location_id),
+           array_agg(a.available_quantity)
+      INTO v_lv_j, v_lv_p, v_lv_l, v_lv_q
       FROM active_levels_v2(v_known) a;
     v_ranked := ranked_locations_v2(v_lv_l);
     v_sole := array_fill(NULL::integer, ARRAY[coalesce(cardinality(v_known), 0)]);
     v_with := array_fill(0, ARRAY[coalesce(cardinality(v_known), 0)]);
     FOR k IN 1 .. coalesce(cardinality(v_lv_p), 0) LOOP
         CONTINUE WHEN v_lv_q[k] = 0;
-        v_at := array_position(v_known, v_lv_p[k]);
-        v_with[v_at] := v_with[v_at] + 1;
-        v_sole[v_at] := CASE WHEN v_with[v_at] = 1 THEN k END;
+        v_with[v_lv_j[k]] := v_with[v_lv_j[k]] + 1;
+        v_sole[v_lv_j[k]] := CASE WHEN v_with[v_lv_j[k]] = 1 THEN k END;
     END LOOP;
     FOR c IN 1 .. cardinality(p_ends) LOOP
         v_n := p_ends[c] - v_lo + 1;
