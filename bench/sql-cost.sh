@@ -16,7 +16,9 @@
 # order each: a combined statement as the 1,000-product load sends it).
 #
 # Prints a table and appends it to bench/results/sql-cost-<YYYY-MM-DD>.md.
-# Environment: N (default 50), WARM (default 10), SHAPES (default "hot spread").
+# Environment: N (default 50), WARM (default 10), SHAPES (default "hot spread"), PROFILE (a
+# folder: each side's longer callgrind run is kept there, as <shape>-<A|B>.out, for
+# `callgrind_annotate --inclusive=yes`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +26,8 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "sql-cost.sh: valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
 N="${N:-50}" WARM="${WARM:-10}" SHAPES="${SHAPES:-hot spread}" SPREAD="${SPREAD:-24}"
 PGBIN="${PGBIN:-/usr/lib/postgresql/15/bin}"
+[ -n "${PROFILE:-}" ] && { mkdir -p "$PROFILE"; PROFILE="$(cd "$PROFILE" && pwd)"; }
+KEEP=""
 WORK="$(mktemp -d /tmp/sql-cost.XXXXXX)"
 chmod 755 "$WORK"
 # PostgreSQL refuses to run as root: as root, its processes run as `postgres`.
@@ -60,6 +64,7 @@ instructions() {
   as_pg valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
     "$PGBIN/postgres" --single -D "$WORK/data" "$db" < "$WORK/in" > "$WORK/out" 2>&1
   grep -q ERROR "$WORK/out" && { grep -m3 ERROR "$WORK/out" >&2; exit 1; }
+  [ -n "${KEEP:-}" ] && cp "$WORK/cg.out" "$KEEP"
   grep -o 'Collected : [0-9]*' "$WORK/out" | awk '{ print $3 }'
 }
 
@@ -104,7 +109,9 @@ for shape in $SHAPES; do
   for side in A B; do
     statement "${FN[$side]}" "$shape" > "$WORK/stmt.sql"
     fresh "$side"; a="$(instructions "run_${side,,}" "$WORK/stmt.sql" "$WARM")"
+    KEEP="${PROFILE:+$PROFILE/$shape-$side.out}"
     fresh "$side"; b="$(instructions "run_${side,,}" "$WORK/stmt.sql" $((WARM + N)))"
+    KEEP=""
     IR[$side]=$(( (b - a) / N ))
   done
   orders=36; [ "$shape" = spread ] && orders=$SPREAD

@@ -44,9 +44,9 @@ pub async fn read_page<'e>(
     let rows = sqlx::query(
         "WITH s AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, \
                            pg_snapshot_xmax(pg_current_snapshot()) AS xmax), \
-              r AS (SELECT e.xid, e.n, e.at, e.items, \
+              r AS (SELECT e.xid, e.n, e.at, e AS ev, \
                            sum(e.k) OVER (ORDER BY e.xid, e.n ROWS UNBOUNDED PRECEDING) - e.k AS before \
-                    FROM events e \
+                    FROM event_rows e \
                     WHERE (e.xid, e.n) >= ($1::text::xid8, $2 / 65536) \
                       AND (e.xid, e.n * 65536 + e.k) > ($1::text::xid8, $2) \
                       AND e.xid < (SELECT xmin FROM s) \
@@ -54,7 +54,7 @@ pub async fn read_page<'e>(
                     ORDER BY e.xid, e.n LIMIT greatest($3, 2)), \
               page AS (SELECT r.xid::text::int8 AS xid, r.n * 65536 + x.i AS pos, \
                               x.item->>'type' AS type, r.at, x.item->'data' AS data \
-                       FROM r CROSS JOIN LATERAL json_array_elements(r.items) WITH ORDINALITY AS x(item, i) \
+                       FROM r CROSS JOIN LATERAL json_array_elements(event_items(r.ev)) WITH ORDINALITY AS x(item, i) \
                        WHERE ($4::text[] IS NOT NULL OR r.before < $3) \
                          AND (r.xid, r.n * 65536 + x.i) > ($1::text::xid8, $2) \
                          AND ($4::text[] IS NULL OR x.item->>'type' = ANY($4)) \
@@ -98,8 +98,8 @@ pub async fn read_page<'e>(
 /// wants only what comes next starts.
 pub async fn newest<'e>(exec: impl sqlx::PgExecutor<'e>) -> Result<Cursor, sqlx::Error> {
     let row: Option<(i64, i64)> = sqlx::query_as(
-        "SELECT xid::text::int8, n * 65536 + k FROM events \
-         WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY events.xid DESC, events.n DESC LIMIT 1",
+        "SELECT xid::text::int8, n * 65536 + k FROM event_rows \
+         WHERE xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY event_rows.xid DESC, event_rows.n DESC LIMIT 1",
     )
     .fetch_optional(exec)
     .await?;
@@ -130,9 +130,9 @@ pub async fn purge<'e>(
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
     let gone: Option<(i64,)> = sqlx::query_as(
-        "WITH old AS (SELECT xid, n FROM events WHERE at < now() - make_interval(secs => $1) \
+        "WITH old AS (SELECT xid, n FROM event_rows WHERE at < now() - make_interval(secs => $1) \
                       ORDER BY xid, n LIMIT $2), \
-              gone AS (DELETE FROM events e USING old WHERE (e.xid, e.n) = (old.xid, old.n) \
+              gone AS (DELETE FROM event_rows e USING old WHERE (e.xid, e.n) = (old.xid, old.n) \
                        RETURNING e.xid, e.n, e.k), \
               newest AS (SELECT xid, n * 65536 + k AS pos FROM gone ORDER BY xid DESC, n DESC LIMIT 1), \
               noted AS (INSERT INTO events_purged (xid, pos) SELECT xid, pos FROM newest \
@@ -164,10 +164,10 @@ async fn horizon(db: &Db, before: Cursor) -> Result<Look, DbError> {
     let pool = db.primary().pool()?;
     let newest = newest(pool).await?;
     let (entered, lag, next_xid): (Option<i64>, Option<f64>, i64) = sqlx::query_as(
-        "SELECT (SELECT sum(k)::int8 FROM events \
+        "SELECT (SELECT sum(k)::int8 FROM event_rows \
                   WHERE (xid, n) > ($1::text::xid8, $2 / 65536) AND (xid, n) <= ($3::text::xid8, $4 / 65536)), \
-                extract(epoch FROM (SELECT at FROM events ORDER BY xid DESC, n DESC LIMIT 1) \
-                       - (SELECT at FROM events WHERE (xid, n) = ($3::text::xid8, $4 / 65536)))::float8, \
+                extract(epoch FROM (SELECT at FROM event_rows ORDER BY xid DESC, n DESC LIMIT 1) \
+                       - (SELECT at FROM event_rows WHERE (xid, n) = ($3::text::xid8, $4 / 65536)))::float8, \
                 pg_snapshot_xmax(pg_current_snapshot())::text::int8",
     )
     .bind(before.xid.to_string())

@@ -22,17 +22,17 @@ const TABLES: [&str; 10] = [
     "stock_levels",
     "locations",
     "transfers",
-    "events",
+    "event_rows",
 ];
 
-/// Tables measured and reported but not judged: the order paths only append to `events`
+/// Tables measured and reported but not judged: the order paths only append to `event_rows`
 /// (their triggers), but the feed's watcher and purge, which run in the same service, read it,
 /// and on a deployment without statistics they read all of it: `feed::newest` orders by its
 /// output column `xid` (`xid::text::int8`, which no index serves), so every tick (4 a second
 /// per instance) reads and sorts every event below the horizon; the purge's first plan scans
 /// the table and sorts it. Judged here once `src/events/feed.rs` no longer does (issue #48,
 /// item 7).
-const READ_BY_THE_FEED: [&str; 1] = ["events"];
+const READ_BY_THE_FEED: [&str; 1] = ["event_rows"];
 
 /// Per table: (sequential scans, index entries read, index blocks touched), every backend of
 /// the database but this one ended first so their pending statistics are flushed.
@@ -73,7 +73,7 @@ async fn unanalyzed_database() -> (String, sqlx::PgPool) {
          ALTER TABLE restocks SET (autovacuum_enabled = off); \
          ALTER TABLE hold_lines SET (autovacuum_enabled = off); \
          ALTER TABLE products SET (autovacuum_enabled = off); \
-         ALTER TABLE events SET (autovacuum_enabled = off); \
+         ALTER TABLE event_rows SET (autovacuum_enabled = off); \
          ALTER TABLE stock_levels SET (autovacuum_enabled = off); \
          ALTER TABLE locations SET (autovacuum_enabled = off); \
          ALTER TABLE transfers SET (autovacuum_enabled = off);",
@@ -93,7 +93,7 @@ async fn unanalyzed_database() -> (String, sqlx::PgPool) {
          INSERT INTO hold_lines (hold_id, product_id, quantity) \
            SELECT ('00000000-0000-4000-8000-' || lpad(i::text, 12, '0'))::uuid, 'filler-' || (i + j), 1 \
            FROM generate_series(1, 10000) i, generate_series(0, 1) j; \
-         INSERT INTO events (types, items, k) \
+         INSERT INTO event_rows (types, items, k) \
            SELECT '{stock.changed}', json_build_array(json_build_object('type', 'stock.changed', \
                   'data', json_build_object('product_id', 'filler-' || i, 'delta', 10, \
                   'available_quantity', 10, 'reason', 'create'))), 1 \

@@ -195,7 +195,7 @@ pub(crate) async fn restate(
                       FROM pu LEFT JOIN gained g ON g.product_id = pu.id \
                      WHERE p.product_id = pu.id \
                     RETURNING p.product_id, coalesce(g.delta, 0) AS delta), \
-              e AS (INSERT INTO events (types, items, k) \
+              e AS (INSERT INTO event_rows (types, items, k) \
                     SELECT '{stock.changed}', json_agg(json_build_object('type', 'stock.changed', \
                            'data', json_build_object('product_id', product_id, 'location_id', location_id, \
                            'delta', delta, 'available_quantity', available_quantity, 'reason', 'import')) \

@@ -175,7 +175,7 @@ pub(crate) async fn add(
                                            idempotency_key, request_fingerprint, available_after) \
                     SELECT $1, $2, $3, $5, $6, $7, $8, $9, l.available_quantity FROM l \
                     RETURNING movement_id), \
-              e AS (INSERT INTO events (types, items, k) \
+              e AS (INSERT INTO event_rows (types, items, k) \
                     SELECT '{stock.changed}', json_build_array(json_build_object( \
                            'type', 'stock.changed', 'data', json_build_object( \
                            'product_id', $1::text, 'location_id', $2::text, 'delta', $3::int4, \

@@ -467,7 +467,8 @@ impl Lease {
     }
 
     /// Sets each leased webhook's backlog gauge: the events of its types after its delivered
-    /// cursor, counted up to [`BACKLOG_CAP`], once every [`BACKLOG_EVERY`].
+    /// cursor, counted up to [`BACKLOG_CAP`], once every [`BACKLOG_EVERY`]. A row of order
+    /// ids (one type, `k` events) is counted by its positions, not written out as JSON.
     async fn sample_backlog(&mut self, metrics: &Metrics) -> Result<(), sqlx::Error> {
         if self.hooks.is_empty()
             || self
@@ -480,12 +481,17 @@ impl Lease {
         let held: Vec<Uuid> = self.hooks.keys().copied().collect();
         let rows: Vec<(Uuid, i64)> = sqlx::query_as(
             "SELECT w.webhook_id, \
-                    (SELECT count(*) FROM (SELECT 1 FROM events e, \
-                                                json_array_elements(e.items) WITH ORDINALITY x(item, i) \
+                    (SELECT count(*) FROM (SELECT 1 FROM event_rows e \
+                                           CROSS JOIN LATERAL ( \
+                                               SELECT x.i, x.item->>'type' AS type \
+                                                 FROM json_array_elements(e.items) WITH ORDINALITY x(item, i) \
+                                               UNION ALL \
+                                               SELECT g.i, e.types[1] FROM generate_series(1, e.k) g(i) \
+                                                WHERE e.orders IS NOT NULL) x \
                                            WHERE (e.xid, e.n) >= (w.delivered_xid, w.delivered_n / 65536) \
                                              AND (e.xid, e.n * 65536 + x.i) > (w.delivered_xid, w.delivered_n) \
                                              AND e.types && w.types \
-                                             AND x.item->>'type' = ANY(w.types) LIMIT $2) b) \
+                                             AND x.type = ANY(w.types) LIMIT $2) b) \
              FROM webhooks w WHERE w.webhook_id = ANY($1)",
         )
         .bind(&held)
