@@ -503,86 +503,116 @@ async fn bad_feed_requests_are_400_a_user_403_and_a_purged_cursor_410() {
 }
 
 /// An order's `order.confirmed` event states what its 201 stated, and states it unchanged
-/// after the order is cancelled: a batch's row holds its orders' ids and the event is written
-/// out from the order when the feed is read (migration 20261206000004), so only fields no
-/// later change touches may come from the row. Mutation seen failing it: the event's `status`
-/// read from the row (it says "cancelled" after the cancel).
+/// after the order is cancelled, for a single-product order and for a cart: a statement's row
+/// holds its orders' ids and the events are written out from the orders when the feed is read
+/// (migration 20261206000004), so only fields no later change touches may come from the row.
+/// Mutation seen failing it: the event's `status` read from the row (it says "cancelled" after
+/// the cancel).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_confirmed_event_states_its_201_and_keeps_it_after_a_cancel() {
     let app = spawn_app(shared_cluster()).await;
-    assert_eq!(
-        app.create_product("ev-kept", 10, 250).await.status(),
-        StatusCode::CREATED
-    );
-    let (status, order) = send_as(
-        &app,
-        reqwest::Method::POST,
-        "/v1/orders",
-        "ev-buyer",
-        Some("ev-k1"),
-        json!({"product_id": "ev-kept", "quantity": 3}),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{order}");
-    let id = order["order_id"].as_str().unwrap().to_owned();
-    let confirmed_of = |feed: &[Value]| -> Value {
-        let mine: Vec<&Value> = feed
-            .iter()
-            .filter(|e| e["type"] == "order.confirmed" && e["data"]["order_id"] == id.as_str())
-            .collect();
-        assert_eq!(mine.len(), 1, "one order.confirmed for {id}: {mine:?}");
-        mine[0].clone()
-    };
-    let feed = feed_through(&app, |e| {
-        e["type"] == "order.confirmed" && e["data"]["order_id"] == id.as_str()
-    })
-    .await;
-    let before = confirmed_of(&feed);
-    let data = &before["data"];
-    for field in [
-        "order_id",
-        "product_id",
-        "quantity",
-        "user_id",
-        "status",
-        "total_cents",
-        "allocations",
-    ] {
+    for (p, price) in [("ev-kept", 250), ("ev-kept-2", 40)] {
         assert_eq!(
-            data[field], order[field],
-            "{field}: event {data}, answer {order}"
+            app.create_product(p, 10, price).await.status(),
+            StatusCode::CREATED
         );
     }
-    let at = |v: &Value| chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap()).unwrap();
-    assert_eq!(at(&data["created_at"]), at(&order["created_at"]));
-    assert_eq!(
-        data["lines"],
-        json!([{"product_id": "ev-kept", "quantity": 3, "unit_price_cents": 250}])
-    );
-    assert!(data.get("cancelled_at").is_none(), "{data}");
+    let single = json!({"product_id": "ev-kept", "quantity": 3});
+    let cart = json!({"lines": [{"product_id": "ev-kept", "quantity": 1},
+                                {"product_id": "ev-kept-2", "quantity": 2}]});
+    for (key, body) in [("ev-k1", single), ("ev-k2", cart)] {
+        let (status, order) = send_as(
+            &app,
+            reqwest::Method::POST,
+            "/v1/orders",
+            "ev-buyer",
+            Some(key),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{order}");
+        let id = order["order_id"].as_str().unwrap().to_owned();
+        let confirmed_of = |feed: &[Value]| -> Value {
+            let mine: Vec<&Value> = feed
+                .iter()
+                .filter(|e| e["type"] == "order.confirmed" && e["data"]["order_id"] == id.as_str())
+                .collect();
+            assert_eq!(mine.len(), 1, "one order.confirmed for {id}: {mine:?}");
+            mine[0].clone()
+        };
+        let feed = feed_through(&app, |e| {
+            e["type"] == "order.confirmed" && e["data"]["order_id"] == id.as_str()
+        })
+        .await;
+        let before = confirmed_of(&feed);
+        let data = &before["data"];
+        for field in [
+            "order_id",
+            "product_id",
+            "quantity",
+            "user_id",
+            "status",
+            "total_cents",
+            "allocations",
+        ] {
+            assert_eq!(
+                data.get(field),
+                order.get(field),
+                "{field}: event {data}, answer {order}"
+            );
+        }
+        assert_eq!(data["status"], "confirmed");
+        let at = |v: &Value| chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap()).unwrap();
+        assert_eq!(at(&data["created_at"]), at(&order["created_at"]));
+        let lines: Vec<(String, i64)> = data["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["product_id"].as_str().unwrap().to_owned(),
+                    l["quantity"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        let asked: Vec<(String, i64)> = match body["lines"].as_array() {
+            Some(ls) => ls
+                .iter()
+                .map(|l| {
+                    (
+                        l["product_id"].as_str().unwrap().to_owned(),
+                        l["quantity"].as_i64().unwrap(),
+                    )
+                })
+                .collect(),
+            None => vec![("ev-kept".to_owned(), 3)],
+        };
+        assert_eq!(lines, asked, "{data}");
+        assert!(data.get("cancelled_at").is_none(), "{data}");
 
-    let resp = app
-        .client
-        .post(app.url(&format!("/v1/orders/{id}/cancel")))
-        .bearer_auth(app.user_token("ev-buyer"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        resp.status(),
-        StatusCode::OK,
-        "{}",
-        resp.text().await.unwrap()
-    );
-    let feed = feed_through(&app, |e| {
-        e["type"] == "order.cancelled" && e["data"]["order_id"] == id.as_str()
-    })
-    .await;
-    assert_eq!(
-        confirmed_of(&feed),
-        before,
-        "the confirmed event changed with the order"
-    );
+        let resp = app
+            .client
+            .post(app.url(&format!("/v1/orders/{id}/cancel")))
+            .bearer_auth(app.user_token("ev-buyer"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::OK,
+            "{}",
+            resp.text().await.unwrap()
+        );
+        let feed = feed_through(&app, |e| {
+            e["type"] == "order.cancelled" && e["data"]["order_id"] == id.as_str()
+        })
+        .await;
+        assert_eq!(
+            confirmed_of(&feed),
+            before,
+            "the confirmed event changed with the order"
+        );
+    }
 }
 
 /// A statement that writes thousands of changes (an operator's bulk insert) is never refused
