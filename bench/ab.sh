@@ -134,7 +134,7 @@ done
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): A = $A, B = $B"
   [ -z "${AB_NOTE:-}" ] || echo "$AB_NOTE"
   echo
-  echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, load $LOAD with unique keys$([ -z "${AB_FRESH:-}" ] || echo ", a new never-analyzed database a turn, migrated by its binary"); load average $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, load $LOAD with unique keys$([ -z "${AB_FRESH:-}" ] || echo ", a new never-analyzed database a turn, migrated by its binary"); load average $(cut -d' ' -f1-3 /proc/loadavg); $(host_line "${STOCKGATE_DEV_DIR:-/tmp/stockgate-dev}")."
   echo
   echo "| turn | orders/s | p50 ms | p99 ms | mean batch | p99 ms in the queue | p99 ms of a batch's transaction | service CPU µs/order | primary CPU µs/order |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"

@@ -126,7 +126,7 @@ heading() {
   echo
 }
 # conditions TEXT [AFTER]: the run's conditions, the load average, and AFTER
-conditions() { echo "$1; load average $(cut -d' ' -f1-3 /proc/loadavg).${2:+ $2}"; }
+conditions() { echo "$1; load average $(cut -d' ' -f1-3 /proc/loadavg); $(host_line "${STOCKGATE_DEV_DIR:-/tmp/stockgate-dev}").${2:+ $2}"; }
 
 # table HEADER…: a Markdown table of $work/rows, one row a line, a column a HEADER
 table() {

@@ -7,6 +7,17 @@ wrk_ms() {
       print v }' "$1"
 }
 
+# host_line DIR: the host a run came from: its cores, CPU model, and the time of one 8 kB write
+# with fdatasync on DIR's disk (pg_test_fsync, one second a method), the figure group commit's
+# edge depends on (a fast disk makes CPU per order decide)
+host_line() {
+  local us
+  us="$(/usr/lib/postgresql/15/bin/pg_test_fsync -s 1 -f "$1/pg_test_fsync.tmp" 2>/dev/null |
+    awk '/using one 8kB write/ { one = 1 } one && !done && $1 == "fdatasync" { print $(NF - 1); done = 1 }')" || true
+  rm -f "$1/pg_test_fsync.tmp"
+  echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), one 8 kB write + fdatasync ${us:-?} µs (pg_test_fsync)"
+}
+
 # metric_at BASE_URL NAME: a metric's value from a service's /metrics
 metric_at() { curl -fsS "$1/metrics" | awk -v m="$2" '$1 == m { print $2 }'; }
 
