@@ -13,12 +13,15 @@
 #                   the ratios 2 ÷ 1, 4 ÷ 1 and 1 ÷ pgbench
 #   spread   18396  orders spread over 1,000 products (`spread-1` …) at random, one instance
 #                   under `wrk -t2 -c64`, against pgbench's best running the same one-order
-#                   transaction over the same rows; and the primary transactions per order
-#                   the service ran (`stockgate_order_transactions_total`)
+#                   transaction over the same rows; the primary transactions per order
+#                   the service ran (`stockgate_order_transactions_total`); and CPU per order
+#                   side by side: the service's process and the primary's (its postmaster and
+#                   every child), against pgbench's own and the primary's per transaction of
+#                   pgbench's best run (issue #49: primary ÷ both ≤ 1, service + primary ≤ 1.5)
 #   carts    18397  three-line carts over 20 products (`cart-1` …), one instance under
 #                   `wrk -t2 -c64`, against pgbench's best running the same cart transaction
 #                   with its rows locked in byte order (the lock order every transaction of
-#                   the service shares)
+#                   the service shares); CPU per cart side by side, as for spread
 #   mix      18398  a product `hot` and 1,000 quiet ones on one instance, `wrk -t1 -c32` each:
 #                   hot alone, quiet alone, both at once (64 connections); mixed ÷ alone per
 #                   class, so neither may starve the other
@@ -140,17 +143,35 @@ table() {
 col() { awk -v c="$1" '{ print $c }' "$work/rows"; }
 
 # versus_round R SEED SQL SERVICE: round R of SERVICE against pgbench's best running SQL, on a
-# new database seeded by SEED, in the order that alternates from round to round; prints
-# "R service… best ratio" (the service's first figure ÷ pgbench's best)
+# new database seeded by SEED, in the order that alternates from round to round. SERVICE prints
+# its figures, the first its answers/s, the last two the service's and the primary's CPU per
+# answer (µs). Prints "R service… best ratio pgb-pg pgb-own pg-ratio all-ratio": pgbench's best
+# tps, the service's first figure ÷ it, the primary's and pgbench's own CPU per transaction of
+# that best run (µs), the primary's CPU per order ÷ pgbench and the primary's per transaction,
+# and the service and primary together ÷ the same (issue #49's two CPU goals: ≤ 1, ≤ 1.5)
 versus_round() {
   local db="${SHAPE}_${stamp}_$1" step
   fresh_db "$db" "$2"
   for step in $(rotated "$1" svc pgb); do
-    if [ "$step" = svc ]; then "$4" "$db" >"$work/svc"; else pgbench_best "$db" "$3" "$SECS" >"$work/best"; fi
+    if [ "$step" = svc ]; then "$4" "$db" >"$work/svc"
+    else PGB_CPU="$work/pgb-cpu" pgbench_best "$db" "$3" "$SECS" >"$work/best"; fi
   done
-  echo "$1 $(cat "$work/svc") $(cat "$work/best")" |
-    awk '{ printf "%s %.2f\n", $0, ($NF > 0 ? $2 / $NF : 0) }'
+  echo "$1 $(cat "$work/svc") $(cat "$work/best") $(cat "$work/pgb-cpu")" |
+    LC_ALL=C awk '{
+      svc = $(NF - 4); pg = $(NF - 3); best = $(NF - 2); per = $(NF - 1) + $NF
+      line = $1; for (i = 2; i <= NF - 2; i++) line = line " " $i
+      printf "%s %.2f %s %s %.2f %.2f\n", line, (best > 0 ? $2 / best : 0), $(NF - 1), $NF,
+             (per > 0 ? pg / per : 0), (per > 0 ? (svc + pg) / per : 0) }'
   drop_db "$db"
+}
+
+# service_cpu SVC0 PG0: "service µs primary µs" per 201 of $work/wrk.txt since the service's and
+# the primary's CPU ticks were SVC0 and PG0
+service_cpu() {
+  local svc1 pg1
+  svc1="$(cpu_ticks "${instance_pids[0]}")" pg1="$(node_ticks primary)"
+  LC_ALL=C awk -v svc="$((svc1 - $1))" -v pg="$((pg1 - $2))" -v us="$TICK_US" \
+    '/^status 201:/ { ok += $3 } END { if (ok > 0) printf "%.1f %.1f", svc * us / ok, pg * us / ok; else print "0 0" }' "$work/wrk.txt"
 }
 
 # -- the shapes --------------------------------------------------------------------------
@@ -186,44 +207,51 @@ scale_report() {
 
 # spread_service DB: one instance under wrk; "orders/s p99 order-transactions-per-order"
 spread_service() {
-  local before after
+  local before after svc0 pg0 cpu
   start_instances "$1" 1 0
   before="$(metric_at "$URL" stockgate_order_transactions_total)"
+  svc0="$(cpu_ticks "${instance_pids[0]}")" pg0="$(node_ticks primary)"
   wrk_orders "$work/wrk.txt" -t2 -c64 -- spread- 1000
+  cpu="$(service_cpu "$svc0" "$pg0")"
   after="$(metric_at "$URL" stockgate_order_transactions_total)"
   stop_instances
   echo "$(figures "$work/wrk.txt") $(LC_ALL=C awk -v tx="$((after - before))" -v s="$SECS" \
-    '/^status 201:/ { ok += $3 } END { printf "%.3f", (ok > 0 ? tx / ok : 0) }' "$work/wrk.txt")"
+    '/^status 201:/ { ok += $3 } END { printf "%.3f", (ok > 0 ? tx / ok : 0) }' "$work/wrk.txt") $cpu"
 }
 spread_round() { versus_round "$1" "$(products spread- 1000)" "$work/order.sql" spread_service; }
 spread_report() {
   heading
   conditions "wrk -t2 -c64 against the service and pgbench -j2 at -c8/-c32/-c64 (best) with the same one-order transaction, ${SECS} s each, $ROUNDS rounds, order alternating"
   echo
-  table round "service orders/s" "p99 ms" "order transactions per order" "pgbench best tps" "service ÷ pgbench"
+  table round "service orders/s" "p99 ms" "order transactions per order" "service CPU µs/order" "primary CPU µs/order" "pgbench best tps" "service ÷ pgbench" "primary CPU µs/txn" "pgbench CPU µs/txn" "primary per order ÷ pgbench + primary per txn" "service + primary ÷ the same"
   echo
-  printf '**Median:** service %s orders/s (%s), p99 %s ms (%s), pgbench best %s tps (%s), ratio %s (%s).\n' \
+  printf '**Median:** service %s orders/s (%s), p99 %s ms (%s), pgbench best %s tps (%s), ratio %s (%s); CPU per order: primary ÷ (pgbench + primary per transaction) %s (%s), service + primary ÷ the same %s (%s).\n' \
     "$(col 2 | median)" "$(col 2 | range)" "$(col 3 | median)" "$(col 3 | range)" \
-    "$(col 5 | median)" "$(col 5 | range)" "$(col 6 | median)" "$(col 6 | range)"
+    "$(col 7 | median)" "$(col 7 | range)" "$(col 8 | median)" "$(col 8 | range)" \
+    "$(col 11 | median)" "$(col 11 | range)" "$(col 12 | median)" "$(col 12 | range)"
 }
 
 carts_service() {
+  local svc0 pg0 cpu
   start_instances "$1" 1 0
+  svc0="$(cpu_ticks "${instance_pids[0]}")" pg0="$(node_ticks primary)"
   wrk_orders "$work/wrk.txt" -t2 -c64 -- cart- 20 3
+  cpu="$(service_cpu "$svc0" "$pg0")"
   stop_instances
   grep -E '^status' "$work/wrk.txt" >&2 || true
-  figures "$work/wrk.txt"
+  echo "$(figures "$work/wrk.txt") $cpu"
 }
 carts_round() { versus_round "$1" "$(products cart- 20)" "$work/cart.sql" carts_service; }
 carts_report() {
   heading
   conditions "wrk -t2 -c64 against the service and pgbench -j2 at -c8/-c32/-c64 (best) with the same cart transaction (locks in byte order), ${SECS} s each, $ROUNDS rounds, order alternating"
   echo
-  table round "service carts/s" "p99 ms" "pgbench best tps" "service ÷ pgbench"
+  table round "service carts/s" "p99 ms" "service CPU µs/cart" "primary CPU µs/cart" "pgbench best tps" "service ÷ pgbench" "primary CPU µs/txn" "pgbench CPU µs/txn" "primary per cart ÷ pgbench + primary per txn" "service + primary ÷ the same"
   echo
-  printf '**Median:** service %s carts/s (%s), p99 %s ms (%s), pgbench best %s tps (%s), ratio %s (%s).\n' \
+  printf '**Median:** service %s carts/s (%s), p99 %s ms (%s), pgbench best %s tps (%s), ratio %s (%s); CPU per cart: primary ÷ (pgbench + primary per transaction) %s (%s), service + primary ÷ the same %s (%s).\n' \
     "$(col 2 | median)" "$(col 2 | range)" "$(col 3 | median)" "$(col 3 | range)" \
-    "$(col 4 | median)" "$(col 4 | range)" "$(col 5 | median)" "$(col 5 | range)"
+    "$(col 6 | median)" "$(col 6 | range)" "$(col 7 | median)" "$(col 7 | range)" \
+    "$(col 10 | median)" "$(col 10 | range)" "$(col 11 | median)" "$(col 11 | range)"
 }
 
 # mix_load CLASS OUT: 32 connections of orders for CLASS (hot, quiet) into OUT

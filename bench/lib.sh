@@ -91,14 +91,26 @@ SQL
 }
 
 # pgbench_best DB SCRIPT SECONDS: pgbench -j2 running SCRIPT on database DB ($BASE_URL) at -c8,
-# -c32 and -c64 for SECONDS each; prints each count's tps to stderr and the best to stdout
+# -c32 and -c64 for SECONDS each; prints each count's tps to stderr and the best to stdout.
+# With PGB_CPU set (a file), writes there the best run's CPU per transaction in µs: the
+# primary's (its postmaster and every child, replication included) and pgbench's own.
 pgbench_best() {
-  local best=0 c tps
+  local best=0 c out tps txns pg0 pg1 secs cpu=""
   for c in 8 32 64; do
-    tps="$(pgbench -n -j2 -c"$c" -T"$3" -f "$2" "$BASE_URL/$1" 2>/dev/null | awk '/^tps/ { print int($3) }')"
+    pg0="$(node_ticks primary)"
+    out="$( { TIMEFORMAT='%3U %3S'; time pgbench -n -j2 -c"$c" -T"$3" -f "$2" "$BASE_URL/$1" 2>/dev/null; } 2>&1 )" || true
+    pg1="$(node_ticks primary)"
+    tps="$(awk '/^tps/ { print int($3) }' <<<"$out")"
+    txns="$(awk '/actually processed/ { print $NF }' <<<"$out")"
+    secs="$(tail -1 <<<"$out" | awk '{ print $1 + $2 }')"
     echo "  pgbench -c$c: $tps tps" >&2
-    [ "${tps:-0}" -le "$best" ] || best="$tps"
+    if [ "${tps:-0}" -gt "$best" ]; then
+      best="$tps"
+      cpu="$(LC_ALL=C awk -v pg="$((pg1 - pg0))" -v t="${txns:-0}" -v s="${secs:-0}" -v us="$TICK_US" \
+        'BEGIN { if (t > 0) printf "%.1f %.1f", pg * us / t, s * 1e6 / t; else print "0 0" }')"
+    fi
   done
+  [ -z "${PGB_CPU:-}" ] || echo "${cpu:-0 0}" >"$PGB_CPU"
   echo "$best"
 }
 
