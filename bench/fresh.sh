@@ -32,8 +32,12 @@
 #                   decided in batches); checks at the end that no table was analyzed
 #   cpu      18600  where the two cores go, per confirmed order (µs of the service processes,
 #                   of PostgreSQL: every backend of the dev cluster, replicas included, and of
-#                   the rest, wrk mostly; /proc over the wrk run), with the idle share and the
-#                   owner's mean batch, for one hot product sold by: 1 instance; 4peers, four
+#                   the rest, wrk mostly; /proc over the wrk run), of those the primary's (its
+#                   postmaster and every child) and the primary's CPU while the instances
+#                   stand idle for IDLE_SECONDS (default 5) before the load (their monitors and
+#                   pollers: ms a second, and that rate over the run's orders/s, µs an order),
+#                   with the idle share and the owner's mean batch, for one hot product sold
+#                   by: 1 instance (1cK: under K connections, not 64); 4peers, four
 #                   that are peers (STOCKGATE_PEERS); 4alone, four that are not; 4own, four
 #                   each selling a product of its own (no shared row, no forwarding: the
 #                   ceiling of split stock, docs/design/peers.md)
@@ -345,29 +349,39 @@ ticks() { for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null || true; done | awk 
 # machine: all CPU ticks and idle ticks of /proc/stat
 machine() { awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print s, $5 }' /proc/stat; }
 # cpu_run SHAPE R: one run (1, 4peers, 4alone, 4own) on a new database; prints
-# "shape orders/s p99 service pg other idle% batch" (CPU as µs per order)
+# "shape orders/s p99 service pg other idle% batch primary primary-idle-ms/s idle-per-order"
+# (CPU as µs per order)
 cpu_run() {
-  local shape="$1" n=4 peers=0 own=0 db="cpu_${stamp}_$2_${1}"
+  local shape="$1" n=4 peers=0 own=0 db="cpu_${stamp}_$2_${1}" total=64
+  # 1cK: one instance under K connections (its batches as small as peers' owner's, say)
+  case "$shape" in 1c*) total="${shape#1c}"; n=1 ;; esac
   [ "$shape" != 1 ] || n=1
   [ "$shape" != 4peers ] || peers=1
   [ "$shape" != 4own ] || own=1
   hot_product_db "$db" 4
   start_instances "$db" "$n" "$peers"
-  local pg0 svc0 m0 pg1 svc1 m1 sold batch i
+  local pg0 svc0 m0 pg1 svc1 m1 sold batch i idle0 idle1 pr0 pr1
+  # The instances idle: what their monitors and pollers cost the primary, with no order.
+  idle0="$(node_ticks primary)"; sleep "${IDLE_SECONDS:-5}"; idle1="$(node_ticks primary)"
+  pr0="$(node_ticks primary)"
   pg0="$(ticks $(pgrep -u postgres postgres))"; svc0="$(ticks "${instance_pids[@]}")"; m0="$(machine)"
-  sold="$(load_instances "$n" "$own")"
+  sold="$(load_instances "$n" "$own" "$total")"
   pg1="$(ticks $(pgrep -u postgres postgres))"; svc1="$(ticks "${instance_pids[@]}")"; m1="$(machine)"
+  pr1="$(node_ticks primary)"
   # The owner (or the one instance) ran the most batches; its mean batch size.
   batch="$(for i in $(seq 0 $((n - 1))); do
       curl -fsS "http://127.0.0.1:$((PORT + i))/metrics" | awk '$1 == "stockgate_order_batch_size_count" { c = $2 } $1 == "stockgate_order_batch_size_sum" { s = $2 } END { if (c) printf "%d %.1f\n", c, s / c }'
     done | sort -g | tail -1 | cut -d' ' -f2)"
   stop_instances
   echo "$sold" | LC_ALL=C awk -v secs="$SECS" -v shape="$shape" -v b="$batch" \
-    -v svc="$((svc1 - svc0))" -v pg="$((pg1 - pg0))" -v m0="$m0" -v m1="$m1" -v hz="$(getconf CLK_TCK)" '
+    -v svc="$((svc1 - svc0))" -v pg="$((pg1 - pg0))" -v pr="$((pr1 - pr0))" -v m0="$m0" -v m1="$m1" \
+    -v still="$((idle1 - idle0))" -v isecs="${IDLE_SECONDS:-5}" -v hz="$(getconf CLK_TCK)" '
     {
       split(m0, a, " "); split(m1, z, " "); all = z[1] - a[1]; idle = z[2] - a[2]
       us = 1e6 / hz / ($1 * secs)
-      printf "%s %s %s %.1f %.1f %.1f %.0f %s\n", shape, $1, $2, svc * us, pg * us, (all - idle - svc - pg) * us, 100 * idle / all, b }'
+      ms = still * 1e3 / hz / isecs
+      printf "%s %s %s %.1f %.1f %.1f %.0f %s %.1f %.1f %.1f\n", shape, $1, $2, svc * us, pg * us, (all - idle - svc - pg) * us, 100 * idle / all, b,
+        pr * us, ms, ms * 1e3 / $1 }'
   drop_db "$db"
 }
 cpu_report() {
@@ -376,12 +390,13 @@ cpu_report() {
   conditions "64 connections in total (wrk -t1 per instance), ${SECS} s a run, a new never-analyzed database each, $ROUNDS rounds, order rotating" \
     "CPU in µs per confirmed order."
   echo
-  table shape orders/s "p99 ms" "service µs" "PostgreSQL µs" "rest (wrk) µs" "idle %" "owner's mean batch"
+  table shape orders/s "p99 ms" "service µs" "PostgreSQL µs" "rest (wrk) µs" "idle %" "owner's mean batch" \
+    "primary µs" "primary idle ms/s" "idle ms/s ÷ orders/s µs"
   echo
   for s in "${subshapes[@]}"; do
     scol() { awk -v s="$s" -v c="$1" '$1 == s { print $c }' "$work/rows" | median; }
-    printf '**%s (median):** %s orders/s, p99 %s ms; service %s µs, PostgreSQL %s µs, rest %s µs an order; idle %s %%; batch %s.\n' \
-      "$s" "$(scol 2)" "$(scol 3)" "$(scol 4)" "$(scol 5)" "$(scol 6)" "$(scol 7)" "$(scol 8)"
+    printf '**%s (median):** %s orders/s, p99 %s ms; service %s µs, PostgreSQL %s µs (the primary %s µs, of which its idle rate %s µs), rest %s µs an order; idle %s %%; batch %s; primary idle %s ms/s.\n' \
+      "$s" "$(scol 2)" "$(scol 3)" "$(scol 4)" "$(scol 5)" "$(scol 9)" "$(scol 11)" "$(scol 6)" "$(scol 7)" "$(scol 8)" "$(scol 10)"
   done
 }
 

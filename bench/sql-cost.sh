@@ -11,12 +11,13 @@
 # difference over N is the marginal cost of one statement, its commit included
 # (synchronous_commit off: no disk wait is counted, and CPU is what is measured).
 #
-# Shapes: `hot` (36 orders of one unit for the hot product, one statement: a batch as the
+# Shapes: `hot` (HOT orders, default 36, of one unit for the hot product, one statement: a batch as the
 # hot product's worker sends it) and `spread` (SPREAD products at random, default 24, one
 # order each: a combined statement as the 1,000-product load sends it).
 #
 # Prints a table and appends it to bench/results/sql-cost-<YYYY-MM-DD>.md.
-# Environment: N (default 50), WARM (default 10), SHAPES (default "hot spread"), PROFILE (a
+# Environment: N (default 50), WARM (default 10), SHAPES (default "hot spread"), HOT and
+# SPREAD (the shapes' sizes, default 36 and 24), PROFILE (a
 # folder: each side's longer callgrind run is kept there, as <shape>-<A|B>.out, for
 # `callgrind_annotate --inclusive=yes`).
 set -euo pipefail
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.."
 
 [ $# -eq 2 ] || { echo "usage: bench/sql-cost.sh REV_A REV_B" >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "sql-cost.sh: valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
-N="${N:-50}" WARM="${WARM:-10}" SHAPES="${SHAPES:-hot spread}" SPREAD="${SPREAD:-24}"
+N="${N:-50}" WARM="${WARM:-10}" SHAPES="${SHAPES:-hot spread}" SPREAD="${SPREAD:-24}" HOT="${HOT:-36}"
 PGBIN="${PGBIN:-/usr/lib/postgresql/15/bin}"
 [ -n "${PROFILE:-}" ] && { mkdir -p "$PROFILE"; PROFILE="$(cd "$PROFILE" && pwd)"; }
 KEEP=""
@@ -49,7 +50,7 @@ statement() {
   local fn="$1" shape="$2" extra=""
   case "$fn" in take_order_batches_v[1-4]) ;; *) extra=", '{}'::text[], '{}'::int[]" ;; esac
   case "$shape" in
-    hot) echo "SELECT t.* FROM (SELECT array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM generate_series(1, 36)) a, $fn(ARRAY['hot'], ARRAY[36], a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
+    hot) echo "SELECT t.* FROM (SELECT array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM generate_series(1, $HOT)) a, $fn(ARRAY['hot'], ARRAY[$HOT], a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
     spread) echo "SELECT t.* FROM (SELECT array_agg(p ORDER BY p COLLATE \"C\") ps, array_agg(n::int ORDER BY p COLLATE \"C\") ends, array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM (SELECT p, row_number() OVER (ORDER BY p COLLATE \"C\") n FROM (SELECT DISTINCT 'p' || lpad((1 + floor(random() * 1000))::int::text, 4, '0') p FROM generate_series(1, $SPREAD)) d) x) a, $fn(a.ps, a.ends, a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
     *) echo "sql-cost.sh: unknown shape $shape" >&2; exit 2 ;;
   esac
@@ -114,7 +115,7 @@ for shape in $SHAPES; do
     KEEP=""
     IR[$side]=$(( (b - a) / N ))
   done
-  orders=36; [ "$shape" = spread ] && orders=$SPREAD
+  orders=$HOT; [ "$shape" = spread ] && orders=$SPREAD
   awk -v s="$shape" -v o="$orders" -v a="${IR[A]}" -v b="${IR[B]}" 'BEGIN {
     printf "| %s | %s | %d | %d | %.2f | %d | %d |\n", s, (s == "spread" ? "≈" o : o), a, b, b / a, a / o, b / o }' | tee -a "$out"
 done
