@@ -10,7 +10,8 @@
 #   scale    18400  one hot product through 1, 2 and 4 instances (64 connections in total,
 #                   one `wrk -t1` per instance), and pgbench's best on the same row: the
 #                   guarded UPDATE … WHERE available_quantity >= 1, the order's INSERT, COMMIT;
-#                   the ratios 2 ÷ 1, 4 ÷ 1 and 1 ÷ pgbench
+#                   the ratios 2 ÷ 1, 4 ÷ 1 and 1 ÷ pgbench; one instance's CPU per order
+#                   beside pgbench's per transaction, as spread's
 #   spread   18396  orders spread over 1,000 products (`spread-1` …) at random, one instance
 #                   under `wrk -t2 -c64`, against pgbench's best running the same one-order
 #                   transaction over the same rows; the primary transactions per order
@@ -52,6 +53,10 @@
 #
 # Every order request is a new buyer and key (bench/wrk/orders.lua, an admin token acting for
 # the buyer); pgbench runs -j2 at -c8, -c32 and -c64 and counts its best.
+#
+# BENCH_FSYNC_OFF=1 runs any shape with fsync off on every node of the dev cluster (turned back
+# on at exit; the result file says so): the fast-disk limit, where CPU per order decides. Bench
+# only: the product, its tests and `./dev up` never turn fsync off.
 #
 # Environment: ROUNDS (3), BENCH_SECONDS (per run, 8), STOCKGATE_BIN
 # (target/release/stockgate), STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (as for ./dev);
@@ -184,29 +189,39 @@ scale_round() {
   local r="$1" db="scale_${stamp}_$1" s
   declare -A got=()
   hot_product_db "$db"
+  local svc0 pg0 svc1 pg1 cpu1=""
   for s in $(rotated "$r" pgb 1 2 4); do
     if [ "$s" = pgb ]; then
-      got[pgb]="$(pgbench_best "$db" "$work/order.sql" "$SECS")"
+      got[pgb]="$(PGB_CPU="$work/pgb-cpu" pgbench_best "$db" "$work/order.sql" "$SECS")"
     else
       start_instances "$db" "$s" "${SCALE_PEERS:-1}"
+      svc0="$(ticks "${instance_pids[@]}")" pg0="$(node_ticks primary)"
       got[$s]="$(load_instances "$s")"
+      svc1="$(ticks "${instance_pids[@]}")" pg1="$(node_ticks primary)"
+      # One instance's CPU per order, the service's and the primary's (issue #49, point 2).
+      [ "$s" != 1 ] || cpu1="$((svc1 - svc0)) $((pg1 - pg0))"
       stop_instances
     fi
   done
   drop_db "$db"
-  echo "$r ${got[1]} ${got[2]} ${got[4]} ${got[pgb]}" | LC_ALL=C awk '{
-    printf "%s %s %s %s %s %s %s %s %.2f %.2f %.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $4 / $2, $6 / $2, $2 / $8 }'
+  echo "$r ${got[1]} ${got[2]} ${got[4]} ${got[pgb]} $cpu1 $(cat "$work/pgb-cpu")" | LC_ALL=C awk -v us="$TICK_US" -v secs="$SECS" '{
+    n = $2 * secs; svc = (n > 0 ? $9 * us / n : 0); pg = (n > 0 ? $10 * us / n : 0); per = $11 + $12
+    printf "%s %s %s %s %s %s %s %s %.2f %.2f %.2f %.1f %.1f %s %s %.2f %.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $4 / $2, $6 / $2, $2 / $8,
+      svc, pg, $11, $12, (per > 0 ? pg / per : 0), (per > 0 ? (svc + pg) / per : 0) }'
 }
 scale_report() {
   heading
   echo "Peers (STOCKGATE_PEERS): $([ "${SCALE_PEERS:-1}" = 1 ] && echo yes || echo no)."
   conditions "64 connections in total (wrk -t1 per instance), pgbench -j2 at -c8/-c32/-c64 (best), ${SECS} s each, $ROUNDS rounds, order rotating"
   echo
-  table round "1 instance orders/s" "p99 ms" "2 instances" "p99 ms" "4 instances" "p99 ms" "pgbench best tps" "2 ÷ 1" "4 ÷ 1" "1 ÷ pgbench"
+  table round "1 instance orders/s" "p99 ms" "2 instances" "p99 ms" "4 instances" "p99 ms" "pgbench best tps" "2 ÷ 1" "4 ÷ 1" "1 ÷ pgbench" \
+    "1 instance: service CPU µs/order" "primary CPU µs/order" "pgbench best: primary CPU µs/txn" "pgbench CPU µs/txn" \
+    "primary per order ÷ pgbench + primary per txn" "service + primary ÷ the same"
   echo
-  printf '**Median:** 1 instance %s orders/s (%s), p99 %s ms; 2 ÷ 1 %s (%s); 4 ÷ 1 %s (%s); 1 ÷ pgbench %s (%s).\n' \
-    "$(col 2 | median)" "$(col 2 | range)" "$(col 3 | median)" "$(col 9 | median)" "$(col 9 | range)" \
-    "$(col 10 | median)" "$(col 10 | range)" "$(col 11 | median)" "$(col 11 | range)"
+  printf '**Median:** 1 instance %s orders/s (%s), p99 %s ms (%s); 2 ÷ 1 %s (%s); 4 ÷ 1 %s (%s); 1 ÷ pgbench %s (%s); CPU per order, one instance: primary ÷ (pgbench + primary per transaction) %s (%s), service + primary ÷ the same %s (%s).\n' \
+    "$(col 2 | median)" "$(col 2 | range)" "$(col 3 | median)" "$(col 3 | range)" "$(col 9 | median)" "$(col 9 | range)" \
+    "$(col 10 | median)" "$(col 10 | range)" "$(col 11 | median)" "$(col 11 | range)" \
+    "$(col 16 | median)" "$(col 16 | range)" "$(col 17 | median)" "$(col 17 | range)"
 }
 
 # spread_service DB: one instance under wrk; "orders/s p99 order-transactions-per-order"

@@ -15,7 +15,18 @@ host_line() {
   us="$(/usr/lib/postgresql/15/bin/pg_test_fsync -s 1 -f "$1/pg_test_fsync.tmp" 2>/dev/null |
     awk '/using one 8kB write/ { one = 1 } one && !done && $1 == "fdatasync" { print $(NF - 1); done = 1 }')" || true
   rm -f "$1/pg_test_fsync.tmp"
-  echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), one 8 kB write + fdatasync ${us:-?} µs (pg_test_fsync)"
+  echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), one 8 kB write + fdatasync ${us:-?} µs (pg_test_fsync)$([ "${BENCH_FSYNC_OFF:-0}" != 1 ] || echo "; fsync OFF on every node (BENCH_FSYNC_OFF, bench only)")"
+}
+
+# fsync_all on|off: sets fsync on every node of the dev cluster ($BASE_URL and $REPLICAS) and
+# reloads it. Only for BENCH_FSYNC_OFF=1 (bench_setup), which shows the fast-disk limit, where
+# CPU per order decides: with fsync off a crash can lose or corrupt committed data, so the
+# product, its tests and `./dev up` never turn it off, and this turns it back on at exit.
+fsync_all() {
+  local url
+  for url in "$BASE_URL/postgres" $(echo "$REPLICAS" | tr ',' '\n' | sed 's#/[^/]*$#/postgres#'); do
+    psql "$url" -qAt -c "ALTER SYSTEM SET fsync = $1" -c "SELECT pg_reload_conf()" >/dev/null
+  done
 }
 
 # metric_at BASE_URL NAME: a metric's value from a service's /metrics
@@ -133,12 +144,18 @@ bench_setup() {
   done
   [ -x "$BIN" ] || { echo "$name: $BIN is missing (cargo build --release)" >&2; exit 1; }
   bench_service_env "$PORT"
+  [ "${BENCH_FSYNC_OFF:-0}" != 1 ] || fsync_all off
   stamp="$(date -u +%H%M%S)"
   work="$(mktemp -d)"
   pid=""
   trap bench_cleanup EXIT
 }
-bench_cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; stop_instances; rm -rf "$work"; }
+bench_cleanup() {
+  [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+  stop_instances
+  [ "${BENCH_FSYNC_OFF:-0}" != 1 ] || fsync_all on
+  rm -rf "$work"
+}
 
 # hot_product_db DB [N]: a new never-analyzed database DB (new_unanalyzed_db) holding one
 # product, `hot`, of 10^8 units at 100 cents, and N more like it, `hot-0` … `hot-<N-1>`
