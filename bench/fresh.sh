@@ -37,9 +37,10 @@
 #                   postmaster and every child) and the primary's CPU while the instances
 #                   stand idle for IDLE_SECONDS (default 5) before the load (their monitors and
 #                   pollers: ms a second, and that rate over the run's orders/s, µs an order),
-#                   with the idle share and the owner's mean batch, for one hot product sold
-#                   by: 1 instance (1cK: under K connections, not 64); 4peers, four
-#                   that are peers (STOCKGATE_PEERS); 4alone, four that are not; 4own, four
+#                   with the idle share, the owner's mean batch and the row's busy time per
+#                   order (every batch transaction's time over the orders), for one hot
+#                   product sold by: 1 instance (1cK: under K connections, not 64); 4peers,
+#                   four that are peers (STOCKGATE_PEERS); 4alone, four that are not; 4own, four
 #                   each selling a product of its own (no shared row, no forwarding: the
 #                   ceiling of split stock, docs/design/peers.md)
 #   rows     18690  PostgreSQL alone, no service: pgbench plays the batchers, each
@@ -364,7 +365,8 @@ ticks() { for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null || true; done | awk 
 # machine: all CPU ticks and idle ticks of /proc/stat
 machine() { awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print s, $5 }' /proc/stat; }
 # cpu_run SHAPE R: one run (1, 4peers, 4alone, 4own) on a new database; prints
-# "shape orders/s p99 service pg other idle% batch primary primary-idle-ms/s idle-per-order"
+# "shape orders/s p99 service pg other idle% batch primary primary-idle-ms/s idle-per-order
+# row-busy-per-order"
 # (CPU as µs per order)
 cpu_run() {
   local shape="$1" n=4 peers=0 own=0 db="cpu_${stamp}_$2_${1}" total=64
@@ -375,7 +377,7 @@ cpu_run() {
   [ "$shape" != 4own ] || own=1
   hot_product_db "$db" 4
   start_instances "$db" "$n" "$peers"
-  local pg0 svc0 m0 pg1 svc1 m1 sold batch i idle0 idle1 pr0 pr1
+  local pg0 svc0 m0 pg1 svc1 m1 sold batch i idle0 idle1 pr0 pr1 busy
   # The instances idle: what their monitors and pollers cost the primary, with no order.
   idle0="$(node_ticks primary)"; sleep "${IDLE_SECONDS:-5}"; idle1="$(node_ticks primary)"
   pr0="$(node_ticks primary)"
@@ -387,16 +389,21 @@ cpu_run() {
   batch="$(for i in $(seq 0 $((n - 1))); do
       curl -fsS "http://127.0.0.1:$((PORT + i))/metrics" | awk '$1 == "stockgate_order_batch_size_count" { c = $2 } $1 == "stockgate_order_batch_size_sum" { s = $2 } END { if (c) printf "%d %.1f\n", c, s / c }'
     done | sort -g | tail -1 | cut -d' ' -f2)"
+  # The row's busy time: every instance's batch transactions, statement and commit, in
+  # seconds (an upper bound: it counts any wait for the row and the round trip too).
+  busy="$(for i in $(seq 0 $((n - 1))); do
+      curl -fsS "http://127.0.0.1:$((PORT + i))/metrics" | awk '$1 == "stockgate_order_batch_seconds_sum" { print $2 }'
+    done | LC_ALL=C awk '{ s += $1 } END { printf "%.6f", s }')"
   stop_instances
   echo "$sold" | LC_ALL=C awk -v secs="$SECS" -v shape="$shape" -v b="$batch" \
     -v svc="$((svc1 - svc0))" -v pg="$((pg1 - pg0))" -v pr="$((pr1 - pr0))" -v m0="$m0" -v m1="$m1" \
-    -v still="$((idle1 - idle0))" -v isecs="${IDLE_SECONDS:-5}" -v hz="$(getconf CLK_TCK)" '
+    -v still="$((idle1 - idle0))" -v isecs="${IDLE_SECONDS:-5}" -v busy="$busy" -v hz="$(getconf CLK_TCK)" '
     {
       split(m0, a, " "); split(m1, z, " "); all = z[1] - a[1]; idle = z[2] - a[2]
       us = 1e6 / hz / ($1 * secs)
       ms = still * 1e3 / hz / isecs
-      printf "%s %s %s %.1f %.1f %.1f %.0f %s %.1f %.1f %.1f\n", shape, $1, $2, svc * us, pg * us, (all - idle - svc - pg) * us, 100 * idle / all, b,
-        pr * us, ms, ms * 1e3 / $1 }'
+      printf "%s %s %s %.1f %.1f %.1f %.0f %s %.1f %.1f %.1f %.1f\n", shape, $1, $2, svc * us, pg * us, (all - idle - svc - pg) * us, 100 * idle / all, b,
+        pr * us, ms, ms * 1e3 / $1, busy * 1e6 / ($1 * secs) }'
   drop_db "$db"
 }
 cpu_report() {
@@ -406,12 +413,12 @@ cpu_report() {
     "CPU in µs per confirmed order."
   echo
   table shape orders/s "p99 ms" "service µs" "PostgreSQL µs" "rest (wrk) µs" "idle %" "owner's mean batch" \
-    "primary µs" "primary idle ms/s" "idle ms/s ÷ orders/s µs"
+    "primary µs" "primary idle ms/s" "idle ms/s ÷ orders/s µs" "row busy µs/order"
   echo
   for s in "${subshapes[@]}"; do
     scol() { awk -v s="$s" -v c="$1" '$1 == s { print $c }' "$work/rows" | median; }
-    printf '**%s (median):** %s orders/s, p99 %s ms; service %s µs, PostgreSQL %s µs (the primary %s µs, of which its idle rate %s µs), rest %s µs an order; idle %s %%; batch %s; primary idle %s ms/s.\n' \
-      "$s" "$(scol 2)" "$(scol 3)" "$(scol 4)" "$(scol 5)" "$(scol 9)" "$(scol 11)" "$(scol 6)" "$(scol 7)" "$(scol 8)" "$(scol 10)"
+    printf '**%s (median):** %s orders/s, p99 %s ms; service %s µs, PostgreSQL %s µs (the primary %s µs, of which its idle rate %s µs), rest %s µs an order; idle %s %%; batch %s; primary idle %s ms/s; the row busy %s µs an order.\n' \
+      "$s" "$(scol 2)" "$(scol 3)" "$(scol 4)" "$(scol 5)" "$(scol 9)" "$(scol 11)" "$(scol 6)" "$(scol 7)" "$(scol 8)" "$(scol 10)" "$(scol 12)"
   done
 }
 
