@@ -377,27 +377,29 @@ cpu_run() {
   [ "$shape" != 4own ] || own=1
   hot_product_db "$db" 4
   start_instances "$db" "$n" "$peers"
-  local pg0 svc0 m0 pg1 svc1 m1 sold batch i idle0 idle1 pr0 pr1 busy
+  local pg0 svc0 m0 pg1 svc1 m1 sold batch busy i idle0 pr0 pr1
   # The instances idle: what their monitors and pollers cost the primary, with no order.
-  idle0="$(node_ticks primary)"; sleep "${IDLE_SECONDS:-5}"; idle1="$(node_ticks primary)"
-  pr0="$(node_ticks primary)"
+  idle0="$(node_ticks primary)"; sleep "${IDLE_SECONDS:-5}"; pr0="$(node_ticks primary)"
   pg0="$(ticks $(pgrep -u postgres postgres))"; svc0="$(ticks "${instance_pids[@]}")"; m0="$(machine)"
   sold="$(load_instances "$n" "$own" "$total")"
   pg1="$(ticks $(pgrep -u postgres postgres))"; svc1="$(ticks "${instance_pids[@]}")"; m1="$(machine)"
   pr1="$(node_ticks primary)"
-  # The owner (or the one instance) ran the most batches; its mean batch size.
-  batch="$(for i in $(seq 0 $((n - 1))); do
-      curl -fsS "http://127.0.0.1:$((PORT + i))/metrics" | awk '$1 == "stockgate_order_batch_size_count" { c = $2 } $1 == "stockgate_order_batch_size_sum" { s = $2 } END { if (c) printf "%d %.1f\n", c, s / c }'
-    done | sort -g | tail -1 | cut -d' ' -f2)"
-  # The row's busy time: every instance's batch transactions, statement and commit, in
-  # seconds (an upper bound: it counts any wait for the row and the round trip too).
-  busy="$(for i in $(seq 0 $((n - 1))); do
-      curl -fsS "http://127.0.0.1:$((PORT + i))/metrics" | awk '$1 == "stockgate_order_batch_seconds_sum" { print $2 }'
-    done | LC_ALL=C awk '{ s += $1 } END { printf "%.6f", s }')"
+  # Per instance "batches mean-batch transaction-seconds". The owner (or the one instance)
+  # ran the most batches: its mean batch size. The row's busy time: every instance's batch
+  # transactions, statement and commit (an upper bound: any wait for the row and the round
+  # trip count too).
+  for i in $(seq 0 $((n - 1))); do
+    curl -fsS "http://127.0.0.1:$((PORT + i))/metrics" | LC_ALL=C awk '
+      $1 == "stockgate_order_batch_size_count" { c = $2 } $1 == "stockgate_order_batch_size_sum" { s = $2 }
+      $1 == "stockgate_order_batch_seconds_sum" { t = $2 }
+      END { printf "%d %.1f %.6f\n", c, (c ? s / c : 0), t }'
+  done >"$work/batches"
+  batch="$(sort -g "$work/batches" | tail -1 | cut -d' ' -f2)"
+  busy="$(LC_ALL=C awk '{ s += $3 } END { printf "%.6f", s }' "$work/batches")"
   stop_instances
   echo "$sold" | LC_ALL=C awk -v secs="$SECS" -v shape="$shape" -v b="$batch" \
     -v svc="$((svc1 - svc0))" -v pg="$((pg1 - pg0))" -v pr="$((pr1 - pr0))" -v m0="$m0" -v m1="$m1" \
-    -v still="$((idle1 - idle0))" -v isecs="${IDLE_SECONDS:-5}" -v busy="$busy" -v hz="$(getconf CLK_TCK)" '
+    -v still="$((pr0 - idle0))" -v isecs="${IDLE_SECONDS:-5}" -v busy="$busy" -v hz="$(getconf CLK_TCK)" '
     {
       split(m0, a, " "); split(m1, z, " "); all = z[1] - a[1]; idle = z[2] - a[2]
       us = 1e6 / hz / ($1 * secs)

@@ -246,3 +246,37 @@ node_ticks() {
   local pm; pm="$(head -1 "${STOCKGATE_DEV_DIR:-/tmp/stockgate-dev}/$1/postmaster.pid" 2>/dev/null)" || { echo 0; return; }
   cpu_ticks "$pm"
 }
+
+# -- a revision's order batch statement, for sql-cost.sh and wal-cost.sh -------------------
+
+# revision_db REV DIR PSQL…: applies REV's migrations (unpacked under DIR) through the psql
+# command PSQL… (connection and database included) and stocks that database with one hot
+# product, `hot`, and 1,000 quiet ones, `p0001` … `p1000`; prints its newest batch function
+revision_db() {
+  local rev="$1" dir="$2" f
+  shift 2
+  mkdir -p "$dir" && git archive "$rev" migrations | tar -x -C "$dir"
+  for f in "$dir"/migrations/*.sql; do
+    if head -1 "$f" | grep -q -- '-- no-transaction'; then "$@" -f "$f" >/dev/null
+    else "$@" -1 -f "$f" >/dev/null; fi
+  done
+  "$@" -c "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
+      SELECT 'hot', 'Hot', 100, 2000000000, 2000000000
+      UNION ALL SELECT 'p' || lpad(i::text, 4, '0'), 'P', 100, 1000000000, 1000000000 FROM generate_series(1, 1000) i" >/dev/null
+  "$@" -At -c "SELECT proname FROM pg_proc WHERE proname LIKE 'take\_order\_batches\_v%' ORDER BY substring(proname FROM '[0-9]+\$')::int DESC LIMIT 1"
+}
+
+# batch_statement FN SHAPE SELECT: one statement calling batch function FN (v5 and later take
+# the requests' locations, here none) with SELECT as its select list (`t.*`, `count(*)`):
+# `hot`, HOT (36) orders of one unit for `hot`, a batch as the hot product's worker sends it;
+# `spread`, SPREAD (24) products at random, one order each, a combined statement as the
+# 1,000-product load sends it. Every order a new buyer and key.
+batch_statement() {
+  local fn="$1" extra=""
+  case "$fn" in take_order_batches_v[1-4]) ;; *) extra=", '{}'::text[], '{}'::int[]" ;; esac
+  case "$2" in
+    hot) echo "SELECT $3 FROM (SELECT array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM generate_series(1, ${HOT:-36})) a, $fn(ARRAY['hot'], ARRAY[${HOT:-36}], a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
+    spread) echo "SELECT $3 FROM (SELECT array_agg(p ORDER BY p COLLATE \"C\") ps, array_agg(n::int ORDER BY p COLLATE \"C\") ends, array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM (SELECT p, row_number() OVER (ORDER BY p COLLATE \"C\") n FROM (SELECT DISTINCT 'p' || lpad((1 + floor(random() * 1000))::int::text, 4, '0') p FROM generate_series(1, ${SPREAD:-24})) d) x) a, $fn(a.ps, a.ends, a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
+    *) echo "batch_statement: unknown shape $2" >&2; return 2 ;;
+  esac
+}

@@ -22,6 +22,7 @@
 # `callgrind_annotate --inclusive=yes`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 [ $# -eq 2 ] || { echo "usage: bench/sql-cost.sh REV_A REV_B" >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "sql-cost.sh: valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
@@ -43,18 +44,6 @@ if [ "$(id -u)" = 0 ]; then chown postgres "$WORK" "$WORK/data"; fi
 as_pg "$PGBIN/initdb" -D "$WORK/data" -U postgres -A trust >/dev/null
 start() { as_pg "$PGBIN/pg_ctl" -D "$WORK/data" -o "-p $PORT -k $WORK -c autovacuum=off" -l "$WORK/log" -w start >/dev/null; }
 stop() { as_pg "$PGBIN/pg_ctl" -D "$WORK/data" -w stop >/dev/null; }
-
-# The statement for a schema whose newest batch function is $1 (its arguments: v5 and later
-# take the requests' locations, here none).
-statement() {
-  local fn="$1" shape="$2" extra=""
-  case "$fn" in take_order_batches_v[1-4]) ;; *) extra=", '{}'::text[], '{}'::int[]" ;; esac
-  case "$shape" in
-    hot) echo "SELECT t.* FROM (SELECT array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM generate_series(1, $HOT)) a, $fn(ARRAY['hot'], ARRAY[$HOT], a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
-    spread) echo "SELECT t.* FROM (SELECT array_agg(p ORDER BY p COLLATE \"C\") ps, array_agg(n::int ORDER BY p COLLATE \"C\") ends, array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM (SELECT p, row_number() OVER (ORDER BY p COLLATE \"C\") n FROM (SELECT DISTINCT 'p' || lpad((1 + floor(random() * 1000))::int::text, 4, '0') p FROM generate_series(1, $SPREAD)) d) x) a, $fn(a.ps, a.ends, a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
-    *) echo "sql-cost.sh: unknown shape $shape" >&2; exit 2 ;;
-  esac
-}
 
 # instructions DB FILE CALLS: the instructions a single-user backend on DB spends on CALLS
 # statements of FILE
@@ -82,16 +71,8 @@ declare -A REV
 for side in A B; do
   rev="${1}"; [ "$side" = B ] && rev="$2"
   REV[$side]="$(git rev-parse --short "$rev")"
-  mkdir -p "$WORK/$side" && git archive "$rev" migrations | tar -x -C "$WORK/$side"
   "${PSQL[@]}" -d postgres -c "CREATE DATABASE src_${side,,}"
-  for f in "$WORK/$side"/migrations/*.sql; do
-    if head -1 "$f" | grep -q -- '-- no-transaction'; then "${PSQL[@]}" -d "src_${side,,}" -f "$f" >/dev/null
-    else "${PSQL[@]}" -1 -d "src_${side,,}" -f "$f" >/dev/null; fi
-  done
-  "${PSQL[@]}" -d "src_${side,,}" -c "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
-      SELECT 'hot', 'Hot', 100, 2000000000, 2000000000
-      UNION ALL SELECT 'p' || lpad(i::text, 4, '0'), 'P', 100, 1000000000, 1000000000 FROM generate_series(1, 1000) i"
-  FN[$side]="$("${PSQL[@]}" -At -d "src_${side,,}" -c "SELECT proname FROM pg_proc WHERE proname LIKE 'take\_order\_batches\_v%' ORDER BY substring(proname FROM '[0-9]+\$')::int DESC LIMIT 1")"
+  FN[$side]="$(revision_db "$rev" "$WORK/$side" "${PSQL[@]}" -d "src_${side,,}")"
 done
 stop
 
@@ -108,7 +89,7 @@ out="bench/results/sql-cost-$date_utc.md"
 for shape in $SHAPES; do
   declare -A IR
   for side in A B; do
-    statement "${FN[$side]}" "$shape" > "$WORK/stmt.sql"
+    batch_statement "${FN[$side]}" "$shape" 't.*' > "$WORK/stmt.sql"
     fresh "$side"; a="$(instructions "run_${side,,}" "$WORK/stmt.sql" "$WARM")"
     KEEP="${PROFILE:+$PROFILE/$shape-$side.out}"
     fresh "$side"; b="$(instructions "run_${side,,}" "$WORK/stmt.sql" $((WARM + N)))"

@@ -20,33 +20,15 @@ BASE_URL="${DATABASE_URL%/*}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-# statement FN SHAPE: one batch statement of SHAPE for batch function FN
-statement() {
-  local extra=""
-  case "$1" in take_order_batches_v[1-4]) ;; *) extra=", '{}'::text[], '{}'::int[]" ;; esac
-  case "$2" in
-    hot) echo "SELECT count(*) FROM (SELECT array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM generate_series(1, 36)) a, $1(ARRAY['hot'], ARRAY[36], a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
-    spread) echo "SELECT count(*) FROM (SELECT array_agg(p ORDER BY p COLLATE \"C\") ps, array_agg(n::int ORDER BY p COLLATE \"C\") ends, array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM (SELECT p, row_number() OVER (ORDER BY p COLLATE \"C\") n FROM (SELECT DISTINCT 'p' || lpad((1 + floor(random() * 1000))::int::text, 4, '0') p FROM generate_series(1, 24)) d) x) a, $1(a.ps, a.ends, a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
-  esac
-}
-
 declare -A BYTES FN REV
 for side in A B; do
   rev="$1"; [ "$side" = B ] && rev="$2"
   REV[$side]="$(git rev-parse --short "$rev")"
   db="wal_cost_${side,,}_$$"
   psql -X -q "$BASE_URL/postgres" -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
-  mkdir -p "$work/$side" && git archive "$rev" migrations | tar -x -C "$work/$side"
-  for f in "$work/$side"/migrations/*.sql; do
-    if head -1 "$f" | grep -q -- '-- no-transaction'; then psql -X -q -v ON_ERROR_STOP=1 "$BASE_URL/$db" -f "$f" >/dev/null
-    else psql -X -q -1 -v ON_ERROR_STOP=1 "$BASE_URL/$db" -f "$f" >/dev/null; fi
-  done
-  psql -X -q "$BASE_URL/$db" -c "INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity)
-      SELECT 'hot', 'Hot', 100, 2000000000, 2000000000
-      UNION ALL SELECT 'p' || lpad(i::text, 4, '0'), 'P', 100, 1000000000, 1000000000 FROM generate_series(1, 1000) i"
-  FN[$side]="$(psql -X -At "$BASE_URL/$db" -c "SELECT proname FROM pg_proc WHERE proname LIKE 'take\_order\_batches\_v%' ORDER BY substring(proname FROM '[0-9]+\$')::int DESC LIMIT 1")"
+  FN[$side]="$(revision_db "$rev" "$work/$side" psql -X -q -v ON_ERROR_STOP=1 "$BASE_URL/$db")"
   for shape in hot spread; do
-    stmt="$(statement "${FN[$side]}" "$shape")"
+    stmt="$(batch_statement "${FN[$side]}" "$shape" 'count(*)')"
     for _ in $(seq 20); do echo "$stmt"; done >"$work/warm.sql"
     for _ in $(seq 200); do echo "$stmt"; done >"$work/run.sql"
     psql -X -q "$BASE_URL/$db" -f "$work/warm.sql" >/dev/null
