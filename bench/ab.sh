@@ -19,7 +19,10 @@
 #
 # Each turn also reads the CPU the service's process and the primary (its postmaster and every
 # child) spent during the load, from /proc, per confirmed order (or answered read): unlike
-# orders/s these barely move with what else the host runs.
+# orders/s these barely move with what else the host runs. The primary's share is split by
+# process kind (client backends, WAL senders, …) under the table, and `orders a transaction`
+# (confirmed orders over stockgate_order_transactions_total) says how many orders each
+# statement's fixed cost was spread over.
 #
 # Prints a table (one row a turn, then the medians of each side) and appends it to
 # bench/results/ab-<YYYY-MM-DD>.md.
@@ -103,6 +106,7 @@ turn() {
   wait_healthy "$URL" || { cat "$work/serve.log" >&2; echo "ab.sh: $2 did not start" >&2; exit 1; }
   local svc0 pg0 svc1 pg1
   svc0="$(cpu_ticks "$pid")" pg0="$(node_ticks primary)"
+  node_ticks_by_pid primary >"$work/kinds0"
   if [ "$LOAD" = availability ]; then
     wrk -t2 -c64 -d"${SECS}s" --latency "$URL/v1/products/$HOT/availability" >"$work/wrk.txt"
     ! grep -q 'Non-2xx' "$work/wrk.txt" || { cat "$work/wrk.txt" >&2; echo "ab.sh: an availability read failed" >&2; exit 1; }
@@ -110,16 +114,19 @@ turn() {
     wrk -t2 -c64 -d"${SECS}s" --latency -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "${args[@]}" >"$work/wrk.txt"
   fi
   svc1="$(cpu_ticks "$pid")" pg1="$(node_ticks primary)"
-  local sum count queue batch
+  node_ticks_by_pid primary >"$work/kinds1"
+  local sum count queue batch txns
   sum="$(metric_at "$URL" stockgate_order_batch_size_sum)" count="$(metric_at "$URL" stockgate_order_batch_size_count)"
   queue="$(quantile_ms "$URL" stockgate_order_queue_seconds 0.99)" batch="$(quantile_ms "$URL" stockgate_order_batch_seconds 0.99)"
+  txns="$(metric_at "$URL" stockgate_order_transactions_total)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
   if [ -n "$db" ]; then psql "$BASE_URL/postgres" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null; db=""; fi
-  LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" -v queue="$queue" -v batch="$batch" \
+  LC_ALL=C awk -v side="$1" -v s="$SECS" -v sum="$sum" -v count="$count" -v queue="$queue" -v batch="$batch" -v txns="${txns:-0}" \
     -v p50="$(wrk_ms "$work/wrk.txt" 50%)" -v p99="$(wrk_ms "$work/wrk.txt" 99%)" \
     -v svc="$(( (svc1 - svc0) * TICK_US ))" -v pg="$(( (pg1 - pg0) * TICK_US ))" -v shape="$LOAD" \
-    '/^status 201:/ { ok += $3 } shape == "availability" && /requests in/ { ok += $1 } END { printf "%s %.0f %.2f %.2f %.1f %s %s %.1f %.1f\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0), queue, batch, (ok > 0 ? svc / ok : 0), (ok > 0 ? pg / ok : 0) }' \
+    '/^status 201:/ { ok += $3 } shape == "availability" && /requests in/ { ok += $1 } END { printf "%s %.0f %.2f %.2f %.1f %s %s %.1f %.1f %.1f\n", side, ok / s, p50, p99, (count > 0 ? sum / count : 0), queue, batch, (ok > 0 ? svc / ok : 0), (ok > 0 ? pg / ok : 0), (txns > 0 ? ok / txns : 0) }' \
     "$work/wrk.txt" >>"$work/rows"
+  echo "$1 $(ticks_by_kind "$work/kinds0" "$work/kinds1")" >>"$work/kinds"
   tail -1 "$work/rows" >&2
 }
 
@@ -136,12 +143,17 @@ done
   echo
   echo "wrk -t2 -c64, ${SECS} s a turn, $PAIRS alternating pairs, load $LOAD with unique keys$([ -z "${AB_FRESH:-}" ] || echo ", a new never-analyzed database a turn, migrated by its binary"); load average $(cut -d' ' -f1-3 /proc/loadavg); $(host_line "${STOCKGATE_DEV_DIR:-/tmp/stockgate-dev}")."
   echo
-  echo "| turn | orders/s | p50 ms | p99 ms | mean batch | p99 ms in the queue | p99 ms of a batch's transaction | service CPU µs/order | primary CPU µs/order |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-  awk '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }' "$work/rows"
+  echo "| turn | orders/s | p50 ms | p99 ms | mean batch | p99 ms in the queue | p99 ms of a batch's transaction | service CPU µs/order | primary CPU µs/order | orders a transaction |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  awk '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 }' "$work/rows"
   for side in A B; do
     printf '| median %s |' "$side"
-    for col in 2 3 4 5 6 7 8 9; do printf ' %s |' "$(awk -v s="$side" -v c="$col" '$1 == s { print $c }' "$work/rows" | median)"; done
+    for col in 2 3 4 5 6 7 8 9 10; do printf ' %s |' "$(awk -v s="$side" -v c="$col" '$1 == s { print $c }' "$work/rows" | median)"; done
     echo
   done
+  echo
+  echo "The primary's CPU by process kind, µs per confirmed order, a turn a line (from the process titles; a process that ended during the turn is missing):"
+  echo
+  paste -d' ' "$work/kinds" <(awk '{ print $2 * '"$SECS"' }' "$work/rows") \
+    | LC_ALL=C awk -v us="$TICK_US" '{ printf "- %s:", $1; for (i = 2; i < NF; i++) { split($i, kv, "="); if (kv[2] > 0) printf " %s %.1f", kv[1], kv[2] * us / $NF } print "" }'
 } | tee -a "bench/results/ab-$(date -u +%F).md"

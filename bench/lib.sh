@@ -247,6 +247,28 @@ node_ticks() {
   cpu_ticks "$pm"
 }
 
+# node_ticks_by_pid NODE: "pid kind ticks" for a node's postmaster and each child, the kind
+# from the process title (backend for a client connection): a before and an after of a load,
+# joined by pid, say where the node's CPU went (a process that exits in between is not counted)
+node_ticks_by_pid() {
+  local pm p kind; pm="$(head -1 "${STOCKGATE_DEV_DIR:-/tmp/stockgate-dev}/$1/postmaster.pid" 2>/dev/null)" || return 0
+  for p in "$pm" $(pgrep -P "$pm" || true); do
+    kind="$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | sed -E 's/^postgres: //; s/ +$//')"
+    case "$kind" in
+      walsender*) kind=walsender ;; "autovacuum worker"*) kind=autovacuum ;;
+      */*|postgres\ -D*|*" -D "*) kind=postmaster ;;
+      *\(*\)*|*"[local]"*) kind=backend ;;
+    esac
+    echo "$p ${kind// /-} $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0)"
+  done
+}
+
+# ticks_by_kind BEFORE AFTER: each kind's ticks between two node_ticks_by_pid snapshots, as
+# "kind=ticks …"
+ticks_by_kind() {
+  awk 'NR == FNR { t0[$1] = $3; next } { d[$2] += $3 - t0[$1] } END { for (k in d) printf "%s=%d ", k, d[k]; print "" }' "$1" "$2"
+}
+
 # -- a revision's order batch statement, for sql-cost.sh and wal-cost.sh -------------------
 
 # revision_db REV DIR PSQL…: applies REV's migrations (unpacked under DIR) through the psql

@@ -1,4 +1,4 @@
-//! The order batch's statement, the one the service calls — `take_order_batches_v6`, for one
+//! The order batch's statement, the one the service calls — `take_order_batches_v7`, for one
 //! product or several, which judges each request of a product with a limit or window to judge
 //! or too little stock with `drop_verdict_v1` — called directly on a real primary: first-fit
 //! seats in arrival order, keys that already hold something, repeats inside a batch, a key
@@ -78,7 +78,7 @@ async fn take<'e>(
     let qty: Vec<i32> = reqs.iter().map(|r| r.2).collect();
     let fps: Vec<String> = reqs.iter().map(|r| format!("{product}:{}", r.2)).collect();
     let rows =
-        sqlx::query("SELECT * FROM take_order_batches_v6($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
+        sqlx::query("SELECT * FROM take_order_batches_v7($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
             .bind([product])
             .bind([reqs.len() as i32])
             .bind(&ids)
@@ -473,7 +473,7 @@ fn ends_of(sizes: impl Iterator<Item = usize>) -> Vec<i32> {
         .collect()
 }
 
-/// Calls `take_order_batches_v6` as the service does: `batches` in the order given, each
+/// Calls `take_order_batches_v7` as the service does: `batches` in the order given, each
 /// `(product, requests)`. Its rows as (product, n, status, the row's product, ours).
 async fn take_many<'e>(
     exec: impl sqlx::PgExecutor<'e>,
@@ -487,7 +487,7 @@ async fn take_many<'e>(
     let products: Vec<&str> = batches.iter().map(|b| b.0).collect();
     let ends = ends_of(batches.iter().map(|b| b.1.len()));
     let rows =
-        sqlx::query("SELECT * FROM take_order_batches_v6($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
+        sqlx::query("SELECT * FROM take_order_batches_v7($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
             .bind(&products)
             .bind(&ends)
             .bind(&ids)
@@ -516,7 +516,7 @@ async fn take_many<'e>(
     Ok(got)
 }
 
-/// The batches of several products in one statement (`take_order_batches_v6`, the one the
+/// The batches of several products in one statement (`take_order_batches_v7`, the one the
 /// service calls): products whose whole batch fits and that have no limit or window to judge
 /// are seated whole (no verdict per request), the others by their own batch's first fit, each
 /// request judged by `drop_verdict_v1`, all in one insert and one commit; a repeated key takes
@@ -648,7 +648,7 @@ async fn a_key_claimed_while_the_set_based_batch_waits_takes_no_stock() {
 async fn each_batch_function_returns_the_order_columns_in_their_order() {
     let pool = pool().await;
     let want: Vec<&str> = stockgate::checkout::ORDER_COLUMNS.split(", ").collect();
-    for function in ["take_order_batches_v6"] {
+    for function in ["take_order_batches_v7"] {
         let returned: Vec<String> = sqlx::query_scalar(
             "SELECT a.name FROM pg_proc p, \
                     unnest(p.proargnames, p.proargmodes) WITH ORDINALITY AS a(name, mode, i) \
@@ -665,7 +665,7 @@ async fn each_batch_function_returns_the_order_columns_in_their_order() {
 }
 
 /// When every request of a batch writes its own row (no key twice, none held already),
-/// `take_order_batches_v6` answers from what the INSERT returned instead of reading every key
+/// `take_order_batches_v7` answers from what the INSERT returned instead of reading every key
 /// back; its answers must still be the rows the table holds, column for column, `created_at`
 /// included (each row's own, found by the order ids' rank), with the stock each batch found
 /// and left. Mutations seen failing it: `created_at` by arrival order (`v_at[x.i]`) instead
@@ -717,7 +717,7 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
             "SELECT ",
             row!(),
             ", t.product_id, t.found, t.left_after \
-             FROM take_order_batches_v6($1, $2, $3, $4, $5, $6, $7, '{}', '{}') t"
+             FROM take_order_batches_v7($1, $2, $3, $4, $5, $6, $7, '{}', '{}') t"
         );
         let mut before = std::collections::HashMap::new();
         for p in &products {
@@ -815,7 +815,7 @@ async fn only_live_sql_is_installed() {
         .map(|(name, ..)| name.as_str())
         .collect();
     assert!(
-        called.contains(&"take_order_batches_v6") && called.contains(&"drop_verdict_v1"),
+        called.contains(&"take_order_batches_v7") && called.contains(&"drop_verdict_v1"),
         "the scan of src/ finds the calls: {called:?}"
     );
     let mut live: std::collections::BTreeSet<&str> = functions
@@ -888,4 +888,117 @@ async fn a_stored_value_that_breaks_its_type_fails_the_read() {
         .fetch_one(&pool)
         .await;
     assert!(bad_qty.is_err(), "{bad_qty:?}");
+}
+
+/// Where `product`'s units are, per location, and the location `products.sole_location`
+/// names for it.
+async fn levels_of(pool: &PgPool, product: &str) -> (Vec<(String, i32)>, Option<String>) {
+    let levels = sqlx::query_as(
+        "SELECT location_id, available_quantity FROM stock_levels WHERE product_id = $1 \
+          ORDER BY location_id",
+    )
+    .bind(product)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let sole = sqlx::query_scalar("SELECT sole_location FROM products WHERE product_id = $1")
+        .bind(product)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    (levels, sole)
+}
+
+/// The allocations of the order `user` holds under `key`.
+async fn allocations_of(pool: &PgPool, user: &str, key: &str) -> serde_json::Value {
+    sqlx::query_scalar("SELECT allocations FROM orders WHERE user_id = $1 AND idempotency_key = $2")
+        .bind(user)
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Order SQL v7 sells a product kept at one place there without reading its levels, by
+/// `products.sole_location`, which the `stock_levels` triggers keep: a second level, added
+/// as a transfer adds one (under the product's lock, at 0, then units moved), turns the
+/// product back to the allocation rule, which here picks the better-ranked new place; its
+/// removal makes the product single-placed again. Mutations seen failing it: the mark's
+/// `count(*) = 1` as `>= 1` (the mark stays `default`, and the second order is allocated
+/// there, against the rule); the migration without its insert trigger (no mark is set).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_product_kept_at_one_place_is_sold_there_and_its_mark_follows_its_levels() {
+    let pool = pool().await;
+    product(&pool, "one", 10).await;
+    assert_eq!(
+        levels_of(&pool, "one").await,
+        (vec![("default".into(), 10)], Some("default".into()))
+    );
+    let got = take(&pool, "one", &[("u1", "k1", 2)]).await.unwrap();
+    assert_eq!(got.held, [ours("confirmed", "one")]);
+    assert_eq!(
+        allocations_of(&pool, "u1", "k1").await,
+        serde_json::json!([{"product_id": "one", "location_id": "default", "quantity": 2}])
+    );
+    assert_eq!(levels_of(&pool, "one").await.0, [("default".into(), 8)]);
+
+    sqlx::raw_sql(
+        "INSERT INTO locations (location_id, name, rank) VALUES ('near', 'Near', 1); \
+         BEGIN; \
+         SET LOCAL stockgate.levels = 'on'; \
+         SELECT 1 FROM products WHERE product_id = 'one' FOR NO KEY UPDATE; \
+         INSERT INTO stock_levels (product_id, location_id, available_quantity) VALUES ('one', 'near', 0); \
+         UPDATE stock_levels SET available_quantity = available_quantity + CASE location_id WHEN 'near' THEN 3 ELSE -3 END \
+          WHERE product_id = 'one'; \
+         COMMIT;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    take(&pool, "one", &[("u2", "k2", 2)]).await.unwrap();
+    assert_eq!(
+        allocations_of(&pool, "u2", "k2").await,
+        serde_json::json!([{"product_id": "one", "location_id": "near", "quantity": 2}])
+    );
+    assert_eq!(
+        levels_of(&pool, "one").await,
+        (vec![("default".into(), 5), ("near".into(), 1)], None)
+    );
+
+    product(&pool, "two", 4).await;
+    sqlx::raw_sql(
+        "INSERT INTO stock_levels (product_id, location_id, available_quantity) VALUES ('two', 'near', 0); \
+         DELETE FROM stock_levels WHERE product_id = 'two' AND location_id = 'near';",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        levels_of(&pool, "two").await,
+        (vec![("default".into(), 4)], Some("default".into()))
+    );
+}
+
+/// A product kept at one place is sold there only while that place is active, whatever its
+/// count says: here the place is switched off behind the service's back (its count not
+/// moved, a disagreement `stockgate verify` would report), and the batch sells nothing and
+/// writes nothing. Mutation seen failing it: order SQL v7 taking every product's one place as
+/// active (`v_sole_ok` always true), which confirms the order from the inactive place.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_product_is_never_sold_from_its_one_place_while_that_place_is_inactive() {
+    let pool = pool().await;
+    product(&pool, "off", 10).await;
+    sqlx::query("UPDATE locations SET active = false WHERE location_id = 'default'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let sold = sqlx::query(
+        "SELECT status FROM take_order_batches_v7('{off}', '{1}', ARRAY[gen_random_uuid()], \
+                '{u1}', '{k1}', '{1}', '{off:1}', '{}', '{}')",
+    )
+    .fetch_all(&pool)
+    .await;
+    assert!(sold.is_err(), "the batch sold from an inactive place");
+    assert_eq!(rows_of(&pool, "u1").await, 0);
+    assert_eq!(levels_of(&pool, "off").await.0, [("default".into(), 10)]);
 }
