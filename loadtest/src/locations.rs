@@ -5,10 +5,8 @@
 //! are ranked 10, 11, 12, … in the order they are created: all before `default` (100), and
 //! the first — which gets the remainder of the spread — is tried first by a request that
 //! names no locations. Locations are never deleted, so each such run leaves N behind.
+//! (The values only: `modes::create_locations` creates a run's locations through the API.)
 
-use crate::client::Api;
-use crate::modes::fresh_id;
-use anyhow::Result;
 use serde::Serialize;
 
 /// The rank of a run's first location; the i-th is `FIRST_RANK + i`.
@@ -61,22 +59,6 @@ impl Stock {
             Self::At(at) => Some(at),
         }
     }
-}
-
-/// Creates `n` locations for this run and returns their ids in rank order; none for
-/// `n` ≤ 1 (everything stays at `default`).
-pub async fn create(api: &Api, n: u32) -> Result<Vec<String>> {
-    if n <= 1 {
-        return Ok(Vec::new());
-    }
-    let base = fresh_id("loc");
-    let mut ids = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let id = format!("{base}-{i}");
-        api.create_location(&id, FIRST_RANK + i).await?;
-        ids.push(id);
-    }
-    Ok(ids)
 }
 
 #[cfg(test)]

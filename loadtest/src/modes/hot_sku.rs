@@ -4,10 +4,10 @@
 //! read back and checked afterwards.
 
 use super::timed::{self, Hit, TimedSpec};
-use super::{Ctx, fresh_id, run_tag, warm_up};
+use super::{Ctx, create_locations, fresh_id, run_tag, warm_up};
 use crate::cli::HotSkuArgs;
 use crate::client::Api;
-use crate::locations::{self, Stock};
+use crate::locations::Stock;
 use crate::report::{PerLocation, TimedReport};
 use crate::samples::{Allocated, OrderOutcome};
 use anyhow::Result;
@@ -18,7 +18,7 @@ pub async fn run(ctx: &Ctx, a: HotSkuArgs) -> Result<TimedReport> {
     let product_id = a.product_id.unwrap_or_else(|| fresh_id("hot"));
     let mut stock = Stock::Default(a.stock);
     if !a.existing {
-        stock = Stock::spread(a.stock, &locations::create(&api, a.locations).await?);
+        stock = Stock::spread(a.stock, &create_locations(&api, a.locations).await?);
         api.create_product(&product_id, &stock, 100).await?;
     }
     warm_up(ctx, a.concurrency as usize).await;

@@ -10,6 +10,8 @@ pub mod sell_out;
 pub mod timed;
 
 use crate::client::Api;
+use crate::locations::FIRST_RANK;
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -21,6 +23,23 @@ pub struct Ctx {
     /// The --max-seconds safety stop: no request starts after it, none outlives it.
     pub deadline: Instant,
     pub warmup: bool,
+}
+
+/// Creates `n` locations for this run (`crate::locations` says how they are named and
+/// ranked) and returns their ids in rank order; none for `n` ≤ 1 (everything stays at
+/// `default`).
+pub async fn create_locations(api: &Api, n: u32) -> Result<Vec<String>> {
+    if n <= 1 {
+        return Ok(Vec::new());
+    }
+    let base = fresh_id("loc");
+    let mut ids = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let id = format!("{base}-{i}");
+        api.create_location(&id, FIRST_RANK + i).await?;
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 /// `prefix-<UTC timestamp>-<6 hex>`: unique per run, within the service's id rule.

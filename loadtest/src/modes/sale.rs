@@ -3,9 +3,9 @@
 //! distinct buyers sending M orders each with at most C orders in flight, availability
 //! pollers until the buyers are done, and the product read back afterwards.
 
-use super::{Ctx, fresh_id, progress, run_tag, warm_up};
+use super::{Ctx, create_locations, fresh_id, progress, run_tag, warm_up};
 use crate::client::Api;
-use crate::locations::{self, Stock};
+use crate::locations::Stock;
 use crate::samples::{Allocated, AvailSample, Clock, OrderOutcome, OrderSample, SaleRun, SaleSpec};
 use anyhow::{Context, Result};
 use indicatif::ProgressBar;
@@ -81,7 +81,7 @@ struct Sale {
 /// become visible.
 async fn set_up(api: &Api, a: &mut SaleArgs) -> Result<(String, Stock, Duration)> {
     let product_id = a.product_id.take().unwrap_or_else(|| fresh_id(a.id_prefix));
-    let stock = Stock::spread(a.stock, &locations::create(api, a.locations).await?);
+    let stock = Stock::spread(a.stock, &create_locations(api, a.locations).await?);
     api.create_limited_product(&product_id, &stock, PRICE_CENTS, a.max_per_customer)
         .await?;
     let visible = api.wait_visible(&product_id, &Clock::start()).await?;

@@ -27,10 +27,10 @@ mod workload;
 use self::books::{read_books, wait_holds_ended};
 use self::buyer::{ATTEMPTS, buyer};
 use self::tally::Tally;
-use super::{Ctx, fresh_id, progress, run_tag, warm_up};
+use super::{Ctx, create_locations, fresh_id, progress, run_tag, warm_up};
 use crate::cli::CheckoutArgs;
 use crate::client::Api;
-use crate::locations::{self, Stock};
+use crate::locations::Stock;
 use crate::report::checkout::{CheckoutReport, ProductCheck, Steps, problems};
 use crate::report::{LatencySummary, per_second};
 use anyhow::{Context, Result, bail};
@@ -54,7 +54,7 @@ pub async fn run(ctx: &Ctx, a: CheckoutArgs) -> Result<CheckoutReport> {
     let base = fresh_id("co");
     let products: Arc<[String]> = (0..a.products).map(|i| format!("{base}-{i}")).collect();
     // Every product is spread over the same locations, the same way.
-    let stock = Stock::spread(a.stock, &locations::create(&api, a.locations).await?);
+    let stock = Stock::spread(a.stock, &create_locations(&api, a.locations).await?);
     for id in products.iter() {
         api.create_product(id, &stock, 100).await?;
     }
