@@ -321,22 +321,21 @@ BEGIN
             -- otherwise each request in arrival order (a repeated key's allocation is never
             -- written: its units stay where they are, and only later requests of this batch
             -- may be sent further down the order for them).
+            -- A product kept at one active place is served there whole (its levels unread).
             IF v_sole[j] IS NOT NULL AND v_sole_ok THEN
                 v_fast[j] := v_sole[j];
-                v_fast_q[j] := p_qty[v_lo[j]];
-                v_fast_a[j] := jsonb_build_array(jsonb_build_object(
-                    'product_id', p_products[j], 'location_id', v_fast[j],
-                    'quantity', p_qty[v_lo[j]]));
-                CONTINUE;
+            ELSE
+                v_k := v_first_k[j];
+                IF v_k IS NOT NULL AND v_lv_q[v_k] >= v_wanted[j] THEN
+                    v_fast[j] := v_lv_l[v_k];
+                    v_lv_q[v_k] := v_lv_q[v_k] - v_wanted[j];
+                END IF;
             END IF;
-            v_k := v_first_k[j];
-            IF v_k IS NOT NULL AND v_lv_q[v_k] >= v_wanted[j] THEN
-                v_fast[j] := v_lv_l[v_k];
+            IF v_fast[j] IS NOT NULL THEN
                 v_fast_q[j] := p_qty[v_lo[j]];
                 v_fast_a[j] := jsonb_build_array(jsonb_build_object(
                     'product_id', p_products[j], 'location_id', v_fast[j],
                     'quantity', p_qty[v_lo[j]]));
-                v_lv_q[v_k] := v_lv_q[v_k] - v_wanted[j];
                 CONTINUE;
             END IF;
             FOR i IN v_lo[j] .. p_ends[j] LOOP

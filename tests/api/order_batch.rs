@@ -988,6 +988,12 @@ async fn a_product_kept_at_one_place_is_sold_there_and_its_mark_follows_its_leve
 async fn a_product_is_never_sold_from_its_one_place_while_that_place_is_inactive() {
     let pool = pool().await;
     product(&pool, "off", 10).await;
+    // The precondition: the product is marked as kept at `default` alone, so v7's shortcut
+    // is the path this batch would take.
+    assert_eq!(
+        levels_of(&pool, "off").await,
+        (vec![("default".into(), 10)], Some("default".into()))
+    );
     sqlx::query("UPDATE locations SET active = false WHERE location_id = 'default'")
         .execute(&pool)
         .await
