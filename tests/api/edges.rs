@@ -368,9 +368,9 @@ async fn a_batch_dated_by_a_server_clock_running_ahead_never_dates_the_gate_in_t
     let app = spawn_app(shared_cluster()).await;
     app.create_product("ahead", 10, 100).await;
     sqlx::raw_sql(
-        "ALTER FUNCTION take_order_batches_v7(text[], integer[], uuid[], text[], text[], integer[], text[], text[], integer[]) \
+        "ALTER FUNCTION take_order_batches_v8(text[], integer[], uuid[], text[], text[], integer[], text[], text[], integer[]) \
            RENAME TO take_order_batches_true; \
-         CREATE FUNCTION take_order_batches_v7(p text[], e integer[], i uuid[], u text[], k text[], q integer[], f text[], l text[], le integer[]) \
+         CREATE FUNCTION take_order_batches_v8(p text[], e integer[], i uuid[], u text[], k text[], q integer[], f text[], l text[], le integer[]) \
          RETURNS TABLE (batch_product text, n bigint, found integer, left_after integer, lock_wait_us bigint, \
            starts_in_ms bigint, sale_starts_at timestamptz, sale_ends_at timestamptz, \
            idempotency_key text, request_fingerprint text, refusal jsonb, order_id uuid, product_id text, \

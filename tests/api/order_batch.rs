@@ -1,4 +1,4 @@
-//! The order batch's statement, the one the service calls — `take_order_batches_v7`, for one
+//! The order batch's statement, the one the service calls — `take_order_batches_v8`, for one
 //! product or several, which judges each request of a product with a limit or window to judge
 //! or too little stock with `drop_verdict_v1` — called directly on a real primary: first-fit
 //! seats in arrival order, keys that already hold something, repeats inside a batch, a key
@@ -78,7 +78,7 @@ async fn take<'e>(
     let qty: Vec<i32> = reqs.iter().map(|r| r.2).collect();
     let fps: Vec<String> = reqs.iter().map(|r| format!("{product}:{}", r.2)).collect();
     let rows =
-        sqlx::query("SELECT * FROM take_order_batches_v7($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
+        sqlx::query("SELECT * FROM take_order_batches_v8($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
             .bind([product])
             .bind([reqs.len() as i32])
             .bind(&ids)
@@ -473,7 +473,7 @@ fn ends_of(sizes: impl Iterator<Item = usize>) -> Vec<i32> {
         .collect()
 }
 
-/// Calls `take_order_batches_v7` as the service does: `batches` in the order given, each
+/// Calls `take_order_batches_v8` as the service does: `batches` in the order given, each
 /// `(product, requests)`. Its rows as (product, n, status, the row's product, ours).
 async fn take_many<'e>(
     exec: impl sqlx::PgExecutor<'e>,
@@ -487,7 +487,7 @@ async fn take_many<'e>(
     let products: Vec<&str> = batches.iter().map(|b| b.0).collect();
     let ends = ends_of(batches.iter().map(|b| b.1.len()));
     let rows =
-        sqlx::query("SELECT * FROM take_order_batches_v7($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
+        sqlx::query("SELECT * FROM take_order_batches_v8($1, $2, $3, $4, $5, $6, $7, '{}', '{}')")
             .bind(&products)
             .bind(&ends)
             .bind(&ids)
@@ -516,7 +516,7 @@ async fn take_many<'e>(
     Ok(got)
 }
 
-/// The batches of several products in one statement (`take_order_batches_v7`, the one the
+/// The batches of several products in one statement (`take_order_batches_v8`, the one the
 /// service calls): products whose whole batch fits and that have no limit or window to judge
 /// are seated whole (no verdict per request), the others by their own batch's first fit, each
 /// request judged by `drop_verdict_v1`, all in one insert and one commit; a repeated key takes
@@ -525,7 +525,7 @@ async fn take_many<'e>(
 /// statements lock rows in opposite orders. Mutations seen failing it: every product seated
 /// whole (A's second request confirmed past its stock: the guard raised); the guarded update
 /// taking each product's requested units rather than the rows inserted (c left 93, not 94);
-/// every product judged request by request (10 verdicts, not 8: the answers alone cannot
+/// every product judged request by request (11 verdicts, not 9: the answers alone cannot
 /// tell).
 #[tokio::test(flavor = "multi_thread")]
 async fn batches_of_several_products_share_one_statement_and_keep_their_own_seats() {
@@ -569,8 +569,9 @@ async fn batches_of_several_products_share_one_statement_and_keep_their_own_seat
     tx.commit().await.unwrap();
     assert_eq!(
         verdicts,
-        3 + 4 + 1,
-        "one per product found, and one per request of A and b (short); c seated whole"
+        1 + 3 + 4 + 1,
+        "one for every product's whole batch (not clear: A and b are short), one per product \
+         found, and one per request of A and b; c seated whole"
     );
     let row = |p: &str, n, status: &str, ours| {
         (p.to_owned(), n, status.to_owned(), Some(p.to_owned()), ours)
@@ -648,7 +649,7 @@ async fn a_key_claimed_while_the_set_based_batch_waits_takes_no_stock() {
 async fn each_batch_function_returns_the_order_columns_in_their_order() {
     let pool = pool().await;
     let want: Vec<&str> = stockgate::checkout::ORDER_COLUMNS.split(", ").collect();
-    for function in ["take_order_batches_v7"] {
+    for function in ["take_order_batches_v8"] {
         let returned: Vec<String> = sqlx::query_scalar(
             "SELECT a.name FROM pg_proc p, \
                     unnest(p.proargnames, p.proargmodes) WITH ORDINALITY AS a(name, mode, i) \
@@ -664,8 +665,104 @@ async fn each_batch_function_returns_the_order_columns_in_their_order() {
     }
 }
 
+/// Order SQL v8 asks the drop rules once for every product's whole batch and skips each
+/// product's own question when that verdict is NULL, which is right only if a verdict on
+/// several lines is NULL exactly when each line's is. Held here over random line sets (windows
+/// before, in and after, short and ample stock, limits met and passed), with both outcomes
+/// present. Mutation that fails it: `drop_verdict_v1` judging stock on the lines' sum
+/// (`sum(p_qty) > sum(p_left)`), a rule no single line shows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_verdict_on_several_lines_clears_them_exactly_when_each_line_would() {
+    let pool = pool().await;
+    let (disagree, clear, cases): (i64, i64, i64) = sqlx::query_as(
+        "WITH lines AS ( \
+           SELECT c, i, 1 + (random() * 3)::int AS q, (random() * 4)::int AS l, \
+                  CASE WHEN random() < 0.3 THEN 1 + (random() * 3)::int END AS lim, \
+                  CASE WHEN random() < 0.1 THEN now() + interval '1 hour' \
+                       WHEN random() < 0.3 THEN now() - interval '1 hour' END AS st, \
+                  CASE WHEN random() < 0.1 THEN now() - interval '1 minute' \
+                       WHEN random() < 0.3 THEN now() + interval '1 hour' END AS en, \
+                  (random() * 3)::int8 AS al \
+             FROM generate_series(1, 600) c, generate_series(1, 1 + c % 4) i \
+         ), cases AS ( \
+           SELECT array_agg('p' || i ORDER BY i) AS ps, array_agg(q ORDER BY i) AS qs, \
+                  array_agg(l ORDER BY i) AS ls, array_agg(lim ORDER BY i) AS lims, \
+                  array_agg(st ORDER BY i) AS sts, array_agg(en ORDER BY i) AS ens, \
+                  array_agg(al ORDER BY i) AS als \
+             FROM lines GROUP BY c \
+         ), judged AS ( \
+           SELECT drop_verdict_v1(now(), ps, qs, ls, lims, sts, ens, als) IS NULL AS together, \
+                  (SELECT bool_and(drop_verdict_v1(now(), ARRAY[ps[k]], ARRAY[qs[k]], \
+                                                   ARRAY[ls[k]], ARRAY[lims[k]], ARRAY[sts[k]], \
+                                                   ARRAY[ens[k]], ARRAY[als[k]]) IS NULL) \
+                     FROM generate_subscripts(ps, 1) k) AS each \
+             FROM cases \
+         ) \
+         SELECT count(*) FILTER (WHERE together <> each), count(*) FILTER (WHERE together), \
+                count(*) FROM judged",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    // Precondition: the cases hold both outcomes, so a disagreement could show.
+    assert!(
+        clear > 20 && cases - clear > 20,
+        "{clear} of {cases} line sets clear"
+    );
+    assert_eq!(disagree, 0, "line sets whose verdict is not each line's");
+}
+
+/// Every product of a statement clear of the drop rules costs one verdict in all, not one each.
+/// Mutation that fails it: version 8 asking each product on its own (3 verdicts, not 1).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_statement_whose_products_all_pass_asks_the_drop_rules_once() {
+    let pool = pool().await;
+    for p in ["x1", "x2", "x3"] {
+        product(&pool, p, 10).await;
+    }
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let (r1, r2, r3): (&[Req], &[Req], &[Req]) =
+        (&[("u1", "k", 2)], &[("u2", "k", 2)], &[("u3", "k", 2)]);
+    let got = take_many(&mut *tx, &[("x1", r1), ("x2", r2), ("x3", r3)])
+        .await
+        .unwrap();
+    let verdicts: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_xact_user_functions \
+         WHERE funcname = 'drop_verdict_v1'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert!(
+        got.iter()
+            .all(|(_, _, status, _, ours)| status == "confirmed" && *ours)
+            && got.len() == 3,
+        "{got:?}"
+    );
+    assert_eq!(verdicts, 1);
+    let allocations: Vec<serde_json::Value> = sqlx::query_scalar(
+        "SELECT allocations FROM orders WHERE product_id LIKE 'x_' ORDER BY product_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        allocations,
+        ["x1", "x2", "x3"]
+            .map(
+                |p| serde_json::json!([{"product_id": p, "location_id": "default", "quantity": 2}])
+            )
+            .to_vec()
+    );
+}
+
 /// When every request of a batch writes its own row (no key twice, none held already),
-/// `take_order_batches_v7` answers from what the INSERT returned instead of reading every key
+/// `take_order_batches_v8` answers from what the INSERT returned instead of reading every key
 /// back; its answers must still be the rows the table holds, column for column, `created_at`
 /// included (each row's own, found by the order ids' rank), with the stock each batch found
 /// and left. Mutations seen failing it: `created_at` by arrival order (`v_at[x.i]`) instead
@@ -717,7 +814,7 @@ async fn a_batch_whose_keys_are_all_new_answers_with_the_rows_it_wrote() {
             "SELECT ",
             row!(),
             ", t.product_id, t.found, t.left_after \
-             FROM take_order_batches_v7($1, $2, $3, $4, $5, $6, $7, '{}', '{}') t"
+             FROM take_order_batches_v8($1, $2, $3, $4, $5, $6, $7, '{}', '{}') t"
         );
         let mut before = std::collections::HashMap::new();
         for p in &products {
@@ -815,7 +912,7 @@ async fn only_live_sql_is_installed() {
         .map(|(name, ..)| name.as_str())
         .collect();
     assert!(
-        called.contains(&"take_order_batches_v7") && called.contains(&"drop_verdict_v1"),
+        called.contains(&"take_order_batches_v8") && called.contains(&"drop_verdict_v1"),
         "the scan of src/ finds the calls: {called:?}"
     );
     let mut live: std::collections::BTreeSet<&str> = functions
@@ -999,7 +1096,7 @@ async fn a_product_is_never_sold_from_its_one_place_while_that_place_is_inactive
         .await
         .unwrap();
     let sold = sqlx::query(
-        "SELECT status FROM take_order_batches_v7('{off}', '{1}', ARRAY[gen_random_uuid()], \
+        "SELECT status FROM take_order_batches_v8('{off}', '{1}', ARRAY[gen_random_uuid()], \
                 '{u1}', '{k1}', '{1}', '{off:1}', '{}', '{}')",
     )
     .fetch_all(&pool)

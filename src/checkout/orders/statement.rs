@@ -1,6 +1,6 @@
 //! One order statement: one round trip, its own transaction, the batches of one product or of
-//! several, through the one function `take_order_batches_v7` (migration
-//! `20261207000003_order_sql_v7.sql`; `docs/design/orders.md` draws its calls). It locks its
+//! several, through the one function `take_order_batches_v8` (migration
+//! `20261207000004_order_sql_v8.sql`; `docs/design/orders.md` draws its calls). It locks its
 //! product rows in byte order; seats each product's requests (a product with no limit whose
 //! whole batch the drop rules let through is seated whole, without looking a key up; any other
 //! request by request in arrival order, each judged by `drop_verdict_v1`, the one home of the
@@ -66,7 +66,7 @@ pub(super) struct RowSeen {
     pub window: Window,
 }
 
-/// One row of `take_order_batches_v7`: a request (its product, and its place among that
+/// One row of `take_order_batches_v8`: a request (its product, and its place among that
 /// product's requests), the product's row as the statement saw it, and what the request's
 /// key holds now (`None`: nothing).
 struct BatchRow {
@@ -109,7 +109,7 @@ pub(super) const COMBINED_LOCK_WAIT: Duration = Duration::from_millis(100);
 
 /// One product's batch: it waits for its row as long as the database lets it (the coalescer
 /// lets the next statement start beside one that stalls).
-const ALONE: &str = "SELECT * FROM take_order_batches_v7($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const ALONE: &str = "SELECT * FROM take_order_batches_v8($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Several products' batches. The statement waits at most [`COMBINED_LOCK_WAIT`] (`$10`) for
 /// any of its rows (`$10`; `set_config(…, true)` lasts for this statement's own transaction, and the
@@ -117,7 +117,7 @@ const ALONE: &str = "SELECT * FROM take_order_batches_v7($1, $2, $3, $4, $5, $6,
 /// must not hold up the others it carries. Past it, nothing was written, and the coalescer
 /// runs the batches one by one, so only the held product's batch waits.
 const COMBINED: &str = "SELECT f.* FROM (SELECT set_config('lock_timeout', $10, true) AS t) s \
-     CROSS JOIN LATERAL take_order_batches_v7(CASE WHEN s.t IS NOT NULL THEN $1::text[] END, \
+     CROSS JOIN LATERAL take_order_batches_v8(CASE WHEN s.t IS NOT NULL THEN $1::text[] END, \
                                               $2, $3, $4, $5, $6, $7, $8, $9) f";
 
 /// Runs one product's batch.
@@ -202,7 +202,7 @@ impl<'a> Arrays<'a> {
 }
 
 /// Sends `jobs` (each product once, with its requests in arrival order) as one call of
-/// `take_order_batches_v7` ([`COMBINED`] when `combined`, else [`ALONE`]) and reads each
+/// `take_order_batches_v8` ([`COMBINED`] when `combined`, else [`ALONE`]) and reads each
 /// job's answer.
 async fn statement(
     db: &Db,

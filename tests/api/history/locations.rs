@@ -145,7 +145,7 @@ impl Books {
 /// location: `default` over, the other under); a receive without its `status = 'in_transit'`
 /// guard (`levels::receive`: a retried receive adds the units again at `to`); a transfer in
 /// transit adding its units to `to` at once (`levels::transfer` ignoring `in_transit`); a take
-/// from one location with the level of another lowered (`take_order_batches_v7`'s level
+/// from one location with the level of another lowered (`take_order_batches_v8`'s level
 /// update keyed on the product only). Of the checker: `Books::want` leaving out transfers out
 /// (every source of a made transfer is short).
 fn conserved(f: &mut Found, moves: &[Movement], db: &Snapshot) {
