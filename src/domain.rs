@@ -21,7 +21,7 @@ fn invalid(code: &'static str, message: impl Into<String>) -> Invalid {
 }
 
 /// 1–64 characters of ASCII letters, digits, `_`, `-` and `.`.
-fn parse_ident(s: &str, code: &'static str, what: &str) -> Result<String, Invalid> {
+fn parse_ident(s: String, code: &'static str, what: &str) -> Result<String, Invalid> {
     if s.is_empty() || s.len() > 64 {
         return Err(invalid(
             code,
@@ -37,7 +37,7 @@ fn parse_ident(s: &str, code: &'static str, what: &str) -> Result<String, Invali
             format!("{what} may contain only ASCII letters, digits, '_', '-' and '.'"),
         ));
     }
-    Ok(s.to_string())
+    Ok(s)
 }
 
 macro_rules! ident_type {
@@ -48,6 +48,10 @@ macro_rules! ident_type {
 
         impl $name {
             pub fn parse(s: &str) -> Result<Self, Invalid> {
+                Self::parse_owned(s.to_owned())
+            }
+            /// [`Self::parse`] of a string already owned (no copy of it is made).
+            pub fn parse_owned(s: String) -> Result<Self, Invalid> {
                 parse_ident(s, $code, $what).map(Self)
             }
             pub fn as_str(&self) -> &str {
@@ -65,7 +69,7 @@ macro_rules! ident_type {
         impl<'de> serde::Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let s = String::deserialize(d)?;
-                Self::parse(&s).map_err(|e| serde::de::Error::custom(e.message))
+                Self::parse_owned(s).map_err(|e| serde::de::Error::custom(e.message))
             }
         }
     };

@@ -225,12 +225,11 @@ async fn statement(
         false => statement,
     };
     let (rows, sent, arrived) = send(db, statement).await?;
-    let mut by_product: HashMap<&str, Vec<&BatchRow>> = HashMap::new();
-    for row in &rows {
-        by_product
-            .entry(row.head.batch_product.as_str())
-            .or_default()
-            .push(row);
+    // Each row moves to its request's answer: what its key holds is read once, never copied.
+    let mut by_product: HashMap<String, Vec<BatchRow>> = HashMap::new();
+    for mut row in rows {
+        let product = std::mem::take(&mut row.head.batch_product);
+        by_product.entry(product).or_default().push(row);
     }
     jobs.iter()
         .enumerate()
@@ -273,7 +272,7 @@ async fn send<'q>(
 fn read(
     reqs: &[&OrderRequest],
     ids: &[Uuid],
-    rows: Vec<&BatchRow>,
+    rows: Vec<BatchRow>,
     sent: Instant,
     arrived: Instant,
 ) -> Result<Committed, sqlx::Error> {
@@ -305,7 +304,7 @@ fn read(
                 reqs.len()
             )));
         };
-        slot.clone_from(&r.held);
+        *slot = r.held;
     }
     Ok(Committed {
         fates: decide(reqs, ids, held, starts_in),
