@@ -1076,6 +1076,39 @@ async fn a_product_kept_at_one_place_is_sold_there_and_its_mark_follows_its_leve
     );
 }
 
+/// The levels' guard: a product's count that says more than its one level holds (here the
+/// level lowered behind the service's back, a disagreement `stockgate verify` would report)
+/// sells nothing. The batch takes the product at its one place without reading the level, so
+/// only the level's guarded update stands between the order and a level below what was sold:
+/// it changes no row, its count of changed rows falls short of the takes, and the batch rolls
+/// back whole. Mutations seen failing it: the check of that count removed (the order confirmed,
+/// the count 5 with its level still 1); the takes counted as none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_level_short_of_its_take_rolls_the_batch_back_whatever_the_count_says() {
+    let pool = pool().await;
+    product(&pool, "lean", 10).await;
+    sqlx::query("UPDATE stock_levels SET available_quantity = 1 WHERE product_id = 'lean'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // The precondition: the product is kept at `default` alone, its count 10, its level 1.
+    assert_eq!(
+        levels_of(&pool, "lean").await,
+        (vec![("default".into(), 1)], Some("default".into()))
+    );
+    assert_eq!(stock_on(&pool, "lean").await, 10);
+    let sold = sqlx::query(
+        "SELECT status FROM take_order_batches_v8('{lean}', '{1}', ARRAY[gen_random_uuid()], \
+                '{u1}', '{k1}', '{5}', '{lean:5}', '{}', '{}')",
+    )
+    .fetch_all(&pool)
+    .await;
+    assert!(sold.is_err(), "the batch sold past its level: {sold:?}");
+    assert_eq!(rows_of(&pool, "u1").await, 0);
+    assert_eq!(stock_on(&pool, "lean").await, 10);
+    assert_eq!(levels_of(&pool, "lean").await.0, [("default".into(), 1)]);
+}
+
 /// A product kept at one place is sold there only while that place is active, whatever its
 /// count says: here the place is switched off behind the service's back (its count not
 /// moved, a disagreement `stockgate verify` would report), and the batch sells nothing and
