@@ -1,5 +1,5 @@
 -- Order SQL version 8: version 7's answers, at less cost a statement where every product is
--- sold whole (bench/results/sql-cost-2026-12-07.md, "Order SQL v8").
+-- sold whole (bench/results/README.md, "The 1,000-product gap").
 --
 --  * The drop rules are asked once for every product's whole batch, not once a product: a
 --    verdict on several lines is NULL exactly when each line's is (`drop_verdict_v1` judges
