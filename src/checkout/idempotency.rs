@@ -6,9 +6,10 @@
 
 use super::drops::Refusal;
 use super::error::CheckoutError;
-use super::order::{Order, OrderRequest, Placed, order_columns};
+use super::order::{Order, OrderRequest, Placed, at, order_columns};
 use super::status::OrderStatus;
 use crate::routing::Db;
+use sqlx::postgres::PgRow;
 use std::collections::HashMap;
 
 /// A user's idempotency key as stored: `(user_id, idempotency_key)`.
@@ -23,17 +24,34 @@ pub(crate) fn key_of(req: &OrderRequest) -> Key {
 }
 
 /// An order or refusal found under a user's idempotency key, with the body it was placed with.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub(crate) struct Existing {
     pub(super) idempotency_key: String,
     pub(super) request_fingerprint: String,
     /// A refusal's reason (`None` for stock, and for orders).
     pub(super) refusal: Option<sqlx::types::Json<Refusal>>,
-    #[sqlx(flatten)]
     pub(super) order: Order,
 }
 
+impl<'r> sqlx::FromRow<'r, PgRow> for Existing {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::{Column, Row};
+        Existing::read(row, row.try_column("idempotency_key")?.ordinal())
+    }
+}
+
 impl Existing {
+    /// What a key holds, from `row`'s columns `idempotency_key, request_fingerprint, refusal`
+    /// and then [`order_columns!`], the first at column `first`, read by place ([`at`]).
+    pub(crate) fn read(row: &PgRow, first: usize) -> Result<Self, sqlx::Error> {
+        Ok(Existing {
+            idempotency_key: at(row, first, "idempotency_key")?,
+            request_fingerprint: at(row, first + 1, "request_fingerprint")?,
+            refusal: at(row, first + 2, "refusal")?,
+            order: Order::read(row, first + 3)?,
+        })
+    }
+
     /// The key it is held under.
     pub(crate) fn key(&self) -> Key {
         (self.order.user_id.to_string(), self.idempotency_key.clone())

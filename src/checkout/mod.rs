@@ -362,7 +362,7 @@ impl Checkout {
             };
             let order = with_lines(&mut *tx, order).await?;
             if now_cancelled {
-                stock::give_back(&mut tx, &order.allocations).await?;
+                stock::give_back(&mut tx, &order.allocations.parse()?).await?;
             }
             commit(tx).await?;
             if now_cancelled {

@@ -4,6 +4,8 @@ use super::status::OrderStatus;
 use crate::domain::{Allocation, IdempotencyKey, Locations, ProductId, Quantity, UserId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use serde_json::value::RawValue;
+use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
 /// The columns of an [`Order`], in its field order: the one list every query uses (a
@@ -45,7 +47,7 @@ pub struct Order {
     /// Every line of the order (a single-line order has one).
     pub lines: Vec<OrderLine>,
     /// Where every unit came from (none for a refusal), as the row states it.
-    pub allocations: Vec<Allocation>,
+    pub allocations: Allocations,
 }
 
 /// What an order's row says it is for.
@@ -60,10 +62,21 @@ pub enum Shape {
     Cart,
 }
 
-impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Order {
-    fn from_row(row: &'r sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
-        use sqlx::Row;
-        let shape = match (row.try_get("product_id")?, row.try_get("quantity")?) {
+impl<'r> sqlx::FromRow<'r, PgRow> for Order {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::{Column, Row};
+        Order::read(row, row.try_column("order_id")?.ordinal())
+    }
+}
+
+impl Order {
+    /// The order whose [`order_columns!`] start at column `first` of `row`, read by place
+    /// ([`at`]).
+    pub(crate) fn read(row: &PgRow, first: usize) -> Result<Self, sqlx::Error> {
+        let shape = match (
+            at(row, first + 1, "product_id")?,
+            at(row, first + 2, "quantity")?,
+        ) {
             (Some(product_id), Some(quantity)) => Shape::Single {
                 product_id,
                 quantity,
@@ -77,19 +90,86 @@ impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for Order {
             }
         };
         Ok(Order {
-            order_id: row.try_get("order_id")?,
+            order_id: at(row, first, "order_id")?,
             shape,
-            user_id: row.try_get("user_id")?,
-            status: row.try_get("status")?,
-            total_cents: row.try_get("total_cents")?,
-            created_at: row.try_get("created_at")?,
-            cancelled_at: row.try_get("cancelled_at")?,
-            unit_price_cents: row.try_get("unit_price_cents")?,
+            user_id: at(row, first + 3, "user_id")?,
+            status: at(row, first + 4, "status")?,
+            total_cents: at(row, first + 5, "total_cents")?,
+            created_at: at(row, first + 6, "created_at")?,
+            cancelled_at: at(row, first + 7, "cancelled_at")?,
+            unit_price_cents: at(row, first + 8, "unit_price_cents")?,
             lines: vec![],
-            allocations: row
-                .try_get::<sqlx::types::Json<Vec<Allocation>>, _>("allocations")?
-                .0,
+            allocations: at(row, first + 9, "allocations")?,
         })
+    }
+}
+
+/// Column `i` of `row`, which must be named `name`: read by its place, so no row looks the
+/// name up again (a hash of it each time: the batch statement returns 21 columns for every
+/// order, and those lookups were a measurable share of the service's CPU per order), and
+/// checked by name, so a column list that drifts from its reader fails the read instead of
+/// filling a field with its neighbour.
+pub(crate) fn at<'r, T>(row: &'r PgRow, i: usize, name: &str) -> Result<T, sqlx::Error>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    use sqlx::{Column, Row};
+    match row.columns().get(i) {
+        Some(c) if c.name() == name => row.try_get(i),
+        _ => Err(sqlx::Error::ColumnNotFound(format!("{name} (column {i})"))),
+    }
+}
+
+/// Where an order's units came from, exactly as its row holds them: `orders.allocations`, a
+/// jsonb array of `{product_id, location_id, quantity}` that only the order functions write,
+/// from checked ids. An answer states it as the database wrote it; it is parsed into checked
+/// [`Allocation`]s only where the service acts on it (a cancel's give-back). Parsing every
+/// answer's allocations and writing them again cost each order more service CPU than
+/// anything else locations added (`bench/results/README.md`, "The 1,000-product gap").
+#[derive(Debug, Clone)]
+pub struct Allocations(Box<RawValue>);
+
+impl Allocations {
+    /// No units from anywhere (`[]`): a refusal's.
+    pub fn none() -> Self {
+        Allocations(RawValue::from_string("[]".into()).expect("[] is JSON"))
+    }
+
+    /// Each allocation, its ids checked.
+    pub fn parse(&self) -> Result<Vec<Allocation>, sqlx::Error> {
+        serde_json::from_str(self.0.get()).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "allocations".into(),
+            source: e.into(),
+        })
+    }
+}
+
+impl PartialEq for Allocations {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl Serialize for Allocations {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl sqlx::Type<sqlx::Postgres> for Allocations {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <sqlx::types::Json<Box<RawValue>> as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <sqlx::types::Json<Box<RawValue>> as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for Allocations {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let raw =
+            <sqlx::types::Json<Box<RawValue>> as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Ok(Allocations(raw.0))
     }
 }
 
@@ -168,7 +248,8 @@ pub struct OrderBody {
     /// Every line of the order (a single-line order has one).
     lines: Vec<OrderLine>,
     /// Where every unit came from: each line's units by location.
-    allocations: Vec<Allocation>,
+    #[schema(value_type = Vec<Allocation>)]
+    allocations: Allocations,
 }
 
 impl From<Order> for OrderBody {

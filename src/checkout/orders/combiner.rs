@@ -92,7 +92,12 @@ async fn run_jobs(db: &Db, metrics: &Metrics, jobs: Vec<Job>) {
             .iter()
             .map(|j| (&j.product, j.reqs.iter().collect()))
             .collect();
-        match statement::run_many(db, &views).await {
+        // Boxed: a statement's future is large (its query, its connection's, its timeouts),
+        // and a future is copied whole each time it moves; held inline, it made the spawned
+        // task of every statement large, and tokio copies a task's future as it spawns and
+        // finishes it: about 5 % of the service's instructions an order over 1,000 products
+        // (callgrind; bench/results/README.md, "The 1,000-product gap").
+        match Box::pin(statement::run_many(db, &views)).await {
             Ok(committed) => {
                 for (job, c) in jobs.into_iter().zip(committed) {
                     let _ = job.reply.send(Ok(c));
@@ -113,7 +118,7 @@ async fn run_jobs(db: &Db, metrics: &Metrics, jobs: Vec<Job>) {
     futures::future::join_all(jobs.into_iter().map(|job| async move {
         metrics.order_transactions.inc();
         let reqs: Vec<&OrderRequest> = job.reqs.iter().collect();
-        let result = statement::run(db, &job.product, &reqs).await;
+        let result = Box::pin(statement::run(db, &job.product, &reqs)).await;
         let _ = job.reply.send(result);
     }))
     .await;

@@ -27,7 +27,7 @@
 use crate::checkout::drops::Window;
 use crate::checkout::error::CheckoutError;
 use crate::checkout::idempotency::{Existing, judge};
-use crate::checkout::order::{OrderRequest, Placed};
+use crate::checkout::order::{OrderRequest, Placed, at};
 use crate::checkout::status::OrderStatus;
 use crate::domain::ProductId;
 use crate::routing::{Db, DbError};
@@ -75,7 +75,6 @@ struct BatchRow {
 }
 
 /// The columns of a [`BatchRow`] about its request and its product's row.
-#[derive(sqlx::FromRow)]
 struct RowHead {
     batch_product: String,
     n: i64,
@@ -87,15 +86,28 @@ struct RowHead {
     sale_ends_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+/// Where a [`BatchRow`]'s key columns start (`idempotency_key`, then the order's): after the
+/// eight of its [`RowHead`].
+const HELD_AT: usize = 8;
+
 impl<'r> sqlx::FromRow<'r, PgRow> for BatchRow {
+    /// By place, each column checked by name ([`at`]): the function's `RETURNS TABLE` order.
     fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
-        use sqlx::Row;
-        let held = match row.try_get::<Option<Uuid>, _>("order_id")? {
-            Some(_) => Some(Existing::from_row(row)?),
+        let held = match at::<Option<Uuid>>(row, HELD_AT + 3, "order_id")? {
+            Some(_) => Some(Existing::read(row, HELD_AT)?),
             None => None,
         };
         Ok(BatchRow {
-            head: RowHead::from_row(row)?,
+            head: RowHead {
+                batch_product: at(row, 0, "batch_product")?,
+                n: at(row, 1, "n")?,
+                found: at(row, 2, "found")?,
+                left_after: at(row, 3, "left_after")?,
+                lock_wait_us: at(row, 4, "lock_wait_us")?,
+                starts_in_ms: at(row, 5, "starts_in_ms")?,
+                sale_starts_at: at(row, 6, "sale_starts_at")?,
+                sale_ends_at: at(row, 7, "sale_ends_at")?,
+            },
             held,
         })
     }
@@ -388,7 +400,7 @@ mod tests {
                 total_cents: 0,
                 created_at: chrono::Utc::now(),
                 cancelled_at: None,
-                allocations: vec![],
+                allocations: crate::checkout::order::Allocations::none(),
             },
         })
     }
