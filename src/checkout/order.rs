@@ -373,4 +373,27 @@ mod tests {
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly increasing");
         assert_eq!(ids[0].get_version_num(), 7);
     }
+
+    fn written(json: &str) -> Allocations {
+        Allocations(RawValue::from_string(json.into()).expect("JSON"))
+    }
+
+    // Mutations that fail this test: `Serialize` writing parsed allocations again (the keys
+    // in another order, the spaces gone); `parse` reading ids as plain strings.
+    #[test]
+    fn allocations_are_answered_as_written_and_parsed_with_their_ids_checked() {
+        // As jsonb writes them: its own key order, a space after each colon and comma.
+        let text = r#"[{"quantity": 2, "product_id": "p-1", "location_id": "north"}]"#;
+        let held = written(text);
+        assert_eq!(serde_json::to_string(&held).expect("serializes"), text);
+        let parsed = held.parse().expect("parses");
+        assert_eq!(parsed.len(), 1);
+        assert_eq!(parsed[0].product_id.as_str(), "p-1");
+        assert_eq!(parsed[0].location_id.as_str(), "north");
+        assert_eq!(parsed[0].quantity, 2);
+        // An id that breaks the id rule is never handed to a give-back.
+        let bad = written(r#"[{"quantity": 1, "product_id": "p 1", "location_id": "north"}]"#);
+        assert!(bad.parse().is_err());
+        assert_eq!(Allocations::none().parse().expect("parses"), vec![]);
+    }
 }
