@@ -50,12 +50,7 @@ export STOCKGATE_LISTEN="127.0.0.1:$PORT"
 ADMIN="$(./dev token --admin)"
 BASE_URL="${DATABASE_URL%/*}" REPLICAS="$STOCKGATE_REPLICA_URLS"
 LOAD="${AB_LOAD:-hot}"
-case "$LOAD" in
-  hot|availability) HOT=ab-hot; args=("$HOT"); products="SELECT '$HOT', 'ab hot row', 100, 2000000000, 2000000000" ;;
-  spread) args=(spread- 1000); products="SELECT 'spread-' || g, 'product ' || g, 100, 100000000, 100000000 FROM generate_series(1, 1000) g" ;;
-  carts) args=(cart- 20 3); products="SELECT 'cart-' || g, 'product ' || g, 100, 100000000, 100000000 FROM generate_series(1, 20) g" ;;
-  *) echo "ab.sh: AB_LOAD is hot, spread, carts or availability" >&2; exit 2 ;;
-esac
+order_load "${LOAD/availability/hot}" || { echo "ab.sh: AB_LOAD is hot, spread, carts or availability" >&2; exit 2; }
 [ -n "${AB_FRESH:-}" ] || [ "$LOAD" = hot ] || [ "$LOAD" = availability ] || { echo "ab.sh: AB_LOAD=$LOAD needs AB_FRESH=1" >&2; exit 2; }
 [ -n "${AB_FRESH:-}" ] || psql "$DATABASE_URL" -qc "INSERT INTO products (product_id, name, price_cents, available_quantity)
   VALUES ('$HOT', 'ab hot row', 100, 2000000000)

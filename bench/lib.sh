@@ -32,14 +32,30 @@ fsync_all() {
 # metric_at BASE_URL NAME: a metric's value from a service's /metrics
 metric_at() { curl -fsS "$1/metrics" | awk -v m="$2" '$1 == m { print $2 }'; }
 
-# wait_healthy BASE_URL: waits up to 10 s for /healthz to answer; fails if it never does
+# wait_healthy BASE_URL [SECONDS]: waits up to SECONDS (default 10) for /healthz to answer;
+# fails if it never does
 wait_healthy() {
   local _
-  for _ in $(seq 100); do
+  for _ in $(seq $((${2:-10} * 10))); do
     curl -fsS -o /dev/null "$1/healthz" 2>/dev/null && return 0
     sleep 0.1
   done
   return 1
+}
+
+# order_load LOAD: the order loads that bench/ab.sh and bench/svc-cost.sh drive with
+# bench/wrk/orders.lua: sets `args` (the script's arguments after the token), `products` (a
+# SELECT of product_id, name, price_cents, available_quantity, stated_quantity that stocks
+# them) and HOT (the hot product's id, for `hot`). `hot`: one product of 2·10⁹ units;
+# `spread`: 1,000 products of 10⁸ units, each order one at random; `carts`: three-line carts
+# over 20 products of 10⁸ units. Fails on any other LOAD.
+order_load() {
+  case "$1" in
+    hot) HOT=ab-hot; args=("$HOT"); products="SELECT '$HOT', 'ab hot row', 100, 2000000000, 2000000000" ;;
+    spread) args=(spread- 1000); products="SELECT 'spread-' || g, 'product ' || g, 100, 100000000, 100000000 FROM generate_series(1, 1000) g" ;;
+    carts) args=(cart- 20 3); products="SELECT 'cart-' || g, 'product ' || g, 100, 100000000, 100000000 FROM generate_series(1, 20) g" ;;
+    *) return 1 ;;
+  esac
 }
 
 # quantile_ms BASE_URL HISTOGRAM Q: quantile Q (0.5, 0.99) of a histogram on a service's

@@ -7,8 +7,8 @@
 # (bench/ab.sh), more than a change of a few per cent in the service; instruction counts do
 # not. Each side runs as bench/ab.sh's turns do (AB_FRESH): a new never-analyzed database on
 # the dev cluster (./dev up, or the cluster STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT name),
-# migrated by that binary, its load (SVC_LOAD: `spread`, 1,000 products at random, or `hot`,
-# one product) from wrk -t2 -c64 with unique keys. The binary runs under
+# migrated by that binary, its load (SVC_LOAD: bench/lib.sh's order_load, `spread` by default)
+# from wrk -t2 -c64 with unique keys. The binary runs under
 # `valgrind --tool=callgrind`, counting only from the moment the load is warm: 10 s idle are
 # counted first (the monitors' and pollers' own cost, which is per second, not per order, and
 # is subtracted), then SECS (default 20) of load. Under callgrind the service is tens of times
@@ -27,11 +27,7 @@ for tool in valgrind callgrind_control wrk; do
   command -v "$tool" >/dev/null || { echo "svc-cost.sh: $tool is missing (apt-get install valgrind wrk)" >&2; exit 1; }
 done
 SECS="${SECS:-20}" LOAD="${SVC_LOAD:-spread}"
-case "$LOAD" in
-  spread) args=(spread- 1000); products="SELECT 'spread-' || g, 'product ' || g, 100, 100000000, 100000000 FROM generate_series(1, 1000) g" ;;
-  hot) args=(svc-hot); products="SELECT 'svc-hot', 'a hot one', 100, 2000000000, 2000000000" ;;
-  *) echo "svc-cost.sh: SVC_LOAD is spread or hot" >&2; exit 2 ;;
-esac
+order_load "$LOAD" || { echo "svc-cost.sh: SVC_LOAD is spread, hot or carts" >&2; exit 2; }
 [ -n "${PROFILE:-}" ] && mkdir -p "$PROFILE"
 work="$(mktemp -d)"
 pid="" db=""
@@ -52,9 +48,7 @@ side() {
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/$1.out" \
     "$2" serve >"$work/$1.log" 2>&1 &
   pid=$!
-  local _
-  for _ in $(seq 600); do curl -fsS -o /dev/null "$URL/healthz" 2>/dev/null && break; sleep 0.2; done
-  curl -fsS -o /dev/null "$URL/healthz" || { cat "$work/$1.log" >&2; echo "svc-cost.sh: $2 did not start" >&2; exit 1; }
+  wait_healthy "$URL" 120 || { cat "$work/$1.log" >&2; echo "svc-cost.sh: $2 did not start" >&2; exit 1; }
   wrk -t2 -c64 -d8s -s bench/wrk/orders.lua "$URL" -- "$ADMIN" "${args[@]}" >/dev/null
   local t0 n0
   t0="$(metric_at "$URL" stockgate_order_transactions_total)"

@@ -95,7 +95,7 @@ async fn run_jobs(db: &Db, metrics: &Metrics, jobs: Vec<Job>) {
         // Boxed: a statement's future is large (its query, its connection's, its timeouts),
         // and a future is copied whole each time it moves; held inline, it made the spawned
         // task of every statement large, and tokio copies a task's future as it spawns and
-        // finishes it: about 5 % of the service's instructions an order over 1,000 products
+        // finishes it: about 7 % of the service's instructions an order over 1,000 products
         // (callgrind; bench/results/README.md, "The 1,000-product gap").
         match Box::pin(statement::run_many(db, &views)).await {
             Ok(committed) => {
