@@ -693,3 +693,69 @@ async fn sigint_stops_accepting_drains_the_order_in_flight_and_exits_0() {
     assert!(status.success(), "exit status {status:?}");
     assert_eq!(stock_on(&primary, "ctrl-c").await, 4);
 }
+
+/// A request that times out while its transaction's `BEGIN` is answered (the primary's link
+/// silent meanwhile) drops a `begin()` with that answer in flight. sqlx 0.9.0 then queued no
+/// ROLLBACK and the pool handed the connection on inside the transaction: the next order batch
+/// ran in it, was answered 201, and committed only when some later transaction on that
+/// connection did (the history check met it as a cancel answered 404 for an order answered
+/// 201). Every primary and replica pool of the service is such a pool. Fails on sqlx 0.9.0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_dropped_with_its_answer_in_flight_leaves_no_transaction_for_the_next_statement() {
+    let cluster = shared_cluster();
+    let db = fresh_database(cluster).await;
+    let proxy = ChaosProxy::start(cluster.port(0)).await;
+    let direct = sqlx::PgPool::connect(&cluster.primary_url(&db))
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE written (n int)")
+        .execute(&direct)
+        .await
+        .unwrap();
+    // One connection, as a busy pool's next free one: the statement after the fault gets it.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&format!(
+            "postgres://postgres@127.0.0.1:{}/{db}",
+            proxy.port
+        ))
+        .await
+        .unwrap();
+    // Acquired (and pinged) before the fault, so the next bytes the database sends are the
+    // answer to BEGIN: they are held.
+    let mut conn = pool.acquire().await.unwrap();
+    proxy.cut_after(1);
+    let begun = tokio::time::timeout(
+        Duration::from_millis(300),
+        sqlx::Connection::begin(&mut *conn),
+    )
+    .await
+    .is_ok();
+    assert!(
+        !begun,
+        "BEGIN's answer was held, so begin() cannot have finished"
+    );
+    proxy.heal();
+    drop(conn);
+    sqlx::query("INSERT INTO written VALUES (1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Its own transaction, committed when it was answered: another session sees it at once.
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM written")
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen, 1,
+        "the statement ran inside the dropped begin's transaction"
+    );
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND state LIKE 'idle in transaction%'",
+    )
+    .bind(&db)
+    .fetch_one(&direct)
+    .await
+    .unwrap();
+    assert_eq!(open, 0, "a session is left inside a transaction");
+}
