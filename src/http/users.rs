@@ -6,7 +6,9 @@
 //! write is always answered 200: what could not be recorded is made safe by
 //! [`crate::routing::Db::note_write`] instead (a pin to the primary, or a wait). A write whose
 //! COMMIT lost its link may have landed: it is answered 503 `OUTCOME_UNKNOWN` and pins the
-//! user to the primary all the same ([`crate::routing::Db::note_unknown_write`]).
+//! user to the primary all the same ([`crate::routing::Db::note_unknown_write`]). The write
+//! and its note run in a task of their own, so a request that times out (503 `TIMEOUT`) while
+//! its COMMIT is under way still leaves the position noted once the write lands.
 
 use super::responses::{BadRequest, ErrorBody, PayloadTooLarge, Unauthorized, Unavailable};
 use super::{ApiError, AppState, Json, Path, Stated, stated};
@@ -88,14 +90,38 @@ where
 }
 
 /// The shared path of a write: one statement in a primary transaction, then the position
-/// noted for the user and `saved` answered as a GET would, with `X-Consistency-Token`.
+/// noted for the user and `saved` answered as a GET would, with `X-Consistency-Token`. The
+/// transaction and the note run in a task of their own: a request that times out or hangs up
+/// (dropping this future) cannot fall between the COMMIT and the note, which the user's next
+/// reads need to skip replicas from before the write.
 async fn write_own<T: Serialize>(
     state: &AppState,
     user: &UserId,
-    statement: sqlx::query::Query<'_, Postgres, PgArguments>,
+    statement: sqlx::query::Query<'static, Postgres, PgArguments>,
     saved: T,
 ) -> Result<Response, ApiError> {
-    let mut tx = state.db.primary().begin().await?;
+    let (db, who) = (state.db.clone(), user.clone());
+    let lsn = match tokio::spawn(async move { commit_own(&db, &who, statement).await }).await {
+        Ok(done) => done?,
+        // The task died (a panic): its write may have landed.
+        Err(e) => {
+            tracing::error!(error = %e, user = %user, "a user's write task died; its outcome is unknown");
+            state.db.note_unknown_write(user).await;
+            return Err(outcome_unknown());
+        }
+    };
+    let route = state.db.written_route();
+    Ok(with_token(stated(StatusCode::OK, saved, &route), lsn))
+}
+
+/// Runs a user's write and notes its position: `None` when it could not be read (the user is
+/// then pinned to the primary instead, [`crate::routing::Db::note_write`]).
+async fn commit_own(
+    db: &crate::routing::Db,
+    user: &UserId,
+    statement: sqlx::query::Query<'static, Postgres, PgArguments>,
+) -> Result<Option<crate::lsn::Lsn>, ApiError> {
+    let mut tx = db.primary().begin().await?;
     statement.execute(&mut *tx).await?;
     match tx.commit().await {
         Ok(()) => {}
@@ -106,17 +132,19 @@ async fn write_own<T: Serialize>(
         // never flip between the old value and the new.
         Err(e) => {
             tracing::warn!(error = %e, user = %user, "COMMIT of a user's write lost its link; its outcome is unknown");
-            state.db.note_unknown_write(user).await;
-            return Err(ApiError::unavailable(
-                "OUTCOME_UNKNOWN",
-                "the database did not confirm or deny the write, so it may have been saved; send it again",
-            ));
+            db.note_unknown_write(user).await;
+            return Err(outcome_unknown());
         }
     }
     // Committed: from here on nothing may turn this into an error.
-    let lsn = state.db.note_write(user).await;
-    let route = state.db.written_route();
-    Ok(with_token(stated(StatusCode::OK, saved, &route), lsn))
+    Ok(db.note_write(user).await)
+}
+
+fn outcome_unknown() -> ApiError {
+    ApiError::unavailable(
+        "OUTCOME_UNKNOWN",
+        "the database did not confirm or deny the write, so it may have been saved; send it again",
+    )
 }
 
 #[derive(Serialize, FromRow, ToSchema)]
@@ -213,8 +241,8 @@ async fn put_settings(
         "INSERT INTO user_settings (user_id, settings) VALUES ($1, $2) \
          ON CONFLICT (user_id) DO UPDATE SET settings = EXCLUDED.settings, updated_at = clock_timestamp()",
     )
-    .bind(user.as_str())
-    .bind(&saved.settings);
+    .bind(user.to_string())
+    .bind(saved.settings.clone());
     write_own(&state, &user, upsert, &saved).await
 }
 
@@ -324,9 +352,9 @@ async fn put_profile(
         "INSERT INTO user_profiles (user_id, display_name, email) VALUES ($1, $2, $3) \
          ON CONFLICT (user_id) DO UPDATE SET display_name = EXCLUDED.display_name, email = EXCLUDED.email, updated_at = clock_timestamp()",
     )
-    .bind(user.as_str())
-    .bind(name.as_str())
-    .bind(email.as_str());
+    .bind(user.to_string())
+    .bind(name.as_str().to_string())
+    .bind(email.as_str().to_string());
     let saved = Profile {
         user_id: user.to_string(),
         display_name: name.as_str().to_string(),

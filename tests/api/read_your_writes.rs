@@ -812,3 +812,71 @@ async fn with_redis_down_and_replicas_paused_another_instance_still_reads_the_wr
         cluster.resume_replay(2).unwrap();
     });
 }
+
+/// A save whose COMMIT outlasts the request's timeout is answered 503 `TIMEOUT`, and the
+/// server finishes the write all the same: the user's position must still be noted, or their
+/// next read is served by a replica from before the write (and flips to the new value once it
+/// replays). Fails when the write runs in the request's own future, which the timeout drops
+/// between the COMMIT and the note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_save_that_outlasts_its_request_timeout_still_keeps_the_users_reads_off_stale_replicas() {
+    let cluster = private_cluster();
+    let app = spawn_app_with(AppOptions {
+        env: vec![("STOCKGATE_REQUEST_TIMEOUT_MS", "500".into())],
+        ..AppOptions::new(&cluster)
+    })
+    .await;
+    let user = "slowsave";
+    assert_eq!(
+        put_settings(&app, user, json!({"v": "old"})).await.status(),
+        StatusCode::OK
+    );
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
+    blocking(|| {
+        cluster.pause_replay(1).unwrap();
+        cluster.pause_replay(2).unwrap();
+    });
+    // The COMMIT of the next write takes 1.5 s (a deferred trigger), three timeouts long.
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON user_settings \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .execute(&app.primary)
+    .await
+    .unwrap();
+    let resp = put_settings(&app, user, json!({"v": "new"})).await;
+    let answer = (resp.status(), resp.json::<Value>().await.unwrap());
+    assert_error(&answer, 503, "TIMEOUT");
+    app.wait_for("the write committed", Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, Value>("SELECT settings FROM user_settings WHERE user_id = $1")
+            .bind(user)
+            .fetch_one(&app.primary)
+            .await
+            .unwrap()["v"]
+            == "new"
+    })
+    .await;
+    let (status, body, reason) = get_settings(&app, user).await;
+    // Precondition: the replicas lack the write and a replica is within the 5 s budget.
+    for i in 1..=2 {
+        assert_eq!(
+            replica_holds(&cluster, i, &app.database, user).await["v"],
+            "old"
+        );
+    }
+    assert!(
+        app.replica_states()
+            .await
+            .iter()
+            .any(|(_, state, st)| state == "healthy" && st.is_some_and(|ms| ms < 5_000)),
+        "the replicas were already past the budget"
+    );
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["settings"]["v"], "new", "{body} ({reason})");
+    blocking(|| {
+        cluster.resume_replay(1).unwrap();
+        cluster.resume_replay(2).unwrap();
+    });
+}
