@@ -164,3 +164,76 @@ async fn a_statement_waiting_on_a_held_row_does_not_hold_up_other_products() {
     assert_eq!(waiting.await.unwrap().0, StatusCode::CREATED);
     assert_eq!(app.stock_on_primary("stall-a").await, 4);
 }
+
+/// A hot product's large batches (eight orders or more) run in a lane of their own, so they
+/// never wait for a statement of quiet products' batches to finish before theirs can start:
+/// sold beside orders spread over quiet products, no transaction that wrote eight or more of
+/// the hot product's orders wrote a quiet product's order too, while the quiet products'
+/// batches still share statements among themselves. Judged from the rows' `xmin`. Mutation
+/// seen failing it: every batch sent to the small lane (`LARGE = usize::MAX`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hot_products_large_batches_commit_apart_from_the_quiet_products_batches() {
+    let cluster = shared_cluster();
+    let app = spawn_app(cluster).await;
+    assert_eq!(
+        app.create_product("lane-hot", 100_000, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let quiet: Vec<String> = (0..40).map(|i| format!("lane-q-{i:02}")).collect();
+    for p in &quiet {
+        assert_eq!(
+            app.create_product(p, 100, 100).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let answers: Vec<StatusCode> = futures::stream::iter(0..1200usize)
+        .map(|i| {
+            let product = match i % 2 {
+                0 => "lane-hot",
+                _ => quiet[(i * 7) % quiet.len()].as_str(),
+            };
+            let app = &app;
+            async move {
+                app.order(&format!("lane-buyer-{i}"), "k", product, 1)
+                    .await
+                    .status()
+            }
+        })
+        .buffer_unordered(96)
+        .collect()
+        .await;
+    assert!(
+        answers.iter().all(|s| *s == StatusCode::CREATED),
+        "{answers:?}"
+    );
+    // Per transaction (no order was updated since): the hot orders it wrote, the quiet ones,
+    // and the quiet products.
+    let per_tx: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE product_id = 'lane-hot'), \
+                count(*) FILTER (WHERE product_id <> 'lane-hot'), \
+                count(DISTINCT product_id) FILTER (WHERE product_id <> 'lane-hot') \
+         FROM orders WHERE status = 'confirmed' GROUP BY xmin::text",
+    )
+    .fetch_all(&app.primary)
+    .await
+    .unwrap();
+    let large = per_tx.iter().filter(|(hot, _, _)| *hot >= 8).count();
+    let mixed: Vec<_> = per_tx
+        .iter()
+        .filter(|(hot, quiet, _)| *hot >= 8 && *quiet > 0)
+        .collect();
+    eprintln!(
+        "{} transactions, {large} with a large hot batch, {} of them with quiet orders",
+        per_tx.len(),
+        mixed.len()
+    );
+    assert!(large > 0, "no large batch formed: {per_tx:?}");
+    assert!(
+        per_tx.iter().any(|(_, _, products)| *products >= 2),
+        "no two quiet products' batches shared a statement: {per_tx:?}"
+    );
+    assert!(
+        mixed.is_empty(),
+        "large hot batches committed with quiet orders (hot, quiet, quiet products): {mixed:?}"
+    );
+}

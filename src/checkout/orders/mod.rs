@@ -38,7 +38,7 @@ use crate::domain::ProductId;
 use crate::metrics::Metrics;
 use crate::routing::policy::QueryClass;
 use crate::routing::{Db, DbError, Internal};
-use combiner::{Job, combiner};
+use combiner::{Job, Lanes};
 use statement::{Committed, Failed, RowSeen};
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -97,7 +97,7 @@ pub struct Coalescer {
     /// Products whose row another writer took between two of our batches, until when.
     contended: Mutex<HashMap<ProductId, Instant>>,
     /// The products' batches, on their way to a shared statement ([`combiner`]).
-    jobs: mpsc::UnboundedSender<Job>,
+    jobs: Lanes,
 }
 
 /// Sends `item` to `key`'s worker, starting one if there is none or if the one there has
@@ -141,8 +141,7 @@ impl Coalescer {
         max_batch: usize,
         window: Duration,
     ) -> Arc<Self> {
-        let (jobs, rx) = mpsc::unbounded_channel();
-        tokio::spawn(combiner(db.clone(), metrics.clone(), rx));
+        let jobs = Lanes::start(&db, &metrics);
         Arc::new(Coalescer {
             db,
             metrics,
