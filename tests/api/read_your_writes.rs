@@ -112,6 +112,29 @@ async fn put_settings(app: &TestApp, user: &str, settings: Value) -> reqwest::Re
         .unwrap()
 }
 
+/// The precondition of a read that must skip the replicas: both still hold `user`'s old
+/// settings, and one is healthy and within the own-data budget (5 s), so only what the service
+/// knows of the user's write can keep the read off it.
+async fn replicas_lack_the_write_within_budget(
+    cluster: &devcluster::Cluster,
+    app: &TestApp,
+    user: &str,
+) {
+    for i in 1..=2 {
+        assert_eq!(
+            replica_holds(cluster, i, &app.database, user).await["v"],
+            "old"
+        );
+    }
+    assert!(
+        app.replica_states()
+            .await
+            .iter()
+            .any(|(_, state, st)| state == "healthy" && st.is_some_and(|ms| ms < 5_000)),
+        "the replicas were already past the budget"
+    );
+}
+
 /// (status, body, route reason) of a settings read by `user` with a brand-new client (a
 /// second device: no cookies, no consistency token).
 async fn get_settings(app: &TestApp, user: &str) -> (StatusCode, Value, String) {
@@ -785,20 +808,7 @@ async fn with_redis_down_and_replicas_paused_another_instance_still_reads_the_wr
     );
     blocking(|| redis.stop()).unwrap();
     let (status, body, reason) = get_settings(&b, &user).await;
-    // Precondition: the replicas lack the write and a replica is within the 5 s budget.
-    for i in 1..=2 {
-        assert_eq!(
-            replica_holds(&cluster, i, &a.database, &user).await["v"],
-            "old"
-        );
-    }
-    assert!(
-        b.replica_states()
-            .await
-            .iter()
-            .any(|(_, state, st)| state == "healthy" && st.is_some_and(|ms| ms < 5_000)),
-        "the replicas were already past the budget"
-    );
+    replicas_lack_the_write_within_budget(&cluster, &b, &user).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["settings"]["v"], "new", "{body} ({reason})");
     assert_eq!(
@@ -859,20 +869,7 @@ async fn a_save_that_outlasts_its_request_timeout_still_keeps_the_users_reads_of
     })
     .await;
     let (status, body, reason) = get_settings(&app, user).await;
-    // Precondition: the replicas lack the write and a replica is within the 5 s budget.
-    for i in 1..=2 {
-        assert_eq!(
-            replica_holds(&cluster, i, &app.database, user).await["v"],
-            "old"
-        );
-    }
-    assert!(
-        app.replica_states()
-            .await
-            .iter()
-            .any(|(_, state, st)| state == "healthy" && st.is_some_and(|ms| ms < 5_000)),
-        "the replicas were already past the budget"
-    );
+    replicas_lack_the_write_within_budget(&cluster, &app, user).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["settings"]["v"], "new", "{body} ({reason})");
     blocking(|| {
