@@ -38,10 +38,11 @@ const STATEMENTS: usize = 1;
 /// load with no row held answers well within it (bench/results/spread-2026-12-04.md).
 const STALL: Duration = Duration::from_millis(25);
 
-/// How many stalled statements may wait beside the one running normally; beyond this, the
-/// next statement waits for one of them. A product waiting on a held row ends up in a
-/// statement of its own (a combined one gives up after [`statement::COMBINED_LOCK_WAIT`]), so
-/// this many held products leave the running place free; each holds one connection.
+/// How many stalled statements may wait beside the ones running normally, both lanes together;
+/// beyond this, the next statement waits for one of them. A product waiting on a held row ends
+/// up in a statement of its own (a combined one gives up after
+/// [`statement::COMBINED_LOCK_WAIT`]), so this many held products leave the running places
+/// free; each holds one primary connection, so the two lanes hold no more than one did.
 const STALLED: usize = 8;
 
 /// The most requests one combined statement carries.
@@ -67,9 +68,10 @@ pub(super) struct Lanes {
 
 impl Lanes {
     pub(super) fn start(db: &Db, metrics: &Metrics) -> Lanes {
+        let stalled = Arc::new(tokio::sync::Semaphore::new(STALLED));
         let lane = || {
             let (jobs, rx) = mpsc::unbounded_channel();
-            tokio::spawn(combiner(db.clone(), metrics.clone(), rx));
+            tokio::spawn(combiner(db.clone(), metrics.clone(), stalled.clone(), rx));
             jobs
         };
         Lanes {
@@ -94,9 +96,13 @@ impl Lanes {
 /// outcome (a row-level error it splits around, a lock race it reruns) exactly as if it had
 /// run alone. No two statements in flight hold a batch of the same product (a product's
 /// worker waits for its batch's answer), so a stalled statement never blocks the next one.
-async fn combiner(db: Db, metrics: Metrics, mut rx: mpsc::UnboundedReceiver<Job>) {
+async fn combiner(
+    db: Db,
+    metrics: Metrics,
+    stalled: Arc<tokio::sync::Semaphore>,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(STATEMENTS));
-    let stalled = Arc::new(tokio::sync::Semaphore::new(STALLED));
     while let Some(first) = rx.recv().await {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
