@@ -827,7 +827,7 @@ async fn with_redis_down_and_replicas_paused_another_instance_still_reads_the_wr
 /// server finishes the write all the same: the user's position must still be noted, or their
 /// next read is served by a replica from before the write (and flips to the new value once it
 /// replays). Fails when the write runs in the request's own future, which the timeout drops
-/// between the COMMIT and the note.
+/// between the COMMIT and the note (no position is ever noted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_save_that_outlasts_its_request_timeout_still_keeps_the_users_reads_off_stale_replicas() {
     let cluster = private_cluster();
@@ -840,6 +840,13 @@ async fn a_save_that_outlasts_its_request_timeout_still_keeps_the_users_reads_of
     assert_eq!(
         put_settings(&app, user, json!({"v": "old"})).await.status(),
         StatusCode::OK
+    );
+    let id = stockgate::domain::UserId::parse(user).unwrap();
+    let noted = || async { app.state.db.ryw().get(&id).await.unwrap() };
+    let old_position = noted().await;
+    assert!(
+        old_position.is_some(),
+        "precondition: the first save was noted"
     );
     blocking(|| cluster.wait_caught_up(Duration::from_secs(10))).unwrap();
     blocking(|| {
@@ -867,6 +874,14 @@ async fn a_save_that_outlasts_its_request_timeout_still_keeps_the_users_reads_of
             .unwrap()["v"]
             == "new"
     })
+    .await;
+    // The note follows the COMMIT's answer: a read between the two is concurrent with the
+    // write. Once a position past the first save's is noted, every read must see the write.
+    app.wait_for(
+        "the write's position noted",
+        Duration::from_secs(10),
+        || async { noted().await > old_position },
+    )
     .await;
     let (status, body, reason) = get_settings(&app, user).await;
     replicas_lack_the_write_within_budget(&cluster, &app, user).await;
