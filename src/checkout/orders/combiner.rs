@@ -20,9 +20,10 @@ pub(super) struct Job {
     pub reply: oneshot::Sender<Result<Committed, Failed>>,
 }
 
-/// Order statements in flight at once in a lane ([`Lanes`]), normally: one. While it runs, the batches that
-/// become ready queue for the next, so a spread of orders over many products commits many
-/// products at a time, and a hot product alone sends one batch at a time, which runs alone.
+/// Order statements in flight at once in a lane ([`Lanes`]), normally: one. While it runs, the
+/// batches that become ready queue for the next, so a spread of orders over many products
+/// commits many products at a time, and a hot product alone sends one batch at a time, which
+/// runs alone.
 /// One statement at a time makes the largest statements, and an order statement's fixed
 /// cost (its executor start-ups, triggers and commit, many times an order's own share) is
 /// paid fewest times. Over 1,000 products, side by side on a new database each, two in
@@ -51,10 +52,11 @@ const MAX_COMBINED: usize = 1024;
 /// A batch of at least this many orders goes to the large lane. A product that sells in such
 /// batches is hot: its orders already share one statement and its commit among themselves, so
 /// gathering quiet products' batches into that statement saves them little and makes the hot
-/// product's orders wait for the quiet ones' statement before theirs can start (with a hot
-/// product and 1,000 quiet ones at once, it sold 0.43× what it sold alone, at a p99 of 17 ms:
-/// bench/results/mix-2026-12-07.md). Spread orders come in batches of one or two and stay in
-/// the small lane, so they keep the largest statements.
+/// product's orders wait for the quiet ones' statement before theirs can start. With a hot
+/// product and 1,000 quiet ones at once, side by side, the hot one sold 0.40–0.42 of what it
+/// sold alone (p99 28–34 ms) in one lane and 0.55–0.69 (p99 22–27 ms) with its own
+/// (bench/results/mix-2026-12-07.md, from 12:26). Spread orders come in batches of one or two
+/// and stay in the small lane, so they keep the largest statements.
 const LARGE: usize = 8;
 
 /// Two combiners: one for small batches, one for large ones ([`LARGE`]). Each runs its own
