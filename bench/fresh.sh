@@ -362,6 +362,9 @@ drops_report() {
 
 # ticks PID…: their CPU time (utime + stime) in clock ticks; a process gone meanwhile counts 0
 ticks() { for p in "$@"; do cat "/proc/$p/stat" 2>/dev/null || true; done | awk '{ t += $14 + $15 } END { print t + 0 }'; }
+# cluster_ticks: the dev cluster's CPU ticks, its three nodes' postmasters, their children
+# and the children they have reaped (cpu_ticks); not the host's other PostgreSQL servers
+cluster_ticks() { echo $(( $(node_ticks primary) + $(node_ticks replica-1) + $(node_ticks replica-2) )); }
 # machine: all CPU ticks and idle ticks of /proc/stat
 machine() { awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print s, $5 }' /proc/stat; }
 # cpu_run SHAPE R: one run (1, 4peers, 4alone, 4own) on a new database; prints
@@ -380,9 +383,9 @@ cpu_run() {
   local pg0 svc0 m0 pg1 svc1 m1 sold batch busy i idle0 pr0 pr1
   # The instances idle: what their monitors and pollers cost the primary, with no order.
   idle0="$(node_ticks primary)"; sleep "${IDLE_SECONDS:-5}"; pr0="$(node_ticks primary)"
-  pg0="$(ticks $(pgrep -u postgres postgres))"; svc0="$(ticks "${instance_pids[@]}")"; m0="$(machine)"
+  pg0="$(cluster_ticks)"; svc0="$(ticks "${instance_pids[@]}")"; m0="$(machine)"
   sold="$(load_instances "$n" "$own" "$total")"
-  pg1="$(ticks $(pgrep -u postgres postgres))"; svc1="$(ticks "${instance_pids[@]}")"; m1="$(machine)"
+  pg1="$(cluster_ticks)"; svc1="$(ticks "${instance_pids[@]}")"; m1="$(machine)"
   pr1="$(node_ticks primary)"
   # Per instance "batches mean-batch transaction-seconds". The owner (or the one instance)
   # ran the most batches: its mean batch size. The row's busy time: every instance's batch

@@ -248,12 +248,17 @@ load_instances() {
   rm -f "$work"/wrk-*.txt
 }
 
-# cpu_ticks PID: utime + stime of a process and its children (nginx's workers, a postmaster's
-# backends), in clock ticks
+# cpu_ticks PID: utime + stime of a process, of its children (nginx's workers, a postmaster's
+# backends) and of the children it has reaped (cutime + cstime), in clock ticks. The reaped
+# count is what makes a before and an after of a load true for children that live only inside
+# it: pgbench's backends connect after the before and exit before the after, and until
+# 2026-12-07 their CPU was counted nowhere (bench/results/README.md, "pgbench's backends").
+# A child that exits in between moves its whole time into its parent's reaped count, and the
+# part counted in the before as its own is taken off again, so nothing is counted twice.
 cpu_ticks() {
   local p t=0
   for p in "$1" $(pgrep -P "$1" || true); do t=$(( t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0) )); done
-  echo "$t"
+  echo $(( t + $(awk '{ print $16 + $17 }' "/proc/$1/stat" 2>/dev/null || echo 0) ))
 }
 TICK_US=$(( 1000000 / $(getconf CLK_TCK) ))
 
@@ -264,10 +269,13 @@ node_ticks() {
 }
 
 # node_ticks_by_pid NODE: "pid kind ticks" for a node's postmaster and each child, the kind
-# from the process title (backend for a client connection): a before and an after of a load,
-# joined by pid, say where the node's CPU went (a process that exits in between is not counted)
+# from the process title (backend for a client connection), and a line `reaped` for the
+# children the postmaster has reaped (cpu_ticks): a before and an after of a load, joined by
+# pid, say where the node's CPU went (ticks_by_kind: a process that exits in between is
+# counted under `reaped`, its time during the load)
 node_ticks_by_pid() {
   local pm p kind; pm="$(head -1 "${STOCKGATE_DEV_DIR:-/tmp/stockgate-dev}/$1/postmaster.pid" 2>/dev/null)" || return 0
+  echo "reaped-$pm reaped $(awk '{ print $16 + $17 }' "/proc/$pm/stat" 2>/dev/null || echo 0)"
   for p in "$pm" $(pgrep -P "$pm" || true); do
     kind="$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | sed -E 's/^postgres: //; s/ +$//')"
     case "$kind" in
@@ -282,7 +290,8 @@ node_ticks_by_pid() {
 # ticks_by_kind BEFORE AFTER: each kind's ticks between two node_ticks_by_pid snapshots, as
 # "kind=ticks …"
 ticks_by_kind() {
-  awk 'NR == FNR { t0[$1] = $3; next } { d[$2] += $3 - t0[$1] } END { for (k in d) printf "%s=%d ", k, d[k]; print "" }' "$1" "$2"
+  awk 'NR == FNR { t0[$1] = $3; next } { d[$2] += $3 - t0[$1]; seen[$1] = 1 }
+       END { for (p in t0) if (!(p in seen)) d["reaped"] -= t0[p]; for (k in d) printf "%s=%d ", k, d[k]; print "" }' "$1" "$2"
 }
 
 # -- a revision's order batch statement, for sql-cost.sh and wal-cost.sh -------------------
@@ -308,13 +317,22 @@ revision_db() {
 # the requests' locations, here none) with SELECT as its select list (`t.*`, `count(*)`):
 # `hot`, HOT (36) orders of one unit for `hot`, a batch as the hot product's worker sends it;
 # `spread`, SPREAD (24) products at random, one order each, a combined statement as the
-# 1,000-product load sends it. Every order a new buyer and key.
+# 1,000-product load sends it; `plain`, no batch function: SPREAD of pgbench's plain one-order
+# transactions (bench/fresh.sh spread's: BEGIN, the guarded UPDATE, the order's INSERT,
+# COMMIT, each statement parsed and planned, as pgbench's simple protocol does), each on a
+# product at random, the yardstick of issue #49's point 2. Every order a new buyer and key.
 batch_statement() {
   local fn="$1" extra=""
   case "$fn" in take_order_batches_v[1-4]) ;; *) extra=", '{}'::text[], '{}'::int[]" ;; esac
   case "$2" in
     hot) echo "SELECT $3 FROM (SELECT array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM generate_series(1, ${HOT:-36})) a, $fn(ARRAY['hot'], ARRAY[${HOT:-36}], a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
     spread) echo "SELECT $3 FROM (SELECT array_agg(p ORDER BY p COLLATE \"C\") ps, array_agg(n::int ORDER BY p COLLATE \"C\") ends, array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM (SELECT p, row_number() OVER (ORDER BY p COLLATE \"C\") n FROM (SELECT DISTINCT 'p' || lpad((1 + floor(random() * 1000))::int::text, 4, '0') p FROM generate_series(1, ${SPREAD:-24})) d) x) a, $fn(a.ps, a.ends, a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
+    plain) LC_ALL=C awk -v n="${SPREAD:-24}" -v q="'" 'BEGIN { srand(); for (i = 0; i < n; i++) {
+        p = q sprintf("p%04d", 1 + int(rand() * 1000)) q
+        print "BEGIN;"
+        print "UPDATE products SET available_quantity = available_quantity - 1, updated_at = clock_timestamp() WHERE product_id = " p " AND available_quantity >= 1;"
+        print "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) VALUES (gen_random_uuid(), " p ", " q "pgb-1" q ", 1, 100, 100, " q "confirmed" q ", md5(random()::text), " q "spread:1" q ");"
+        print "COMMIT;" } }' ;;
     *) echo "batch_statement: unknown shape $2" >&2; return 2 ;;
   esac
 }

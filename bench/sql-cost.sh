@@ -13,7 +13,9 @@
 #
 # Shapes: `hot` (HOT orders, default 36, of one unit for the hot product, one statement: a batch as the
 # hot product's worker sends it) and `spread` (SPREAD products at random, default 24, one
-# order each: a combined statement as the 1,000-product load sends it).
+# order each: a combined statement as the 1,000-product load sends it) and `plain` (SPREAD
+# of pgbench's plain one-order transactions, four statements each: what the service's
+# statements are held against; the batch function is not called).
 #
 # Prints a table and appends it to bench/results/sql-cost-<YYYY-MM-DD>.md.
 # Environment: N (default 50), WARM (default 10), SHAPES (default "hot spread"), HOT and
@@ -96,7 +98,7 @@ for shape in $SHAPES; do
     KEEP=""
     IR[$side]=$(( (b - a) / N ))
   done
-  orders=$HOT; [ "$shape" = spread ] && orders=$SPREAD
+  orders=$HOT; [ "$shape" = hot ] || orders=$SPREAD
   awk -v s="$shape" -v o="$orders" -v a="${IR[A]}" -v b="${IR[B]}" 'BEGIN {
     printf "| %s | %s | %d | %d | %.2f | %d | %d |\n", s, (s == "spread" ? "≈" o : o), a, b, b / a, a / o, b / o }' | tee -a "$out"
 done
