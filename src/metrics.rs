@@ -100,6 +100,10 @@ metrics! {
     order_queue_seconds: Histogram("order_queue_seconds", "Time an order waited for its product's batch to take it", buckets ORDER_STAGE_BUCKETS);
     /// One batch's transaction on the primary, from sending it to its commit's answer.
     order_batch_seconds: Histogram("order_batch_seconds", "Time of one order batch's transaction on the primary (statement and commit)", buckets ORDER_STAGE_BUCKETS);
+    /// How long a committed batch held its product's row: from taking the row lock (the send
+    /// plus the wait the server measured) to its commit's answer. What the row's other writers
+    /// wait behind, without the batch's hand-off to the combiner or its connection's checkout.
+    order_row_held_seconds: Histogram("order_row_held_seconds", "Time a committed order batch held its product's row (row lock to the commit's answer)", buckets ORDER_STAGE_BUCKETS);
     order_transactions: IntCounter("order_transactions_total", "Primary transactions run to place orders");
     /// Order statements that ran past the stall limit (a row lock, most likely) and let the
     /// next statement start beside them (src/checkout/orders/).

@@ -448,6 +448,16 @@ async fn a_poisoned_row_fails_alone_and_the_rest_of_its_batch_commits() {
     );
 }
 
+/// How many observations a histogram holds.
+async fn observations(app: &TestApp, histogram: &str) -> f64 {
+    let text = app.metrics_text().await;
+    let prefix = format!("{histogram}_count ");
+    text.lines()
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{prefix} is not on /metrics"))
+}
+
 /// A histogram's observations above `le` seconds, and the sum of all of them.
 async fn above(app: &TestApp, histogram: &str, le: &str) -> (f64, f64) {
     let text = app.metrics_text().await;
@@ -466,10 +476,13 @@ async fn above(app: &TestApp, histogram: &str, le: &str) -> (f64, f64) {
 async fn an_orders_wait_in_the_queue_and_its_batchs_transaction_are_measured_apart() {
     const QUEUED: &str = "stockgate_order_queue_seconds";
     const BATCH: &str = "stockgate_order_batch_seconds";
+    const HELD: &str = "stockgate_order_row_held_seconds";
     let app = spawn_app(shared_cluster()).await;
     app.create_product("timed", 10, 100).await;
     let (queue_slow, queue_sum) = above(&app, QUEUED, "0.25").await;
     let (batch_slow, batch_sum) = above(&app, BATCH, "0.25").await;
+    let (held_slow, _) = above(&app, HELD, "0.25").await;
+    let helds = observations(&app, HELD).await;
     let lock = app.lock_rows(&["timed"]).await;
     // The first order's batch waits on the row inside its transaction; the second order
     // waits in the queue behind it.
@@ -505,5 +518,16 @@ async fn an_orders_wait_in_the_queue_and_its_batchs_transaction_are_measured_apa
         "batch time {} s < the {} s the first batch waited on the row",
         batch_sum_now - batch_sum,
         held(in_transaction)
+    );
+    // Each batch held the row from its lock to its commit: the first one's wait for the lock
+    // is not the row's time in its hands.
+    let (held_slow_now, _) = above(&app, HELD, "0.25").await;
+    assert_eq!(
+        (
+            observations(&app, HELD).await - helds,
+            held_slow_now - held_slow
+        ),
+        (2.0, 0.0),
+        "two batches held the row, neither for a quarter second"
     );
 }

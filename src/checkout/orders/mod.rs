@@ -251,6 +251,13 @@ impl Coalescer {
             self.metrics
                 .order_batch_seconds
                 .observe(started.elapsed().as_secs_f64());
+            if let Ok(Committed { row: Some(row), .. }) = &result {
+                self.metrics.order_row_held_seconds.observe(
+                    row.released_at
+                        .saturating_duration_since(row.locked_at)
+                        .as_secs_f64(),
+                );
+            }
             if let (None, Ok(Committed { row: Some(row), .. })) = (&seen, &result) {
                 seen = Some(Seen {
                     row: *row,
@@ -381,6 +388,7 @@ mod tests {
                     found,
                     left: found - 10,
                     locked_at: std::time::Instant::now(),
+                    released_at: std::time::Instant::now(),
                     window: super::super::drops::Window::default(),
                 },
                 waited,

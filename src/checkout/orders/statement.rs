@@ -62,6 +62,9 @@ pub(super) struct RowSeen {
     /// No later than the moment the row lock was taken ([`locked_at`]): the stock figures
     /// are exact from then.
     pub locked_at: Instant,
+    /// When the statement's answer (after its commit) arrived: the row was held from
+    /// `locked_at` to here.
+    pub released_at: Instant,
     /// The product's sale window.
     pub window: Window,
 }
@@ -300,6 +303,7 @@ fn read(
         found: first.found,
         left: first.left_after,
         locked_at: locked_at(sent, Duration::from_micros(waited), arrived),
+        released_at: arrived,
         window: Window {
             starts: first.sale_starts_at,
             ends: first.sale_ends_at,
