@@ -38,9 +38,12 @@
 #                   stand idle for IDLE_SECONDS (default 5) before the load (their monitors and
 #                   pollers: ms a second, and that rate over the run's orders/s, µs an order),
 #                   with the idle share, the owner's mean batch and the row's busy time per
-#                   order (every batch transaction's time over the orders), for one hot
+#                   order (every batch transaction's time over the orders, its hand-off to the
+#                   combiner and its connection's checkout included) and the time the row was
+#                   held per order (stockgate_order_row_held_seconds: from each batch's row
+#                   lock to its commit's answer), for one hot
 #                   product sold by: 1 instance (1cK: under K connections, not 64); 4peers,
-#                   four that are peers (STOCKGATE_PEERS); 4alone, four that are not; 4own, four
+#                   four that are peers (STOCKGATE_PEERS), 2peers two; 4alone, four that are not; 4own, four
 #                   each selling a product of its own (no shared row, no forwarding: the
 #                   ceiling of split stock, docs/design/peers.md)
 #   rows     18690  PostgreSQL alone, no service: pgbench plays the batchers, each
@@ -64,7 +67,9 @@
 # <SHAPE>_PORT (the first port, as above), <SHAPE>_NOTE (a line for the file), e.g.
 # SCALE_PORT, CARTS_NOTE; SCALE_PEERS (1: the two and four instances are one deployment's
 # peers, STOCKGATE_PEERS on ports SCALE_PORT+50…; 0: each on its own); CPU_SHAPES and
-# ROWS_SHAPES (which of their shapes to run, space-separated; default all).
+# ROWS_SHAPES (which of their shapes to run, space-separated; default all); CPU_RATE (cpu:
+# orders arrive at this rate in all, an open rate over CPU_CONNECTIONS, default 256, instead
+# of 64 connections each sending as its answer comes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -373,18 +378,21 @@ machine() { awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print s, $5
 # (CPU as µs per order)
 cpu_run() {
   local shape="$1" n=4 peers=0 own=0 db="cpu_${stamp}_$2_${1}" total=64
+  # CPU_RATE: orders arrive at that rate in all, over CPU_CONNECTIONS (256) connections
+  [ -z "${CPU_RATE:-}" ] || total="${CPU_CONNECTIONS:-256}"
   # 1cK: one instance under K connections (its batches as small as peers' owner's, say)
   case "$shape" in 1c*) total="${shape#1c}"; n=1 ;; esac
   [ "$shape" != 1 ] || n=1
   [ "$shape" != 4peers ] || peers=1
+  [ "$shape" != 2peers ] || { n=2; peers=1; }
   [ "$shape" != 4own ] || own=1
   hot_product_db "$db" 4
   start_instances "$db" "$n" "$peers"
-  local pg0 svc0 m0 pg1 svc1 m1 sold batch busy i idle0 pr0 pr1
+  local pg0 svc0 m0 pg1 svc1 m1 sold batch busy held i idle0 pr0 pr1
   # The instances idle: what their monitors and pollers cost the primary, with no order.
   idle0="$(node_ticks primary)"; sleep "${IDLE_SECONDS:-5}"; pr0="$(node_ticks primary)"
   pg0="$(cluster_ticks)"; svc0="$(ticks "${instance_pids[@]}")"; m0="$(machine)"
-  sold="$(load_instances "$n" "$own" "$total")"
+  sold="$(LOAD_RATE="${CPU_RATE:-}" load_instances "$n" "$own" "$total")"
   pg1="$(cluster_ticks)"; svc1="$(ticks "${instance_pids[@]}")"; m1="$(machine)"
   pr1="$(node_ticks primary)"
   # Per instance "batches mean-batch transaction-seconds". The owner (or the one instance)
@@ -394,36 +402,39 @@ cpu_run() {
   for i in $(seq 0 $((n - 1))); do
     curl -fsS "http://127.0.0.1:$((PORT + i))/metrics" | LC_ALL=C awk '
       $1 == "stockgate_order_batch_size_count" { c = $2 } $1 == "stockgate_order_batch_size_sum" { s = $2 }
-      $1 == "stockgate_order_batch_seconds_sum" { t = $2 }
-      END { printf "%d %.1f %.6f\n", c, (c ? s / c : 0), t }'
+      $1 == "stockgate_order_batch_seconds_sum" { t = $2 } $1 == "stockgate_order_row_held_seconds_sum" { h = $2 }
+      END { printf "%d %.1f %.6f %.6f\n", c, (c ? s / c : 0), t, h }'
   done >"$work/batches"
   batch="$(sort -g "$work/batches" | tail -1 | cut -d' ' -f2)"
   busy="$(LC_ALL=C awk '{ s += $3 } END { printf "%.6f", s }' "$work/batches")"
+  held="$(LC_ALL=C awk '{ s += $4 } END { printf "%.6f", s }' "$work/batches")"
   stop_instances
   echo "$sold" | LC_ALL=C awk -v secs="$SECS" -v shape="$shape" -v b="$batch" \
     -v svc="$((svc1 - svc0))" -v pg="$((pg1 - pg0))" -v pr="$((pr1 - pr0))" -v m0="$m0" -v m1="$m1" \
-    -v still="$((pr0 - idle0))" -v isecs="${IDLE_SECONDS:-5}" -v busy="$busy" -v hz="$(getconf CLK_TCK)" '
+    -v still="$((pr0 - idle0))" -v isecs="${IDLE_SECONDS:-5}" -v busy="$busy" -v held="$held" -v hz="$(getconf CLK_TCK)" '
     {
       split(m0, a, " "); split(m1, z, " "); all = z[1] - a[1]; idle = z[2] - a[2]
       us = 1e6 / hz / ($1 * secs)
       ms = still * 1e3 / hz / isecs
-      printf "%s %s %s %.1f %.1f %.1f %.0f %s %.1f %.1f %.1f %.1f\n", shape, $1, $2, svc * us, pg * us, (all - idle - svc - pg) * us, 100 * idle / all, b,
-        pr * us, ms, ms * 1e3 / $1, busy * 1e6 / ($1 * secs) }'
+      printf "%s %s %s %.1f %.1f %.1f %.0f %s %.1f %.1f %.1f %.1f %.1f\n", shape, $1, $2, svc * us, pg * us, (all - idle - svc - pg) * us, 100 * idle / all, b,
+        pr * us, ms, ms * 1e3 / $1, busy * 1e6 / ($1 * secs), held * 1e6 / ($1 * secs) }'
   drop_db "$db"
 }
 cpu_report() {
   local s
   heading
-  conditions "64 connections in total (wrk -t1 per instance), ${SECS} s a run, a new never-analyzed database each, $ROUNDS rounds, order rotating" \
+  local load="64 connections in total (wrk -t1 per instance)"
+  [ -z "${CPU_RATE:-}" ] || load="orders arriving at $CPU_RATE a second in all (an open rate, bench/wrk/orders.lua's WRK_RATE) over ${CPU_CONNECTIONS:-256} connections (wrk -t1 per instance, the rate split evenly)"
+  conditions "$load, ${SECS} s a run, a new never-analyzed database each, $ROUNDS rounds, order rotating" \
     "CPU in µs per confirmed order."
   echo
   table shape orders/s "p99 ms" "service µs" "PostgreSQL µs" "rest (wrk) µs" "idle %" "owner's mean batch" \
-    "primary µs" "primary idle ms/s" "idle ms/s ÷ orders/s µs" "row busy µs/order"
+    "primary µs" "primary idle ms/s" "idle ms/s ÷ orders/s µs" "row busy µs/order" "row held µs/order"
   echo
   for s in "${subshapes[@]}"; do
     scol() { awk -v s="$s" -v c="$1" '$1 == s { print $c }' "$work/rows" | median; }
-    printf '**%s (median):** %s orders/s, p99 %s ms; service %s µs, PostgreSQL %s µs (the primary %s µs, of which its idle rate %s µs), rest %s µs an order; idle %s %%; batch %s; primary idle %s ms/s; the row busy %s µs an order.\n' \
-      "$s" "$(scol 2)" "$(scol 3)" "$(scol 4)" "$(scol 5)" "$(scol 9)" "$(scol 11)" "$(scol 6)" "$(scol 7)" "$(scol 8)" "$(scol 10)" "$(scol 12)"
+    printf '**%s (median):** %s orders/s, p99 %s ms; service %s µs, PostgreSQL %s µs (the primary %s µs, of which its idle rate %s µs), rest %s µs an order; idle %s %%; batch %s; primary idle %s ms/s; the row busy %s µs an order, held %s.\n' \
+      "$s" "$(scol 2)" "$(scol 3)" "$(scol 4)" "$(scol 5)" "$(scol 9)" "$(scol 11)" "$(scol 6)" "$(scol 7)" "$(scol 8)" "$(scol 10)" "$(scol 12)" "$(scol 13)"
   done
 }
 

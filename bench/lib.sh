@@ -228,13 +228,16 @@ stop_instances() {
 # load_instances N [OWN] [TOTAL]: one `wrk -t1` per started instance (TOTAL, default 64, / N
 # connections each, $SECS s,
 # every request a new buyer and key for `hot`, or with OWN = 1 for instance I's own product
-# `hot-I`: bench/wrk/orders.lua), all at once; prints "orders/s p99" (201s only; the worst
-# instance's p99, ms)
+# `hot-I`: bench/wrk/orders.lua), all at once; with LOAD_RATE (orders a second in all), each
+# sends LOAD_RATE / N a second whatever the latency (an open arrival rate, orders.lua's
+# WRK_RATE) instead of a request per connection as each answer comes; prints "orders/s p99"
+# (201s only; the worst instance's p99, ms)
 load_instances() {
-  local n="$1" i loads=() p99=0 v product=hot total="${3:-64}"
+  local n="$1" i loads=() p99=0 v product=hot total="${3:-64}" rate=()
+  [ -z "${LOAD_RATE:-}" ] || rate=("WRK_RATE=$((LOAD_RATE / n))")
   for i in $(seq 0 $((n - 1))); do
     [ "${2:-0}" != 1 ] || product="hot-$i"
-    wrk -t1 -c$((total / n)) -d"${SECS}s" --latency -s bench/wrk/orders.lua \
+    env "${rate[@]}" wrk -t1 -c$((total / n)) -d"${SECS}s" --latency -s bench/wrk/orders.lua \
       "http://127.0.0.1:$((PORT + i))" -- "$ADMIN" "$product" >"$work/wrk-$i.txt" &
     loads+=($!)
   done

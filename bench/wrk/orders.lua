@@ -3,7 +3,24 @@
 -- from PRODUCT_ID1 … PRODUCT_IDN, or with N and LINES for a cart of LINES distinct products
 -- drawn from those, one unit each; counts responses by status.
 -- usage: wrk -s bench/wrk/orders.lua URL -- ADMIN_TOKEN PRODUCT_ID [N [LINES]]
+--
+-- With WRK_RATE in the environment (requests a second, per wrk thread), the thread sends at
+-- that rate whatever the answers' latency, as arriving shoppers would (an open arrival rate),
+-- not a request per connection as soon as its last answer is in (wrk's closed loop): each
+-- request takes the thread's next slot on a schedule of 1 / WRK_RATE apart, and waits for it.
+-- The connections must outnumber the requests in flight (rate × latency), or the rate is not
+-- reached; the closing lines say how far the schedule fell behind.
 local threads = {}
+local ffi = require("ffi")
+ffi.cdef[[
+  typedef struct { long tv_sec; long tv_nsec; } sg_timespec;
+  int clock_gettime(int clk, sg_timespec *tp);
+]]
+local ts = ffi.new("sg_timespec")
+local function now_ms()
+  ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
+  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+end
 
 function setup(thread)
   thread:set("tid", #threads)
@@ -26,6 +43,21 @@ function init(args)
   lines = tonumber(args[4]) or 1
   proc = pid()
   math.randomseed(os.time() * 1000 + tid + proc * 7919)
+end
+
+-- Defined only with WRK_RATE: wrk looks for delay() once, and with one it routes every
+-- request through a timer, which would change the closed loop of every other benchmark.
+if os.getenv("WRK_RATE") then
+  local interval, slot = 1000 / tonumber(os.getenv("WRK_RATE")), nil
+  late = 0
+  -- wrk calls it before every request, the first included. A schedule more than a second
+  -- behind starts again a second behind: a backlog sent at once is bounded.
+  function delay()
+    local now = now_ms()
+    slot = slot and math.max(slot + interval, now - 1000) or now
+    if slot < now then late = math.max(late, now - slot) end
+    return math.max(0, math.floor(slot - now))
+  end
 end
 
 function request()
@@ -63,4 +95,8 @@ function done(summary, latency, requests)
     for k, v in pairs(t:get("codes")) do total[k] = (total[k] or 0) + v end
   end
   for k, v in pairs(total) do io.write(string.format("status %d: %d\n", k, v)) end
+  for _, t in ipairs(threads) do
+    local late = t:get("late")
+    if late then io.write(string.format("schedule: at most %.1f ms behind\n", late)) end
+  end
 end
