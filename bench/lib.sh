@@ -323,16 +323,20 @@ revision_db() {
 # 1,000-product load sends it; `plain`, no batch function: SPREAD of pgbench's plain one-order
 # transactions (bench/fresh.sh spread's: BEGIN, the guarded UPDATE, the order's INSERT,
 # COMMIT, each statement parsed and planned, as pgbench's simple protocol does), each on a
-# product at random, the yardstick of issue #49's point 2. Every order a new buyer and key.
+# product at random, the yardstick of issue #49's point 2; `bare`, the same with the schema's
+# triggers off (`session_replication_role = replica`: no level follows the count, no event, no
+# check that the product exists; not a valid writer, only a bound on what the triggers cost).
+# Every order a new buyer and key.
 batch_statement() {
   local fn="$1" extra=""
   case "$fn" in take_order_batches_v[1-4]) ;; *) extra=", '{}'::text[], '{}'::int[]" ;; esac
   case "$2" in
     hot) echo "SELECT $3 FROM (SELECT array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM generate_series(1, ${HOT:-36})) a, $fn(ARRAY['hot'], ARRAY[${HOT:-36}], a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
     spread) echo "SELECT $3 FROM (SELECT array_agg(p ORDER BY p COLLATE \"C\") ps, array_agg(n::int ORDER BY p COLLATE \"C\") ends, array_agg(gen_random_uuid()) ids, array_agg('u' || (random() * 1e12)::bigint) us, array_agg(md5(random()::text)) ks, array_agg(1) q, array_agg(md5(random()::text)) fps FROM (SELECT p, row_number() OVER (ORDER BY p COLLATE \"C\") n FROM (SELECT DISTINCT 'p' || lpad((1 + floor(random() * 1000))::int::text, 4, '0') p FROM generate_series(1, ${SPREAD:-24})) d) x) a, $fn(a.ps, a.ends, a.ids, a.us, a.ks, a.q, a.fps$extra) t;" ;;
-    plain) LC_ALL=C awk -v n="${SPREAD:-24}" -v q="'" 'BEGIN { srand(); for (i = 0; i < n; i++) {
+    plain|bare) LC_ALL=C awk -v n="${SPREAD:-24}" -v q="'" -v bare="$([ "$2" = bare ] && echo 1)" 'BEGIN { srand(); for (i = 0; i < n; i++) {
         p = q sprintf("p%04d", 1 + int(rand() * 1000)) q
         print "BEGIN;"
+        if (bare) print "SET LOCAL session_replication_role = replica;"
         print "UPDATE products SET available_quantity = available_quantity - 1, updated_at = clock_timestamp() WHERE product_id = " p " AND available_quantity >= 1;"
         print "INSERT INTO orders (order_id, product_id, user_id, quantity, unit_price_cents, total_cents, status, idempotency_key, request_fingerprint) VALUES (gen_random_uuid(), " p ", " q "pgb-1" q ", 1, 100, 100, " q "confirmed" q ", md5(random()::text), " q "spread:1" q ");"
         print "COMMIT;" } }' ;;

@@ -15,7 +15,8 @@
 # hot product's worker sends it) and `spread` (SPREAD products at random, default 24, one
 # order each: a combined statement as the 1,000-product load sends it) and `plain` (SPREAD
 # of pgbench's plain one-order transactions, four statements each: what the service's
-# statements are held against; the batch function is not called).
+# statements are held against; the batch function is not called) and `bare` (the same with
+# the schema's triggers off: a bound, not a valid writer).
 #
 # Prints a table and appends it to bench/results/sql-cost-<YYYY-MM-DD>.md.
 # Environment: N (default 50), WARM (default 10), SHAPES (default "hot spread"), HOT and
