@@ -25,7 +25,7 @@
 #                   the service shares); CPU per cart side by side, as for spread
 #   mix      18398  a product `hot` and 1,000 quiet ones on one instance, `wrk -t1 -c32` each:
 #                   hot alone, quiet alone, both at once (64 connections); mixed ÷ alone per
-#                   class, so neither may starve the other
+#                   class, so neither may starve the other; the machine's idle share while mixed
 #   drops    18390  a flash drop's rules: `drops-free` (no rules), `drops-lim`
 #                   (max_per_customer 2) and `drops-soon` (sale_starts_at a day ahead) in
 #                   turns on one instance; answers/s (201, or 409 SALE_NOT_STARTED), p99 and
@@ -287,7 +287,7 @@ mix_load() {
   esac
 }
 mix_round() {
-  local db="mix_${stamp}_$1" run h
+  local db="mix_${stamp}_$1" run h m0 m1 idle
   fresh_db "$db" "$(products spread- 1000)
 INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) VALUES ('hot', 'hot', 100, 100000000, 100000000);"
   start_instances "$db" 1 0
@@ -295,23 +295,28 @@ INSERT INTO products (product_id, name, price_cents, available_quantity, stated_
     case "$run" in
       hot) mix_load hot "$work/hot-alone" ;;
       quiet) mix_load quiet "$work/quiet-alone" ;;
-      both) mix_load hot "$work/hot-mixed" & h=$!; mix_load quiet "$work/quiet-mixed"; wait "$h" ;;
+      both)
+        m0="$(machine)"
+        mix_load hot "$work/hot-mixed" & h=$!; mix_load quiet "$work/quiet-mixed"; wait "$h"
+        m1="$(machine)"
+        idle="$(LC_ALL=C awk -v a="$m0" -v z="$m1" 'BEGIN { split(a, x, " "); split(z, y, " "); printf "%.0f", 100 * (y[2] - x[2]) / (y[1] - x[1]) }')" ;;
     esac
   done
   stop_instances
   drop_db "$db"
   echo "$1 $(figures "$work/hot-alone") $(figures "$work/hot-mixed") $(figures "$work/quiet-alone") $(figures "$work/quiet-mixed")" |
-    awk '{ printf "%s %s %s %s %s %s %s %s %s %.2f %.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, ($2 > 0 ? $4 / $2 : 0), ($6 > 0 ? $8 / $6 : 0) }'
+    awk -v idle="$idle" '{ printf "%s %s %s %s %s %s %s %s %s %.2f %.2f %s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, ($2 > 0 ? $4 / $2 : 0), ($6 > 0 ? $8 / $6 : 0), idle }'
 }
 mix_report() {
   heading
   conditions "wrk -t1 -c32 per class, alone and both at once (64 connections), ${SECS} s each, $ROUNDS rounds, order rotating"
   echo
-  table round "hot alone orders/s" "p99 ms" "hot mixed" "p99 ms" "quiet alone" "p99 ms" "quiet mixed" "p99 ms" "hot mixed ÷ alone" "quiet mixed ÷ alone"
+  table round "hot alone orders/s" "p99 ms" "hot mixed" "p99 ms" "quiet alone" "p99 ms" "quiet mixed" "p99 ms" "hot mixed ÷ alone" "quiet mixed ÷ alone" "idle % mixed"
   echo
-  printf '**Median:** hot mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s); quiet mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s).\n' \
+  printf '**Median:** hot mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s); quiet mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s); the machine idle %s %% (%s) while mixed.\n' \
     "$(col 4 | median)" "$(col 4 | range)" "$(col 5 | median)" "$(col 5 | range)" "$(col 10 | median)" "$(col 10 | range)" \
-    "$(col 8 | median)" "$(col 8 | range)" "$(col 9 | median)" "$(col 9 | range)" "$(col 11 | median)" "$(col 11 | range)"
+    "$(col 8 | median)" "$(col 8 | range)" "$(col 9 | median)" "$(col 9 | range)" "$(col 11 | median)" "$(col 11 | range)" \
+    "$(col 12 | median)" "$(col 12 | range)"
 }
 
 drops_products=(drops-free drops-lim drops-soon)
