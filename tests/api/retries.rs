@@ -448,16 +448,6 @@ async fn a_poisoned_row_fails_alone_and_the_rest_of_its_batch_commits() {
     );
 }
 
-/// How many observations a histogram holds.
-async fn observations(app: &TestApp, histogram: &str) -> f64 {
-    let text = app.metrics_text().await;
-    let prefix = format!("{histogram}_count ");
-    text.lines()
-        .find(|l| l.starts_with(&prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("{prefix} is not on /metrics"))
-}
-
 /// A histogram's observations above `le` seconds, and the sum of all of them.
 async fn above(app: &TestApp, histogram: &str, le: &str) -> (f64, f64) {
     let text = app.metrics_text().await;
@@ -482,7 +472,7 @@ async fn an_orders_wait_in_the_queue_and_its_batchs_transaction_are_measured_apa
     let (queue_slow, queue_sum) = above(&app, QUEUED, "0.25").await;
     let (batch_slow, batch_sum) = above(&app, BATCH, "0.25").await;
     let (held_slow, _) = above(&app, HELD, "0.25").await;
-    let helds = observations(&app, HELD).await;
+    let helds = app.metric(&format!("{HELD}_count")).await;
     let lock = app.lock_rows(&["timed"]).await;
     // The first order's batch waits on the row inside its transaction; the second order
     // waits in the queue behind it.
@@ -524,7 +514,7 @@ async fn an_orders_wait_in_the_queue_and_its_batchs_transaction_are_measured_apa
     let (held_slow_now, _) = above(&app, HELD, "0.25").await;
     assert_eq!(
         (
-            observations(&app, HELD).await - helds,
+            app.metric(&format!("{HELD}_count")).await - helds,
             held_slow_now - held_slow
         ),
         (2.0, 0.0),

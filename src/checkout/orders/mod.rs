@@ -257,9 +257,7 @@ impl Coalescer {
                         .saturating_duration_since(row.locked_at)
                         .as_secs_f64(),
                 );
-            }
-            if let (None, Ok(Committed { row: Some(row), .. })) = (&seen, &result) {
-                seen = Some(Seen {
+                seen.get_or_insert(Seen {
                     row: *row,
                     waited: row.locked_at.saturating_duration_since(started),
                 });
