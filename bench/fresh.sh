@@ -59,8 +59,9 @@
 # the buyer); pgbench runs -j2 at -c8, -c32 and -c64 and counts its best.
 #
 # BENCH_FSYNC_OFF=1 runs any shape with fsync off on every node of the dev cluster (turned back
-# on at exit; the result file says so): the fast-disk limit, where CPU per order decides. Bench
-# only: the product, its tests and `./dev up` never turn fsync off.
+# on at exit; the result file says so): the fast-disk limit, where CPU per order decides;
+# BENCH_FSYNC_OFF=replicas on the replicas only, which on one host share the primary's disk.
+# Bench only: the product, its tests and `./dev up` never turn fsync off.
 #
 # Environment: ROUNDS (3), BENCH_SECONDS (per run, 8), STOCKGATE_BIN
 # (target/release/stockgate), STOCKGATE_DEV_DIR / STOCKGATE_DEV_PORT (as for ./dev);
@@ -286,37 +287,60 @@ mix_load() {
     quiet) wrk_orders "$2" -t1 -c32 -- spread- 1000 ;;
   esac
 }
+# mix_run CLASS…: one run of CLASS (hot, quiet) at once, 32 connections each, each into
+# $work/CLASS-alone (one class) or $work/CLASS-mixed (both); prints the machine's idle % and its
+# busy CPU µs per 201 over the run (every process on the host: the service, PostgreSQL's
+# three nodes, wrk)
+mix_run() {
+  local m0 m1 c pids=() tag=alone
+  [ $# -eq 1 ] || tag=mixed
+  m0="$(machine)"
+  for c in "$@"; do mix_load "$c" "$work/$c-$tag" & pids+=($!); done
+  wait "${pids[@]}"
+  m1="$(machine)"
+  LC_ALL=C awk -v a="$m0" -v z="$m1" -v secs="$SECS" -v hz="$(getconf CLK_TCK)" \
+    -v rate="$(for c in "$@"; do figures "$work/$c-$tag"; echo; done | awk '{ s += $1 } END { print s }')" 'BEGIN {
+      split(a, x, " "); split(z, y, " "); all = y[1] - x[1]; idle = y[2] - x[2]
+      printf "%.0f %.0f", 100 * idle / all, (rate > 0 ? (all - idle) / hz * 1e6 / (rate * secs) : 0) }'
+}
 mix_round() {
-  local db="mix_${stamp}_$1" run h m0 m1 idle
+  local db="mix_${stamp}_$1" run cpu_h cpu_q cpu_m
   fresh_db "$db" "$(products spread- 1000)
 INSERT INTO products (product_id, name, price_cents, available_quantity, stated_quantity) VALUES ('hot', 'hot', 100, 100000000, 100000000);"
   start_instances "$db" 1 0
   for run in $(rotated "$1" hot quiet both); do
     case "$run" in
-      hot) mix_load hot "$work/hot-alone" ;;
-      quiet) mix_load quiet "$work/quiet-alone" ;;
-      both)
-        m0="$(machine)"
-        mix_load hot "$work/hot-mixed" & h=$!; mix_load quiet "$work/quiet-mixed"; wait "$h"
-        m1="$(machine)"
-        idle="$(LC_ALL=C awk -v a="$m0" -v z="$m1" 'BEGIN { split(a, x, " "); split(z, y, " "); printf "%.0f", 100 * (y[2] - x[2]) / (y[1] - x[1]) }')" ;;
+      hot) cpu_h="$(mix_run hot)" ;;
+      quiet) cpu_q="$(mix_run quiet)" ;;
+      both) cpu_m="$(mix_run hot quiet)" ;;
     esac
   done
   stop_instances
   drop_db "$db"
-  echo "$1 $(figures "$work/hot-alone") $(figures "$work/hot-mixed") $(figures "$work/quiet-alone") $(figures "$work/quiet-mixed")" |
-    awk -v idle="$idle" '{ printf "%s %s %s %s %s %s %s %s %s %.2f %.2f %s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, ($2 > 0 ? $4 / $2 : 0), ($6 > 0 ? $8 / $6 : 0), idle }'
+  # The CPU bound: at each class's whole-machine CPU per order alone, the mixed orders/s
+  # fill the machine when r_hot · busy_hot + r_quiet · busy_quiet = 1, busy the share of the
+  # machine a class kept busy alone; so the largest ratio both can keep at once is
+  # 1 / (busy_hot + busy_quiet).
+  echo "$1 $(figures "$work/hot-alone") $(figures "$work/hot-mixed") $(figures "$work/quiet-alone") $(figures "$work/quiet-mixed") $cpu_h $cpu_q $cpu_m" |
+    awk '{ bh = 1 - $10 / 100; bq = 1 - $12 / 100
+      printf "%s %s %s %s %s %s %s %s %s %.2f %.2f %s %s %s %s %s %s %.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9,
+        ($2 > 0 ? $4 / $2 : 0), ($6 > 0 ? $8 / $6 : 0), $10, $12, $14, $11, $13, $15, (bh + bq > 0 ? 1 / (bh + bq) : 0) }'
 }
 mix_report() {
   heading
   conditions "wrk -t1 -c32 per class, alone and both at once (64 connections), ${SECS} s each, $ROUNDS rounds, order rotating"
   echo
-  table round "hot alone orders/s" "p99 ms" "hot mixed" "p99 ms" "quiet alone" "p99 ms" "quiet mixed" "p99 ms" "hot mixed ÷ alone" "quiet mixed ÷ alone" "idle % mixed"
+  table round "hot alone orders/s" "p99 ms" "hot mixed" "p99 ms" "quiet alone" "p99 ms" "quiet mixed" "p99 ms" "hot mixed ÷ alone" "quiet mixed ÷ alone" \
+    "idle % hot alone" "idle % quiet alone" "idle % mixed" "CPU µs/order hot alone" "quiet alone" "mixed" "CPU bound on both ratios"
   echo
   printf '**Median:** hot mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s); quiet mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s); the machine idle %s %% (%s) while mixed.\n' \
     "$(col 4 | median)" "$(col 4 | range)" "$(col 5 | median)" "$(col 5 | range)" "$(col 10 | median)" "$(col 10 | range)" \
     "$(col 8 | median)" "$(col 8 | range)" "$(col 9 | median)" "$(col 9 | range)" "$(col 11 | median)" "$(col 11 | range)" \
-    "$(col 12 | median)" "$(col 12 | range)"
+    "$(col 14 | median)" "$(col 14 | range)"
+  printf '**The machine:** idle %s %% (%s) with the hot product alone, %s %% (%s) with the quiet ones alone; its CPU per order (every process on the host, busy core-µs per 201) %s µs (%s) hot alone, %s (%s) quiet alone, %s (%s) mixed; at the alone runs'"'"' CPU per order, the largest ratio both classes could keep at once is %s (%s).\n' \
+    "$(col 12 | median)" "$(col 12 | range)" "$(col 13 | median)" "$(col 13 | range)" \
+    "$(col 15 | median)" "$(col 15 | range)" "$(col 16 | median)" "$(col 16 | range)" "$(col 17 | median)" "$(col 17 | range)" \
+    "$(col 18 | median)" "$(col 18 | range)"
 }
 
 drops_products=(drops-free drops-lim drops-soon)

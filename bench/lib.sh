@@ -15,16 +15,19 @@ host_line() {
   us="$(/usr/lib/postgresql/15/bin/pg_test_fsync -s 1 -f "$1/pg_test_fsync.tmp" 2>/dev/null |
     awk '/using one 8kB write/ { one = 1 } one && !done && $1 == "fdatasync" { print $(NF - 1); done = 1 }')" || true
   rm -f "$1/pg_test_fsync.tmp"
-  echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), one 8 kB write + fdatasync ${us:-?} µs (pg_test_fsync)$([ "${BENCH_FSYNC_OFF:-0}" != 1 ] || echo "; fsync OFF on every node (BENCH_FSYNC_OFF, bench only)")"
+  echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), one 8 kB write + fdatasync ${us:-?} µs (pg_test_fsync)$(case "${BENCH_FSYNC_OFF:-0}" in 1) echo "; fsync OFF on every node (BENCH_FSYNC_OFF, bench only)" ;; replicas) echo "; fsync OFF on the two replicas, on on the primary (BENCH_FSYNC_OFF=replicas, bench only)" ;; esac)"
 }
 
-# fsync_all on|off: sets fsync on every node of the dev cluster ($BASE_URL and $REPLICAS) and
-# reloads it. Only for BENCH_FSYNC_OFF=1 (bench_setup), which shows the fast-disk limit, where
-# CPU per order decides: with fsync off a crash can lose or corrupt committed data, so the
-# product, its tests and `./dev up` never turn it off, and this turns it back on at exit.
+# fsync_all on|off: sets fsync on every node of the dev cluster ($BASE_URL and $REPLICAS), or on
+# the replicas only when BENCH_FSYNC_OFF=replicas, and reloads it. Only for BENCH_FSYNC_OFF
+# (bench_setup): 1 shows the fast-disk limit, where CPU per order decides; `replicas` shows what
+# the replicas' flushes, which on one host share the primary's disk, add to its commits. With
+# fsync off a crash can lose or corrupt committed data, so the product, its tests and `./dev up`
+# never turn it off, and this turns it back on at exit.
 fsync_all() {
-  local url
-  for url in "$BASE_URL/postgres" $(echo "$REPLICAS" | tr ',' '\n' | sed 's#/[^/]*$#/postgres#'); do
+  local url primary="$BASE_URL/postgres"
+  [ "${BENCH_FSYNC_OFF:-0}" != replicas ] || primary=""
+  for url in $primary $(echo "$REPLICAS" | tr ',' '\n' | sed 's#/[^/]*$#/postgres#'); do
     psql "$url" -qAt -c "ALTER SYSTEM SET fsync = $1" -c "SELECT pg_reload_conf()" >/dev/null
   done
 }
@@ -160,7 +163,7 @@ bench_setup() {
   done
   [ -x "$BIN" ] || { echo "$name: $BIN is missing (cargo build --release)" >&2; exit 1; }
   bench_service_env "$PORT"
-  [ "${BENCH_FSYNC_OFF:-0}" != 1 ] || fsync_all off
+  [ "${BENCH_FSYNC_OFF:-0}" = 0 ] || fsync_all off
   stamp="$(date -u +%H%M%S)"
   work="$(mktemp -d)"
   pid=""
@@ -169,7 +172,7 @@ bench_setup() {
 bench_cleanup() {
   [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
   stop_instances
-  [ "${BENCH_FSYNC_OFF:-0}" != 1 ] || fsync_all on
+  [ "${BENCH_FSYNC_OFF:-0}" = 0 ] || fsync_all on
   rm -rf "$work"
 }
 
