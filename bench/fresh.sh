@@ -25,7 +25,10 @@
 #                   the service shares); CPU per cart side by side, as for spread
 #   mix      18398  a product `hot` and 1,000 quiet ones on one instance, `wrk -t1 -c32` each:
 #                   hot alone, quiet alone, both at once (64 connections); mixed ÷ alone per
-#                   class, so neither may starve the other; the machine's idle share while mixed
+#                   class, so neither may starve the other; for every run the machine's idle
+#                   share and its CPU per order (every process on the host), the largest ratio
+#                   both classes could keep at once at their CPU per order alone, and each
+#                   class mixed ÷ what half the machine sells of it alone
 #   drops    18390  a flash drop's rules: `drops-free` (no rules), `drops-lim`
 #                   (max_per_customer 2) and `drops-soon` (sale_starts_at a day ahead) in
 #                   turns on one instance; answers/s (201, or 409 SALE_NOT_STARTED), p99 and
@@ -320,27 +323,29 @@ INSERT INTO products (product_id, name, price_cents, available_quantity, stated_
   # The CPU bound: at each class's whole-machine CPU per order alone, the mixed orders/s
   # fill the machine when r_hot · busy_hot + r_quiet · busy_quiet = 1, busy the share of the
   # machine a class kept busy alone; so the largest ratio both can keep at once is
-  # 1 / (busy_hot + busy_quiet).
+  # 1 / (busy_hot + busy_quiet). A class's half of the machine, at its CPU per order alone,
+  # sells alone · 0.5 / busy: the last two columns are mixed ÷ that.
   echo "$1 $(figures "$work/hot-alone") $(figures "$work/hot-mixed") $(figures "$work/quiet-alone") $(figures "$work/quiet-mixed") $cpu_h $cpu_q $cpu_m" |
     awk '{ bh = 1 - $10 / 100; bq = 1 - $12 / 100
-      printf "%s %s %s %s %s %s %s %s %s %.2f %.2f %s %s %s %s %s %s %.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9,
-        ($2 > 0 ? $4 / $2 : 0), ($6 > 0 ? $8 / $6 : 0), $10, $12, $14, $11, $13, $15, (bh + bq > 0 ? 1 / (bh + bq) : 0) }'
+      printf "%s %s %s %s %s %s %s %s %s %.2f %.2f %s %s %s %s %s %s %.2f %.2f %.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9,
+        ($2 > 0 ? $4 / $2 : 0), ($6 > 0 ? $8 / $6 : 0), $10, $12, $14, $11, $13, $15, (bh + bq > 0 ? 1 / (bh + bq) : 0),
+        ($2 > 0 ? $4 * bh / ($2 * 0.5) : 0), ($6 > 0 ? $8 * bq / ($6 * 0.5) : 0) }'
 }
 mix_report() {
   heading
   conditions "wrk -t1 -c32 per class, alone and both at once (64 connections), ${SECS} s each, $ROUNDS rounds, order rotating"
   echo
   table round "hot alone orders/s" "p99 ms" "hot mixed" "p99 ms" "quiet alone" "p99 ms" "quiet mixed" "p99 ms" "hot mixed ÷ alone" "quiet mixed ÷ alone" \
-    "idle % hot alone" "idle % quiet alone" "idle % mixed" "CPU µs/order hot alone" "quiet alone" "mixed" "CPU bound on both ratios"
+    "idle % hot alone" "idle % quiet alone" "idle % mixed" "CPU µs/order hot alone" "quiet alone" "mixed" "CPU bound on both ratios" "hot mixed ÷ half the machine" "quiet mixed ÷ half"
   echo
   printf '**Median:** hot mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s); quiet mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s); the machine idle %s %% (%s) while mixed.\n' \
     "$(col 4 | median)" "$(col 4 | range)" "$(col 5 | median)" "$(col 5 | range)" "$(col 10 | median)" "$(col 10 | range)" \
     "$(col 8 | median)" "$(col 8 | range)" "$(col 9 | median)" "$(col 9 | range)" "$(col 11 | median)" "$(col 11 | range)" \
     "$(col 14 | median)" "$(col 14 | range)"
-  printf '**The machine:** idle %s %% (%s) with the hot product alone, %s %% (%s) with the quiet ones alone; its CPU per order (every process on the host, busy core-µs per 201) %s µs (%s) hot alone, %s (%s) quiet alone, %s (%s) mixed; at the alone runs'"'"' CPU per order, the largest ratio both classes could keep at once is %s (%s).\n' \
+  printf '**The machine:** idle %s %% (%s) with the hot product alone, %s %% (%s) with the quiet ones alone; its CPU per order (every process on the host, busy core-µs per 201) %s µs (%s) hot alone, %s (%s) quiet alone, %s (%s) mixed; at the alone runs'"'"' CPU per order, the largest ratio both classes could keep at once is %s (%s); each class mixed ÷ what half the machine sells of it alone (alone · 0.5 / its busy share): hot %s (%s), quiet %s (%s).\n' \
     "$(col 12 | median)" "$(col 12 | range)" "$(col 13 | median)" "$(col 13 | range)" \
     "$(col 15 | median)" "$(col 15 | range)" "$(col 16 | median)" "$(col 16 | range)" "$(col 17 | median)" "$(col 17 | range)" \
-    "$(col 18 | median)" "$(col 18 | range)"
+    "$(col 18 | median)" "$(col 18 | range)" "$(col 19 | median)" "$(col 19 | range)" "$(col 20 | median)" "$(col 20 | range)"
 }
 
 drops_products=(drops-free drops-lim drops-soon)
