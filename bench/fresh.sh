@@ -291,20 +291,24 @@ mix_load() {
   esac
 }
 # mix_run CLASS…: one run of CLASS (hot, quiet) at once, 32 connections each, each into
-# $work/CLASS-alone (one class) or $work/CLASS-mixed (both); prints the machine's idle % and its
-# busy CPU µs per 201 over the run (every process on the host: the service, PostgreSQL's
-# three nodes, wrk)
+# $work/CLASS-alone (one class) or $work/CLASS-mixed (both); prints the machine's idle % and,
+# per 201, its busy CPU µs (every process on the host: the service, PostgreSQL's three nodes,
+# wrk, the kernel's own), the service's, the primary's and the two replicas'
 mix_run() {
-  local m0 m1 c pids=() tag=alone
+  local m0 m1 c pids=() tag=alone t0 t1
   [ $# -eq 1 ] || tag=mixed
+  t0="$(cpu_ticks "${instance_pids[0]}") $(node_ticks primary) $(( $(node_ticks replica-1) + $(node_ticks replica-2) ))"
   m0="$(machine)"
   for c in "$@"; do mix_load "$c" "$work/$c-$tag" & pids+=($!); done
   wait "${pids[@]}"
   m1="$(machine)"
-  LC_ALL=C awk -v a="$m0" -v z="$m1" -v secs="$SECS" -v hz="$(getconf CLK_TCK)" \
+  t1="$(cpu_ticks "${instance_pids[0]}") $(node_ticks primary) $(( $(node_ticks replica-1) + $(node_ticks replica-2) ))"
+  LC_ALL=C awk -v a="$m0" -v z="$m1" -v t0="$t0" -v t1="$t1" -v secs="$SECS" -v hz="$(getconf CLK_TCK)" \
     -v rate="$(for c in "$@"; do figures "$work/$c-$tag"; echo; done | awk '{ s += $1 } END { print s }')" 'BEGIN {
       split(a, x, " "); split(z, y, " "); all = y[1] - x[1]; idle = y[2] - x[2]
-      printf "%.0f %.0f", 100 * idle / all, (rate > 0 ? (all - idle) / hz * 1e6 / (rate * secs) : 0) }'
+      split(t0, u, " "); split(t1, v, " "); n = rate * secs; us = 1e6 / hz
+      if (n <= 0) { print "0 0 0 0 0"; exit }
+      printf "%.0f %.0f %.0f %.0f %.0f", 100 * idle / all, (all - idle) * us / n, (v[1] - u[1]) * us / n, (v[2] - u[2]) * us / n, (v[3] - u[3]) * us / n }'
 }
 mix_round() {
   local db="mix_${stamp}_$1" run cpu_h cpu_q cpu_m
@@ -324,19 +328,22 @@ INSERT INTO products (product_id, name, price_cents, available_quantity, stated_
   # fill the machine when r_hot · busy_hot + r_quiet · busy_quiet = 1, busy the share of the
   # machine a class kept busy alone; so the largest ratio both can keep at once is
   # 1 / (busy_hot + busy_quiet). A class's half of the machine, at its CPU per order alone,
-  # sells alone · 0.5 / busy: the last two columns are mixed ÷ that.
+  # sells alone · 0.5 / busy: mixed ÷ that is the class's "÷ half the machine".
+  # Fields: 1 round, 2–9 the four runs' orders/s and p99, 10–14 hot alone's mix_run,
+  # 15–19 quiet alone's, 20–24 mixed's.
   echo "$1 $(figures "$work/hot-alone") $(figures "$work/hot-mixed") $(figures "$work/quiet-alone") $(figures "$work/quiet-mixed") $cpu_h $cpu_q $cpu_m" |
-    awk '{ bh = 1 - $10 / 100; bq = 1 - $12 / 100
-      printf "%s %s %s %s %s %s %s %s %s %.2f %.2f %s %s %s %s %s %s %.2f %.2f %.2f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9,
-        ($2 > 0 ? $4 / $2 : 0), ($6 > 0 ? $8 / $6 : 0), $10, $12, $14, $11, $13, $15, (bh + bq > 0 ? 1 / (bh + bq) : 0),
-        ($2 > 0 ? $4 * bh / ($2 * 0.5) : 0), ($6 > 0 ? $8 * bq / ($6 * 0.5) : 0) }'
+    awk '{ bh = 1 - $10 / 100; bq = 1 - $15 / 100
+      printf "%s %s %s %s %s %s %s %s %s %.2f %.2f %s %s %s %s %s %s %.2f %.2f %.2f %s %s %s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9,
+        ($2 > 0 ? $4 / $2 : 0), ($6 > 0 ? $8 / $6 : 0), $10, $15, $20, $11, $16, $21, (bh + bq > 0 ? 1 / (bh + bq) : 0),
+        ($2 > 0 ? $4 * bh / ($2 * 0.5) : 0), ($6 > 0 ? $8 * bq / ($6 * 0.5) : 0), $22, $23, $24 }'
 }
 mix_report() {
   heading
   conditions "wrk -t1 -c32 per class, alone and both at once (64 connections), ${SECS} s each, $ROUNDS rounds, order rotating"
   echo
   table round "hot alone orders/s" "p99 ms" "hot mixed" "p99 ms" "quiet alone" "p99 ms" "quiet mixed" "p99 ms" "hot mixed ÷ alone" "quiet mixed ÷ alone" \
-    "idle % hot alone" "idle % quiet alone" "idle % mixed" "CPU µs/order hot alone" "quiet alone" "mixed" "CPU bound on both ratios" "hot mixed ÷ half the machine" "quiet mixed ÷ half"
+    "idle % hot alone" "idle % quiet alone" "idle % mixed" "CPU µs/order hot alone" "quiet alone" "mixed" "CPU bound on both ratios" "hot mixed ÷ half the machine" "quiet mixed ÷ half" \
+    "mixed µs/order: service" "primary" "replicas"
   echo
   printf '**Median:** hot mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s); quiet mixed %s orders/s (%s), p99 %s ms (%s), %s of alone (%s); the machine idle %s %% (%s) while mixed.\n' \
     "$(col 4 | median)" "$(col 4 | range)" "$(col 5 | median)" "$(col 5 | range)" "$(col 10 | median)" "$(col 10 | range)" \
@@ -346,6 +353,8 @@ mix_report() {
     "$(col 12 | median)" "$(col 12 | range)" "$(col 13 | median)" "$(col 13 | range)" \
     "$(col 15 | median)" "$(col 15 | range)" "$(col 16 | median)" "$(col 16 | range)" "$(col 17 | median)" "$(col 17 | range)" \
     "$(col 18 | median)" "$(col 18 | range)" "$(col 19 | median)" "$(col 19 | range)" "$(col 20 | median)" "$(col 20 | range)"
+  printf '**Mixed, CPU µs per order by whom:** the service %s (%s), the primary %s (%s), the two replicas %s (%s); the rest of the machine'"'"'s (wrk, the kernel'"'"'s own work) is the machine'"'"'s figure less these.\n' \
+    "$(col 21 | median)" "$(col 21 | range)" "$(col 22 | median)" "$(col 22 | range)" "$(col 23 | median)" "$(col 23 | range)"
 }
 
 drops_products=(drops-free drops-lim drops-soon)
