@@ -73,7 +73,8 @@
 # peers, STOCKGATE_PEERS on ports SCALE_PORT+50…; 0: each on its own); CPU_SHAPES and
 # ROWS_SHAPES (which of their shapes to run, space-separated; default all); CPU_RATE (cpu:
 # orders arrive at this rate in all, an open rate over CPU_CONNECTIONS, default 256, instead
-# of 64 connections each sending as its answer comes).
+# of 64 connections each sending as its answer comes); MIX_LANES=1 (mix: how much of the mixed
+# run the primary runs each lane's statement, lanes_sample).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -290,6 +291,24 @@ mix_load() {
     quiet) wrk_orders "$2" -t1 -c32 -- spread- 1000 ;;
   esac
 }
+# lanes_sample DB: for $SECS s, one session reads pg_stat_activity every 5 ms and prints the
+# share of its readings (%) in which the primary runs a one-product order statement (the hot
+# product's lane, in the mix) and a combined one (the quiet products'), executing or
+# committing; with MIX_LANES=1 only, as it costs the primary a reading every 5 ms
+lanes_sample() {
+  psql "$BASE_URL/postgres" -qAt <<SQL
+CREATE TEMP TABLE s (at int, one bool, combined bool);
+DO \$\$ DECLARE stop timestamptz := clock_timestamp() + interval '$SECS s'; n int := 0; BEGIN
+  WHILE clock_timestamp() < stop LOOP
+    n := n + 1;
+    INSERT INTO s SELECT n, bool_or(query LIKE 'SELECT * FROM take_order_batch%'), bool_or(query LIKE 'SELECT f.* FROM (SELECT set_config%')
+      FROM pg_stat_activity WHERE datname = '$1' AND state = 'active';
+    PERFORM pg_stat_clear_snapshot();
+    PERFORM pg_sleep(0.005);
+  END LOOP; END \$\$;
+SELECT round(100.0 * count(*) FILTER (WHERE one) / count(*)) || ' ' || round(100.0 * count(*) FILTER (WHERE combined) / count(*)) FROM s;
+SQL
+}
 # mix_run CLASS…: one run of CLASS (hot, quiet) at once, 32 connections each, each into
 # $work/CLASS-alone (one class) or $work/CLASS-mixed (both); prints the machine's idle % and,
 # per 201, its busy CPU µs (every process on the host: the service, PostgreSQL's three nodes,
@@ -300,6 +319,7 @@ mix_run() {
   t0="$(cpu_ticks "${instance_pids[0]}") $(node_ticks primary) $(( $(node_ticks replica-1) + $(node_ticks replica-2) ))"
   m0="$(machine)"
   for c in "$@"; do mix_load "$c" "$work/$c-$tag" & pids+=($!); done
+  [ "${MIX_LANES:-0}" != 1 ] || [ "$tag" != mixed ] || lanes_sample "$db" >>"$work/lanes"
   wait "${pids[@]}"
   m1="$(machine)"
   t1="$(cpu_ticks "${instance_pids[0]}") $(node_ticks primary) $(( $(node_ticks replica-1) + $(node_ticks replica-2) ))"
@@ -353,6 +373,8 @@ mix_report() {
     "$(col 12 | median)" "$(col 12 | range)" "$(col 13 | median)" "$(col 13 | range)" \
     "$(col 15 | median)" "$(col 15 | range)" "$(col 16 | median)" "$(col 16 | range)" "$(col 17 | median)" "$(col 17 | range)" \
     "$(col 18 | median)" "$(col 18 | range)" "$(col 19 | median)" "$(col 19 | range)" "$(col 20 | median)" "$(col 20 | range)"
+  [ ! -s "$work/lanes" ] || printf '**The lanes while mixed** (MIX_LANES=1): the primary runs a one-product order statement (the hot product'"'"'s) in %s %% (%s) of the readings every 5 ms, a combined one (the quiet ones'"'"') in %s %% (%s).\n' \
+    "$(cut -d' ' -f1 "$work/lanes" | median)" "$(cut -d' ' -f1 "$work/lanes" | range)" "$(cut -d' ' -f2 "$work/lanes" | median)" "$(cut -d' ' -f2 "$work/lanes" | range)"
   printf '**Mixed, CPU µs per order by whom:** the service %s (%s), the primary %s (%s), the two replicas %s (%s); the rest of the machine'"'"'s (wrk, the kernel'"'"'s own work) is the machine'"'"'s figure less these.\n' \
     "$(col 21 | median)" "$(col 21 | range)" "$(col 22 | median)" "$(col 22 | range)" "$(col 23 | median)" "$(col 23 | range)"
 }
