@@ -297,11 +297,10 @@ mix_load() {
 # committing; with MIX_LANES=1 only, as it costs the primary a reading every 5 ms
 lanes_sample() {
   psql "$BASE_URL/postgres" -qAt <<SQL
-CREATE TEMP TABLE s (at int, one bool, combined bool);
-DO \$\$ DECLARE stop timestamptz := clock_timestamp() + interval '$SECS s'; n int := 0; BEGIN
+CREATE TEMP TABLE s (one bool, combined bool);
+DO \$\$ DECLARE stop timestamptz := clock_timestamp() + interval '$SECS s'; BEGIN
   WHILE clock_timestamp() < stop LOOP
-    n := n + 1;
-    INSERT INTO s SELECT n, bool_or(query LIKE 'SELECT * FROM take_order_batch%'), bool_or(query LIKE 'SELECT f.* FROM (SELECT set_config%')
+    INSERT INTO s SELECT bool_or(query LIKE 'SELECT * FROM take_order_batch%'), bool_or(query LIKE 'SELECT f.* FROM (SELECT set_config%')
       FROM pg_stat_activity WHERE datname = '$1' AND state = 'active';
     PERFORM pg_stat_clear_snapshot();
     PERFORM pg_sleep(0.005);
@@ -309,6 +308,8 @@ DO \$\$ DECLARE stop timestamptz := clock_timestamp() + interval '$SECS s'; n in
 SELECT round(100.0 * count(*) FILTER (WHERE one) / count(*)) || ' ' || round(100.0 * count(*) FILTER (WHERE combined) / count(*)) FROM s;
 SQL
 }
+# mix_ticks: the CPU ticks so far of the service, of the primary and of the two replicas
+mix_ticks() { echo "$(cpu_ticks "${instance_pids[0]}") $(node_ticks primary) $(( $(node_ticks replica-1) + $(node_ticks replica-2) ))"; }
 # mix_run CLASS…: one run of CLASS (hot, quiet) at once, 32 connections each, each into
 # $work/CLASS-alone (one class) or $work/CLASS-mixed (both); prints the machine's idle % and,
 # per 201, its busy CPU µs (every process on the host: the service, PostgreSQL's three nodes,
@@ -316,13 +317,13 @@ SQL
 mix_run() {
   local m0 m1 c pids=() tag=alone t0 t1
   [ $# -eq 1 ] || tag=mixed
-  t0="$(cpu_ticks "${instance_pids[0]}") $(node_ticks primary) $(( $(node_ticks replica-1) + $(node_ticks replica-2) ))"
+  t0="$(mix_ticks)"
   m0="$(machine)"
   for c in "$@"; do mix_load "$c" "$work/$c-$tag" & pids+=($!); done
   [ "${MIX_LANES:-0}" != 1 ] || [ "$tag" != mixed ] || lanes_sample "$db" >>"$work/lanes"
   wait "${pids[@]}"
   m1="$(machine)"
-  t1="$(cpu_ticks "${instance_pids[0]}") $(node_ticks primary) $(( $(node_ticks replica-1) + $(node_ticks replica-2) ))"
+  t1="$(mix_ticks)"
   LC_ALL=C awk -v a="$m0" -v z="$m1" -v t0="$t0" -v t1="$t1" -v secs="$SECS" -v hz="$(getconf CLK_TCK)" \
     -v rate="$(for c in "$@"; do figures "$work/$c-$tag"; echo; done | awk '{ s += $1 } END { print s }')" 'BEGIN {
       split(a, x, " "); split(z, y, " "); all = y[1] - x[1]; idle = y[2] - x[2]
