@@ -5,6 +5,11 @@
 //!
 //! Under Patroni the primary's task samples whichever member leads now (it reconnects when
 //! the leader changes), and every sample carries its timeline (see `freshness`).
+//!
+//! A node that cannot be reached is tried again every period, so its return is seen within
+//! one. A node that is up and refuses us (a database that does not exist, a login it rejects)
+//! is tried again after a pause that doubles up to [`MAX_PAUSE`]: each try would cost it a
+//! backend started and a FATAL line in its log, 40 times a second, for as long as it refuses.
 
 use super::Db;
 use sqlx::Connection;
@@ -31,6 +36,26 @@ pub(super) fn start(db: Db, interval: Duration) -> MonitorGuard {
         handles.push(tokio::spawn(super::patroni::follow(db.clone())));
     }
     MonitorGuard(handles)
+}
+
+/// The longest pause before trying again a node that is up and refuses us.
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// The pause before the next try after `refusals` in a row by a node that is up: none after
+/// none, then the period, doubling, at most [`MAX_PAUSE`].
+fn pause_after(refusals: u32, interval: Duration) -> Duration {
+    match refusals {
+        0 => Duration::ZERO,
+        n => interval
+            .saturating_mul(1 << (n - 1).min(16))
+            .min(MAX_PAUSE.max(interval)),
+    }
+}
+
+/// Whether a sample failed because the server answered and refused (its own error, not one
+/// of a connection that is down, starting or shutting down: those are tried every period).
+fn refused_by_a_live_server(result: &Sample) -> bool {
+    matches!(result, Ok(Err(e @ sqlx::Error::Database(_))) if !super::is_connection_error(e))
 }
 
 /// Position and timeline (0: the static mode does not track timelines).
@@ -68,6 +93,7 @@ async fn sample_node(db: Db, node: usize, interval: Duration) {
         options,
         conn: None,
         last_ok: Instant::now(),
+        refusals: 0,
     };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -76,7 +102,15 @@ async fn sample_node(db: Db, node: usize, interval: Duration) {
         sampler.follow_leader();
         let sent_at = Instant::now();
         let result = sampler.sample().await;
+        sampler.refusals = match refused_by_a_live_server(&result) {
+            true => sampler.refusals.saturating_add(1),
+            false => 0,
+        };
         sampler.record(result, sent_at);
+        let pause = pause_after(sampler.refusals, interval);
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
     }
 }
 
@@ -92,6 +126,8 @@ struct Sampler {
     sampled_leader: Option<usize>,
     /// The primary's last good sample.
     last_ok: Instant,
+    /// Samples in a row that the node, up, refused ([`pause_after`]).
+    refusals: u32,
 }
 
 impl Sampler {
@@ -149,6 +185,8 @@ impl Sampler {
                     .note_primary_clock(sent_at, Instant::now(), primary_us);
             }
         }
+        // A node that answered keeps its connection, whatever the answer said.
+        let answered = matches!(result, Ok(Ok(_)));
         match self.position(result) {
             Ok((tl, lsn)) if self.node == 0 => self
                 .db
@@ -160,8 +198,10 @@ impl Sampler {
                     .record_replica_on(self.node - 1, tl, Instant::now(), lsn)
             }
             Err(error) => {
-                // Drop the connection; a fresh one (with its own timeout) next tick.
-                self.conn = None;
+                // A failed query or connection: a fresh one (with its own timeout) next try.
+                if !answered {
+                    self.conn = None;
+                }
                 metrics
                     .monitor_errors
                     .with_label_values(&[&self.name])
@@ -208,5 +248,27 @@ impl Sampler {
                 self.db.inner.replica_timeout
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusing_node_is_tried_again_after_a_pause_that_doubles_to_a_second() {
+        let ms = Duration::from_millis;
+        let pauses: Vec<Duration> = (0..9).map(|n| pause_after(n, ms(25))).collect();
+        assert_eq!(
+            pauses,
+            [0, 25, 50, 100, 200, 400, 800, 1000, 1000].map(ms),
+            "none until refused, then the period doubling to MAX_PAUSE"
+        );
+        assert_eq!(pause_after(u32::MAX, ms(25)), MAX_PAUSE, "no overflow");
+        assert_eq!(
+            pause_after(3, ms(2000)),
+            ms(2000),
+            "never sooner than the period itself"
+        );
     }
 }

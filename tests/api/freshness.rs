@@ -646,3 +646,102 @@ async fn reads_cancelled_mid_flight_give_their_in_flight_counts_back() {
     )
     .await;
 }
+
+/// A replica that is up but refuses the monitor (here: the database it names does not exist
+/// yet) is tried again after a pause that doubles up to a second, not every 25 ms period: each
+/// try costs it a backend and a FATAL line in its log. Once the database exists (created on
+/// the primary, replicated), the replicas are judged healthy again. The primary's own
+/// samples, one a period, are the test's clock. Mutation seen failing: `pause_after`
+/// returning zero (each replica's tries kept pace with the primary's samples: 80 against 80).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_refuses_the_monitor_is_tried_less_and_less_often_until_it_answers() {
+    let cluster = shared_cluster();
+    let late = format!("t_late_{}", uuid::Uuid::new_v4().simple());
+    let mut opts = AppOptions::new(cluster);
+    opts.replicas = false;
+    opts.env
+        .push(("STOCKGATE_REPLICA_URLS", cluster.replica_urls(&late)));
+    let app = spawn_app_with(opts).await;
+    // Each node's samples so far, from /metrics.
+    let samples = |text: String| -> Vec<(String, f64)> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("stockgate_monitor_samples_total{node=\""))
+            .filter_map(|l| {
+                let (node, rest) = l.split_once('"')?;
+                Some((node.to_string(), rest.rsplit(' ').next()?.parse().ok()?))
+            })
+            .collect()
+    };
+    let primary = |s: &[(String, f64)]| s.iter().find(|(n, _)| n == "primary").map(|(_, v)| *v);
+    app.wait_for(
+        "80 samples of the primary",
+        Duration::from_secs(60),
+        || async { primary(&samples(app.metrics_text().await)).unwrap_or(0.0) >= 80.0 },
+    )
+    .await;
+    let seen = samples(app.metrics_text().await);
+    let periods = primary(&seen).unwrap();
+    let replicas: Vec<&(String, f64)> = seen.iter().filter(|(n, _)| n != "primary").collect();
+    assert_eq!(replicas.len(), 2, "both replicas' samples: {seen:?}");
+    for (node, tries) in replicas {
+        assert!(
+            *tries >= 3.0 && *tries <= periods / 4.0,
+            "{node}: {tries} tries over the primary's {periods} periods: {seen:?}"
+        );
+    }
+    // The database arrives: the pause is at most a second, so the replicas answer soon.
+    blocking(|| cluster.create_database(&late)).expect("create the late database");
+    blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).expect("replicas caught up");
+    app.wait_for("replicas healthy", Duration::from_secs(20), || async {
+        let states = app.replica_states().await;
+        states.len() == 2 && states.iter().all(|(_, s, _)| s == "healthy")
+    })
+    .await;
+}
+
+/// A node that answers the monitor keeps its connection even when the answer rules it out:
+/// pointed at the primary as if it were a replica ("not in recovery"), the monitor samples it
+/// on one backend throughout instead of opening a new one every 25 ms. Mutation seen failing:
+/// dropping the connection on every failed sample, as before (a new backend each period).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_answers_keeps_its_monitor_connection_whatever_it_says() {
+    let cluster = shared_cluster();
+    let database = fresh_database(cluster).await;
+    let mut opts = AppOptions::new(cluster);
+    opts.database = Some(database.clone());
+    opts.replicas = false;
+    opts.env
+        .push(("STOCKGATE_REPLICA_URLS", cluster.primary_url(&database)));
+    let app = spawn_app_with(opts).await;
+    let samples = || async { app.metric("stockgate_monitor_samples_total").await };
+    // The backends running the monitor's replica sample, on the primary.
+    let backends = || async {
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 \
+             AND query LIKE '%pg_last_wal_replay_lsn%' AND pid <> pg_backend_pid() ORDER BY pid",
+        )
+        .bind(&database)
+        .fetch_all(&app.primary)
+        .await
+        .unwrap();
+        pids
+    };
+    app.wait_for("the node ruled out", Duration::from_secs(20), || async {
+        app.metric("stockgate_monitor_sample_errors_total").await >= 5.0
+    })
+    .await;
+    let before = backends().await;
+    let at = samples().await;
+    app.wait_for("40 more samples", Duration::from_secs(60), || async {
+        samples().await >= at + 40.0
+    })
+    .await;
+    let after = backends().await;
+    assert_eq!(before.len(), 1, "one monitor backend: {before:?}");
+    assert_eq!(before, after, "the same backend 40 samples later");
+    let states = app.replica_states().await;
+    assert!(
+        states.iter().all(|(_, s, _)| s != "healthy"),
+        "a node that is not in recovery is never a healthy replica: {states:?}"
+    );
+}
