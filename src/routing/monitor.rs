@@ -52,10 +52,12 @@ fn pause_after(refusals: u32, interval: Duration) -> Duration {
     }
 }
 
-/// Whether a sample failed because the server answered and refused (its own error, not one
-/// of a connection that is down, starting or shutting down: those are tried every period).
-fn refused_by_a_live_server(result: &Sample) -> bool {
-    matches!(result, Ok(Err(e @ sqlx::Error::Database(_))) if !super::is_connection_error(e))
+/// Whether a new connection failed because the server answered and refused it (its own error:
+/// a database that does not exist, a login it rejects), not because the server is down,
+/// starting or shutting down, which are tried every period. A query that fails on a
+/// connection the server accepted (a leader just demoted, say) is tried every period too.
+fn refused_by_a_live_server(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(_)) && !super::is_connection_error(e)
 }
 
 /// Position and timeline (0: the static mode does not track timelines).
@@ -102,10 +104,6 @@ async fn sample_node(db: Db, node: usize, interval: Duration) {
         sampler.follow_leader();
         let sent_at = Instant::now();
         let result = sampler.sample().await;
-        sampler.refusals = match refused_by_a_live_server(&result) {
-            true => sampler.refusals.saturating_add(1),
-            false => 0,
-        };
         sampler.record(result, sent_at);
         let pause = pause_after(sampler.refusals, interval);
         if !pause.is_zero() {
@@ -126,7 +124,7 @@ struct Sampler {
     sampled_leader: Option<usize>,
     /// The primary's last good sample.
     last_ok: Instant,
-    /// Samples in a row that the node, up, refused ([`pause_after`]).
+    /// New connections in a row that the node, up, refused ([`pause_after`]).
     refusals: u32,
 }
 
@@ -159,15 +157,30 @@ impl Sampler {
             (true, true) => PRIMARY_SAMPLE_TIMELINE,
             (false, true) => REPLICA_SAMPLE_TIMELINE,
         };
-        let (conn, options) = (&mut self.conn, &self.options);
-        tokio::time::timeout(self.db.inner.replica_timeout, async {
+        let (conn, options, refusals) = (&mut self.conn, &self.options, &mut self.refusals);
+        let sample = tokio::time::timeout(self.db.inner.replica_timeout, async {
             if conn.is_none() {
-                *conn = Some(PgConnection::connect_with(options).await?);
+                match PgConnection::connect_with(options).await {
+                    Ok(c) => *conn = Some(c),
+                    Err(e) => {
+                        *refusals = match refused_by_a_live_server(&e) {
+                            true => refusals.saturating_add(1),
+                            false => 0,
+                        };
+                        return Err(e);
+                    }
+                }
             }
+            *refusals = 0;
             let c = conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
             sqlx::query_as(sql).fetch_one(c).await
         })
-        .await
+        .await;
+        if sample.is_err() {
+            // No answer in time: a node that is not answering is tried every period.
+            self.refusals = 0;
+        }
+        sample
     }
 
     /// Records a sample: the node's position, or its error; the primary's up/down state.
