@@ -157,29 +157,26 @@ impl Sampler {
             (true, true) => PRIMARY_SAMPLE_TIMELINE,
             (false, true) => REPLICA_SAMPLE_TIMELINE,
         };
-        let (conn, options, refusals) = (&mut self.conn, &self.options, &mut self.refusals);
+        let (conn, options) = (&mut self.conn, &self.options);
+        let mut refused = false;
         let sample = tokio::time::timeout(self.db.inner.replica_timeout, async {
             if conn.is_none() {
                 match PgConnection::connect_with(options).await {
                     Ok(c) => *conn = Some(c),
                     Err(e) => {
-                        *refusals = match refused_by_a_live_server(&e) {
-                            true => refusals.saturating_add(1),
-                            false => 0,
-                        };
+                        refused = refused_by_a_live_server(&e);
                         return Err(e);
                     }
                 }
             }
-            *refusals = 0;
             let c = conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
             sqlx::query_as(sql).fetch_one(c).await
         })
         .await;
-        if sample.is_err() {
-            // No answer in time: a node that is not answering is tried every period.
-            self.refusals = 0;
-        }
+        self.refusals = match refused {
+            true => self.refusals.saturating_add(1),
+            false => 0,
+        };
         sample
     }
 

@@ -74,18 +74,6 @@ fn exported(page: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The value of the sample `name` whose labels include every one of `labels`.
-fn sample(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    page.lines()
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 fn missing(named: &BTreeSet<String>, exported: &BTreeSet<String>, patroni: bool) -> Vec<String> {
     named
         .iter()
@@ -131,7 +119,7 @@ async fn a_fresh_instance_exports_every_metric_the_alerts_and_the_dashboard_name
         ),
     ] {
         assert_eq!(
-            sample(&page, name, labels),
+            metric_sample(&page, name, labels),
             Some(0.0),
             "{name} {labels:?} at 0 on a fresh instance"
         );
@@ -139,7 +127,7 @@ async fn a_fresh_instance_exports_every_metric_the_alerts_and_the_dashboard_name
     // Each replica's state is there from the start, and the thresholds in force.
     for replica in ["replica-1", "replica-2"] {
         assert!(
-            sample(
+            metric_sample(
                 &page,
                 "stockgate_replica_state",
                 &[("replica", replica), ("state", "down")]
@@ -149,7 +137,7 @@ async fn a_fresh_instance_exports_every_metric_the_alerts_and_the_dashboard_name
         );
     }
     assert_eq!(
-        sample(
+        metric_sample(
             &page,
             "stockgate_routing_staleness_budget_seconds",
             &[("class", "stock_gate")]
@@ -157,7 +145,7 @@ async fn a_fresh_instance_exports_every_metric_the_alerts_and_the_dashboard_name
         Some(0.25)
     );
     assert_eq!(
-        sample(&page, "stockgate_replica_eviction_threshold_seconds", &[]),
+        metric_sample(&page, "stockgate_replica_eviction_threshold_seconds", &[]),
         Some(5.0)
     );
     // Patroni's series belong to instances that follow Patroni: here PatroniNoLeader must
@@ -192,12 +180,12 @@ async fn an_instance_that_follows_patroni_exports_the_patroni_metrics_from_the_s
     let missing = missing(&named(), &exported(&page), true);
     assert!(missing.is_empty(), "not on a fresh /metrics: {missing:?}");
     assert_eq!(
-        sample(&page, "stockgate_patroni_has_leader", &[]),
+        metric_sample(&page, "stockgate_patroni_has_leader", &[]),
         Some(1.0),
         "a leader from the start: PatroniNoLeader stays quiet"
     );
     assert_eq!(
-        sample(&page, "stockgate_patroni_leader_changes_total", &[]),
+        metric_sample(&page, "stockgate_patroni_leader_changes_total", &[]),
         Some(0.0)
     );
     // Every member is listed among the replicas, the leader too; its entry is no replica,
@@ -208,12 +196,12 @@ async fn an_instance_that_follows_patroni_exports_the_patroni_metrics_from_the_s
         "stockgate_replica_lag_bytes",
     ] {
         assert_eq!(
-            sample(&page, name, &[("replica", "node-0")]),
+            metric_sample(&page, name, &[("replica", "node-0")]),
             None,
             "{name}"
         );
         assert!(
-            sample(&page, name, &[("replica", "node-1")]).is_some(),
+            metric_sample(&page, name, &[("replica", "node-1")]).is_some(),
             "{name}"
         );
     }

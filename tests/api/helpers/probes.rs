@@ -308,6 +308,18 @@ pub async fn deadlocks(cluster: &Cluster, database: &str) -> i64 {
         .unwrap()
 }
 
+/// From a `/metrics` page, the value of the sample `name` whose labels include every one of `labels`.
+pub fn metric_sample(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    page.lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 /// `stockgate_routing_decisions_total` for one class, by (target, reason), read over HTTP.
 pub async fn decisions(
     app: &TestApp,
