@@ -680,6 +680,19 @@ async fn a_replica_that_refuses_the_monitor_is_tried_less_and_less_often_until_i
             "{node}: {tries} tries over the primary's {periods} periods"
         );
     }
+    // The precondition: each replica is down because the server refused the database.
+    let (_, replicas) = app.get_json("/v1/admin/replicas", Some(&app.admin)).await;
+    let listed = replicas["replicas"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "{replicas}");
+    for r in listed {
+        assert_eq!(r["state"], "down", "{replicas}");
+        assert!(
+            r["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("does not exist")),
+            "refused for its database: {replicas}"
+        );
+    }
     // The database arrives: the pause is at most a second, so the replicas answer soon.
     blocking(|| cluster.create_database(&late)).expect("create the late database");
     blocking(|| cluster.wait_caught_up(Duration::from_secs(30))).expect("replicas caught up");
